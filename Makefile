@@ -1,0 +1,42 @@
+# fedskew: `make run` sets up and runs the default federated job; `make test` sets up and tests.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+FMNIST := /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz
+export FLWR_TELEMETRY_ENABLED=0
+export FLWR_DISABLE_UPDATE_CHECK=1
+export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
+
+.PHONY: venv data run test lint clean
+
+venv: $(VENV)/.installed
+
+# torch 2.13.0 first (the local CPU wheel here), so nothing pulls a CUDA build; then the app.
+$(VENV)/.installed: pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e ".[dev]"
+	touch $@
+
+# Fashion-MNIST from Debian (offline); elsewhere put the IDX files under ./data/fashion-mnist/.
+data:
+	@if [ -f $(FMNIST) ] || ls data/fashion-mnist/train-images-idx3-ubyte* >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing Debian's dataset-fashion-mnist"; \
+		(apt-get install -y -qq dataset-fashion-mnist || (apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist)) >/dev/null; \
+	else echo "Fashion-MNIST missing: apt-get install dataset-fashion-mnist (as root), or put the 4 IDX files in data/fashion-mnist/"; exit 1; fi
+
+run: venv data
+	$(VENV)/bin/fedskew run $(ARGS)
+
+test: venv data
+	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+lint: venv
+	$(VENV)/bin/ruff check fedskew tests
+
+clean:
+	rm -rf $(VENV) .flwr-home .pytest_cache

@@ -1,0 +1,285 @@
+"""`fedskew` command line.
+
+fedskew run [--run-config 'k=v ...'] [--num-supernodes N] [--federation-config 'k=v']
+    Validate the config (fails in about a second with one line), start a private SuperLink,
+    submit the app with `flwr run`, stream its log, print the summary, stop what it started,
+    and exit non-zero when the run failed (`flwr run` itself exits 0 on failed runs).
+fedskew config
+    List every run-config key with its default and meaning.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import tomllib
+
+from fedskew.config import ConfigError, all_params, parse_overrides, validate
+
+FLWR_ENV = {
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "FLWR_DISABLE_UPDATE_CHECK": "1",
+    "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+    "RAY_DEDUP_LOGS": "0",
+}
+
+
+class RunFailed(RuntimeError):
+    """The federated run did not complete."""
+
+
+def find_app_dir(explicit: str | None) -> Path:
+    """The Flower app folder: --app, else the cwd or the checkout holding this package."""
+    candidates = [Path(explicit)] if explicit else [Path.cwd(), Path(__file__).resolve().parent.parent]
+    for c in candidates:
+        pp = c / "pyproject.toml"
+        if pp.is_file() and "app" in tomllib.loads(pp.read_text()).get("tool", {}).get("flwr", {}):
+            return c.resolve()
+    raise ConfigError(f"no Flower app (pyproject.toml with [tool.flwr.app]) in {', '.join(map(str, candidates))}")
+
+
+def app_defaults(app_dir: Path) -> dict[str, Any]:
+    return tomllib.loads((app_dir / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+
+
+def read_overrides(items: list[str]) -> dict[str, Any]:
+    """Merge `--run-config` arguments: 'k=v k2="s"' strings or paths to TOML files."""
+    out: dict[str, Any] = {}
+    for item in items:
+        path = Path(item)
+        if item.endswith(".toml") and path.is_file():
+            out.update(tomllib.loads(path.read_text()))
+        else:
+            out.update(parse_overrides(item))
+    return out
+
+
+def prepare_config(app_dir: Path, overrides: dict[str, Any], num_clients: int) -> tuple[dict, dict]:
+    """Validate defaults + overrides and check data and partition; return (validated, overrides
+    to submit) with `out-dir`/`data-root` absolute and `run-name` filled in."""
+    overrides = dict(overrides)
+    cfg = validate({**app_defaults(app_dir), **overrides})
+    overrides["out-dir"] = str(Path(cfg["out-dir"]).expanduser().absolute())
+    if cfg["data-root"]:
+        overrides["data-root"] = str(Path(cfg["data-root"]).expanduser().absolute())
+    if not cfg["run-name"]:
+        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+        overrides["run-name"] = f"{cfg['method']}-{cfg['dataset']}-{cfg['partition']}-s{cfg['seed']}-{stamp}"
+    cfg = validate({**app_defaults(app_dir), **overrides})
+    from fedskew.data.clients import client_indices
+
+    client_indices(cfg, num_clients)  # raises DataMissingError / PartitionError early
+    return cfg, overrides
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def flwr_bin(name: str) -> str:
+    here = Path(sys.executable).parent / name
+    return str(here) if here.exists() else (shutil.which(name) or name)
+
+
+class PrivateSuperLink:
+    """A simulation SuperLink on a free localhost port, owned (and killed) by this process."""
+
+    def __init__(self, home: Path, env: dict[str, str]) -> None:
+        self.home, self.env = home, env
+        self.port = free_port()
+        self.connection = f"fedskew-{self.port}"
+        self.log_path = home / f"superlink-{self.port}.log"
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> PrivateSuperLink:
+        self.home.mkdir(parents=True, exist_ok=True)
+        cfg = self.home / "config.toml"
+        text = (
+            cfg.read_text()
+            if cfg.is_file()
+            else '[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = ":local:"\n'
+        )
+        text += f'\n[superlink.{self.connection}]\naddress = "127.0.0.1:{self.port}"\ninsecure = true\n'
+        cfg.write_text(text)
+        self.proc = subprocess.Popen(
+            [
+                flwr_bin("flower-superlink"),
+                "--insecure",
+                "--simulation",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--disable-runtime-dependency-installation",
+            ],
+            stdout=open(self.log_path, "w"),
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RunFailed(f"flower-superlink exited at start; see {self.log_path}")
+            with contextlib.suppress(OSError):
+                urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=1)
+                return self
+            time.sleep(0.3)
+        raise RunFailed(f"flower-superlink did not answer in 60 s; see {self.log_path}")
+
+    def __exit__(self, *exc: object) -> None:
+        if self.proc and self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        cfg = self.home / "config.toml"
+        if cfg.is_file():  # drop our connection again
+            text = cfg.read_text()
+            block = f'\n[superlink.{self.connection}]\naddress = "127.0.0.1:{self.port}"\ninsecure = true\n'
+            cfg.write_text(text.replace(block, ""))
+
+
+def _flwr_json(args: list[str], env: dict[str, str]) -> dict[str, Any]:
+    res = subprocess.run([flwr_bin("flwr"), *args, "--format", "json"], capture_output=True, text=True, env=env)
+    try:
+        return json.loads(res.stdout)
+    except json.JSONDecodeError:
+        raise RunFailed(f"`flwr {' '.join(args)}` failed: {(res.stdout + res.stderr).strip()[-2000:]}") from None
+
+
+def run_simulation(
+    app_dir: Path,
+    overrides: dict[str, Any],
+    num_supernodes: int,
+    federation_config: list[str],
+    stream: bool = True,
+) -> dict[str, Any]:
+    """Run one simulation to its end on a private SuperLink; return the summary or raise RunFailed."""
+    env = {**os.environ, **FLWR_ENV}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # flower-superexec etc.
+    env.setdefault("FLWR_HOME", str(app_dir / ".flwr-home"))
+    home = Path(env["FLWR_HOME"])
+    with PrivateSuperLink(home, env) as link, tempfile.TemporaryDirectory() as tmp:
+        conf = Path(tmp) / "run-config.toml"
+        conf.write_text("".join(f"{json.dumps(k)} = {json.dumps(v)}\n" for k, v in overrides.items()))
+        fed = " ".join([f"num-supernodes={num_supernodes}", *federation_config])
+        started = _flwr_json(
+            ["run", str(app_dir), link.connection, "--run-config", str(conf), "--federation-config", fed], env
+        )
+        if not started.get("success", True) or "run-id" not in started:
+            raise RunFailed(f"flwr run refused the job: {started}")
+        run_id = started["run-id"]
+        logger = subprocess.Popen(
+            [flwr_bin("flwr"), "log", str(run_id), link.connection, "--stream"],
+            stdout=None if stream else subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        try:
+            status = _wait(run_id, link.connection, env)
+        finally:
+            time.sleep(1.0)
+            logger.terminate()
+            logger.wait()
+    run_dir = Path(overrides["out-dir"]) / overrides["run-name"]
+    summary_path = run_dir / "summary.json"
+    if status != "finished:completed" or not summary_path.is_file():
+        raise RunFailed(
+            f"run {run_id} ended with status {status!r} (results: {run_dir}; SuperLink log: {link.log_path})"
+        )
+    return json.loads(summary_path.read_text())
+
+
+def _wait(run_id: int, connection: str, env: dict[str, str]) -> str:
+    while True:
+        info = _flwr_json(["ls", connection, "--run-id", str(run_id)], env)
+        runs = info.get("runs") or []
+        status = runs[0].get("status", "") if runs else ""
+        if status.startswith("finished"):
+            return status
+        time.sleep(2.0)
+
+
+def format_summary(s: dict[str, Any]) -> str:
+    def pct(v: Any) -> str:
+        return "n/a" if v is None else f"{100 * v:.2f}%"
+
+    return "\n".join(
+        [
+            f"fedskew summary: {s['method']} on {s['dataset']} ({s['partition']}, {s['num-clients']} clients, "
+            f"{s['rounds']} rounds, seed {s['seed']})",
+            f"  global accuracy        final {pct(s['final_global_accuracy'])}   best {pct(s['best_global_accuracy'])}",
+            f"  personalized accuracy  final {pct(s['final_personalized_accuracy'])}",
+            f"  wall time              {s['wall_seconds']:.1f} s",
+            f"  results                {s['run_dir']}",
+        ]
+    )
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    app_dir = find_app_dir(args.app)
+    _, overrides = prepare_config(app_dir, read_overrides(args.run_config), args.num_supernodes)
+    summary = run_simulation(app_dir, overrides, args.num_supernodes, args.federation_config)
+    print(format_summary(summary), flush=True)
+    return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    for key, p in all_params().items():
+        print(f"{key:<26} {p.default!r:<18} {p.help} [{p.allowed()}]")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="fedskew", description="Label-skewed federated learning on Flower")
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run one federated simulation and wait for it")
+    run.add_argument("--app", help="the Flower app folder (default: this checkout)")
+    run.add_argument("--run-config", "-c", action="append", default=[], help="'k=v k2=\"s\"' or a TOML file")
+    run.add_argument("--num-supernodes", "-n", type=int, default=20, help="number of clients (default 20)")
+    run.add_argument(
+        "--federation-config",
+        action="append",
+        default=[],
+        help="extra simulation settings, e.g. 'client-resources-num-cpus=1'",
+    )
+    run.set_defaults(fn=cmd_run)
+    conf = sub.add_parser("config", help="list every run-config key")
+    conf.set_defaults(fn=cmd_config)
+    args = parser.parse_args(argv)
+    if getattr(args, "num_supernodes", 1) < 1:
+        parser.error("--num-supernodes must be >= 1")
+    try:
+        return int(args.fn(args))
+    except (ConfigError, FileNotFoundError, ValueError) as e:
+        print(f"fedskew: config error: {e}", file=sys.stderr)
+        return 2
+    except RunFailed as e:
+        print(f"fedskew: run failed: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("fedskew: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

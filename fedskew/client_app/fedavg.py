@@ -1,0 +1,106 @@
+"""FedAvg client (McMahan et al., AISTATS'17), and the base class of every fedskew trainer.
+
+One `train` message per round: load the global model, run E local epochs of SGD, evaluate the
+client's personalized model on its local test split, and reply with the model, the sample count
+and metrics. Subclasses override only the hooks that differ (FL-bench style):
+
+    build_model      the network (default: `model` from the run config)
+    load_global      how the downloaded arrays enter the model
+    loss             the local objective on one mini-batch (default: cross-entropy)
+    local_train      the whole local procedure (default: `train_epochs` on `loss`)
+    personalized_model  what "personalized accuracy" measures (default: the trained model)
+    upload           the ArrayRecord sent back (default: the whole state dict)
+    extra_records    more records in the reply (prototypes, counts, gradients ...)
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from flwr.app import ArrayRecord, MetricRecord, RecordDict
+from torch import nn
+
+from fedskew.client_app.state import ClientState
+from fedskew.data.clients import ClientData
+from fedskew.models import SplitNet, build_model
+from fedskew.training import cross_entropy_loss, evaluate, sgd, train_epochs
+
+
+@dataclass
+class TrainerContext:
+    """Everything a trainer needs for one round on one client."""
+
+    cfg: dict[str, Any]
+    data: ClientData
+    device: torch.device
+    state: ClientState
+    partition_id: int
+    server_round: int
+    generator: torch.Generator
+
+
+class FedAvgTrainer:
+    """Trains the global model with cross-entropy; the personalized model is the trained model."""
+
+    def __init__(self, ctx: TrainerContext) -> None:
+        self.ctx = ctx
+        self.cfg = ctx.cfg
+        self.data = ctx.data
+        self.device = ctx.device
+
+    # ------------------------------------------------------------------ hooks
+    def build_model(self) -> SplitNet:
+        return build_model(self.cfg["model"], self.cfg["dataset"]).to(self.device)
+
+    def load_global(self, model: nn.Module, content: RecordDict) -> None:
+        arrays = content["arrays"].to_torch_state_dict()
+        model.load_state_dict(arrays, strict=True)
+
+    def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return cross_entropy_loss(model, x, y)
+
+    def local_train(self, model: nn.Module, content: RecordDict) -> dict[str, float]:
+        return train_epochs(
+            model,
+            self.data.x_train,
+            self.data.y_train,
+            self.loss,
+            sgd(model.parameters(), self.cfg),
+            self.cfg["local-epochs"],
+            self.cfg["batch-size"],
+            self.ctx.generator,
+            self.device,
+        )
+
+    def personalized_model(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def upload(self, model: nn.Module) -> ArrayRecord:
+        return ArrayRecord(model.state_dict())
+
+    def extra_records(self, model: nn.Module) -> dict[str, Any]:
+        return {}
+
+    # ------------------------------------------------------------------ the round
+    def fit(self, content: RecordDict) -> RecordDict:
+        """One round: returns the reply content (arrays, metrics and any extra records)."""
+        t0 = time.perf_counter()
+        model = self.build_model()
+        self.load_global(model, content)
+        stats = self.local_train(model, content)
+        train_seconds = time.perf_counter() - t0
+        personal = self.personalized_model(model)
+        p_loss, p_acc = evaluate(personal, self.data.x_test, self.data.y_test, self.cfg["eval-batch-size"], self.device)
+        metrics = {
+            "num-examples": len(self.data.y_train),
+            "partition-id": self.ctx.partition_id,
+            "personal-num-test": len(self.data.y_test),
+            "train-seconds": train_seconds,
+            **stats,
+        }
+        if len(self.data.y_test):
+            metrics.update({"personal-accuracy": p_acc, "personal-loss": p_loss})
+        return RecordDict({"arrays": self.upload(model), "metrics": MetricRecord(metrics), **self.extra_records(model)})

@@ -1,0 +1,26 @@
+"""FedProx client (Li et al., MLSys'20): cross-entropy + (mu/2) ||w - w_global||^2.
+
+The standard proximal form, not the authors-of-FedRS smooth-L1 variant (FedRS spec §8 A14).
+"""
+
+from __future__ import annotations
+
+import torch
+from flwr.app import RecordDict
+from torch import nn
+
+from fedskew.client_app.fedavg import FedAvgTrainer
+from fedskew.losses import proximal_term
+from fedskew.training import cross_entropy_loss
+
+
+class FedProxTrainer(FedAvgTrainer):
+    """Adds the proximal term against the downloaded global weights to every mini-batch loss."""
+
+    def load_global(self, model: nn.Module, content: RecordDict) -> None:
+        super().load_global(model, content)
+        self.global_params = [p.detach().clone() for p in model.parameters()]
+
+    def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        prox = proximal_term(model.parameters(), self.global_params, self.cfg["fedprox-mu"])
+        return cross_entropy_loss(model, x, y) + prox

@@ -1,0 +1,158 @@
+"""The papers' small networks, each split into `features` (x -> h in R^d) and a bias-free
+`classifier` (h -> W h, W in R^{C x d}), as FedRS, MAP and FedGELA use.
+
+- `lenet`  : LeNet-5 (conv 6-16, fc 120-84), d = 84           (FedRS Fig. 3 style, FMNIST)
+- `mlp`    : 2 x 200 hidden units, d = 200                     (FedAvg's MNIST MLP)
+- `tfcnn`  : conv 32-64-64, padding 1, three max-pools, d = 64 * (s/8)^2  (FedRS Table 4)
+- `vgg11`  : VGG-11 without BN, d = 512; inputs below 32x32 are zero-padded to 32 (FedRS Table 5)
+- `resnet8`, `resnet18`: CIFAR ResNets (BasicBlock, BN), d = 64 / 512 (FedGELA, FedMR, MuPFL)
+
+Initialisation is PyTorch's default. Deviation: none of the classifiers has a bias (FedRS §8 A5).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class SplitNet(nn.Module):
+    """`features` then a bias-free linear `classifier`; `forward(x) = classifier(features(x))`."""
+
+    def __init__(self, features: nn.Module, feature_dim: int, num_classes: int) -> None:
+        super().__init__()
+        self.features = features
+        self.feature_dim = feature_dim
+        self.num_classes = num_classes
+        self.classifier = nn.Linear(feature_dim, num_classes, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.features(x))
+
+
+def _flat_dim(body: nn.Module, channels: int, size: int) -> int:
+    with torch.no_grad():
+        return int(body(torch.zeros(1, channels, size, size)).flatten(1).shape[1])
+
+
+def lenet(channels: int, size: int, num_classes: int) -> SplitNet:
+    conv = nn.Sequential(
+        nn.Conv2d(channels, 6, 5),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(6, 16, 5),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+    )
+    flat = _flat_dim(conv, channels, size)
+    features = nn.Sequential(conv, nn.Linear(flat, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU())
+    return SplitNet(features, 84, num_classes)
+
+
+def mlp(channels: int, size: int, num_classes: int) -> SplitNet:
+    features = nn.Sequential(
+        nn.Flatten(), nn.Linear(channels * size * size, 200), nn.ReLU(), nn.Linear(200, 200), nn.ReLU()
+    )
+    return SplitNet(features, 200, num_classes)
+
+
+def tfcnn(channels: int, size: int, num_classes: int) -> SplitNet:
+    features = nn.Sequential(
+        nn.Conv2d(channels, 32, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(64, 64, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+    )
+    return SplitNet(features, _flat_dim(features, channels, size), num_classes)
+
+
+class _PadTo(nn.Module):
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.size = size
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gap = self.size - x.shape[-1]
+        if gap <= 0:
+            return x
+        return F.pad(x, (gap // 2, gap - gap // 2, gap // 2, gap - gap // 2))
+
+
+def vgg11(channels: int, size: int, num_classes: int) -> SplitNet:
+    layers: list[nn.Module] = [_PadTo(32)]
+    c_in = channels
+    for v in (64, "M", 128, "M", 256, 256, "M", 512, 512, "M", 512, 512, "M"):
+        if v == "M":
+            layers.append(nn.MaxPool2d(2))
+        else:
+            layers += [nn.Conv2d(c_in, int(v), 3, padding=1), nn.ReLU()]
+            c_in = int(v)
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten()]
+    return SplitNet(nn.Sequential(*layers), 512, num_classes)
+
+
+class BasicBlock(nn.Module):
+    def __init__(self, c_in: int, c_out: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c_out)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c_out)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or c_in != c_out:
+            self.shortcut = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride, bias=False), nn.BatchNorm2d(c_out))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.bn1(self.conv1(x)))
+        return F.relu(self.bn2(self.conv2(out)) + self.shortcut(x))
+
+
+def _resnet(channels: int, widths: tuple[int, ...], blocks: int, num_classes: int) -> SplitNet:
+    layers: list[nn.Module] = [
+        nn.Conv2d(channels, widths[0], 3, 1, 1, bias=False),
+        nn.BatchNorm2d(widths[0]),
+        nn.ReLU(),
+    ]
+    c_in = widths[0]
+    for i, w in enumerate(widths):
+        for b in range(blocks):
+            layers.append(BasicBlock(c_in, w, 2 if (i > 0 and b == 0) else 1))
+            c_in = w
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten()]
+    return SplitNet(nn.Sequential(*layers), c_in, num_classes)
+
+
+def resnet8(channels: int, size: int, num_classes: int) -> SplitNet:
+    return _resnet(channels, (16, 32, 64), 1, num_classes)
+
+
+def resnet18(channels: int, size: int, num_classes: int) -> SplitNet:
+    return _resnet(channels, (64, 128, 256, 512), 2, num_classes)
+
+
+MODELS: dict[str, Callable[[int, int, int], SplitNet]] = {
+    "lenet": lenet,
+    "mlp": mlp,
+    "tfcnn": tfcnn,
+    "vgg11": vgg11,
+    "resnet8": resnet8,
+    "resnet18": resnet18,
+}
+
+
+def build_model(name: str, dataset: str) -> SplitNet:
+    """A fresh `name` network shaped for `dataset` (channels, image size, classes)."""
+    from fedskew.data import DATASET_INFO
+
+    info = DATASET_INFO[dataset]
+    return MODELS[name](info.channels, info.size, info.num_classes)

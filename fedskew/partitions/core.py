@@ -1,0 +1,224 @@
+"""The partition schemes of the label-skew papers, as pure numpy functions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+Parts = list[np.ndarray]
+
+
+class PartitionError(ValueError):
+    """The requested partition cannot be built for these labels and this many clients."""
+
+
+def _as_parts(lists: list[list[int]] | list[np.ndarray]) -> Parts:
+    return [np.sort(np.asarray(p, dtype=np.int64)) for p in lists]
+
+
+def iid(labels: np.ndarray, num_clients: int, rng: np.random.Generator) -> Parts:
+    """Shuffle all indices and cut them into `num_clients` near-equal parts."""
+    if num_clients > len(labels):
+        raise PartitionError(f"iid: {num_clients} clients but only {len(labels)} samples")
+    return _as_parts(np.array_split(rng.permutation(len(labels)), num_clients))
+
+
+def dirichlet(
+    labels: np.ndarray,
+    num_clients: int,
+    alpha: float,
+    rng: np.random.Generator,
+    min_size: int = 10,
+    max_tries: int = 1000,
+) -> Parts:
+    """NIID-Bench label skew (Li et al., ICDE'22): per class c draw q_c ~ Dir(alpha 1_K).
+
+    A client already holding >= N/K samples gets no more (q_{c,k} := 0, renormalised), and the
+    whole draw is repeated until every client holds at least `min_size` samples.
+    """
+    n, classes = len(labels), np.unique(labels)
+    if num_clients * min_size > n:
+        raise PartitionError(f"dirichlet: {num_clients} clients x min-partition-size {min_size} > {n} samples")
+    for _ in range(max_tries):
+        parts: list[list[int]] = [[] for _ in range(num_clients)]
+        for c in classes:
+            idx = rng.permutation(np.flatnonzero(labels == c))
+            q = rng.dirichlet(np.full(num_clients, alpha))
+            q = q * np.array([len(p) < n / num_clients for p in parts])
+            q = q / q.sum() if q.sum() > 0 else np.full(num_clients, 1 / num_clients)
+            cuts = (np.cumsum(q) * len(idx)).astype(int)[:-1]
+            for k, chunk in enumerate(np.split(idx, cuts)):
+                parts[k] += chunk.tolist()
+        if min(len(p) for p in parts) >= min_size:
+            return _as_parts(parts)
+    raise PartitionError(
+        f"dirichlet: no draw in {max_tries} gave every client >= {min_size} samples "
+        f"(dirichlet-alpha={alpha}, {num_clients} clients); lower min-partition-size or raise alpha"
+    )
+
+
+def _split_class_among(
+    labels: np.ndarray, holders: dict[int, list[int]], num_clients: int, rng: np.random.Generator
+) -> Parts:
+    """Split each class's shuffled samples evenly among the clients that hold it."""
+    parts: list[list[int]] = [[] for _ in range(num_clients)]
+    for c, clients in holders.items():
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        for k, chunk in zip(clients, np.array_split(idx, len(clients)), strict=True):
+            parts[k] += chunk.tolist()
+    return _as_parts(parts)
+
+
+def classes_per_client_pmcn(labels: np.ndarray, num_clients: int, m: int, rng: np.random.Generator) -> Parts:
+    """FedGELA/FedMR "PρCς" (App. C.1.2): deal classes 0..C-1 in order, m per client, until each
+    class is dealt once; fill the remaining slots with distinct random classes; then split each
+    class evenly among its holders. Every client gets exactly m distinct classes.
+    """
+    classes = np.unique(labels)
+    num_classes = len(classes)
+    if m > num_classes:
+        raise PartitionError(f"classes-per-client={m} > {num_classes} classes")
+    if num_clients * m < num_classes:
+        raise PartitionError(
+            f"classes-per-client={m} x {num_clients} clients < {num_classes} classes: some class would have no client"
+        )
+    owned: list[list[int]] = [[] for _ in range(num_clients)]
+    for i, c in enumerate(classes):
+        owned[i // m].append(int(c))
+    for k in range(num_clients):
+        rest = [int(c) for c in classes if c not in owned[k]]
+        owned[k] += rng.choice(rest, m - len(owned[k]), replace=False).tolist()
+    holders: dict[int, list[int]] = {int(c): [] for c in classes}
+    for k, cs in enumerate(owned):
+        for c in cs:
+            holders[c].append(k)
+    return _split_class_among(labels, holders, num_clients, rng)
+
+
+def classes_per_client_shards(labels: np.ndarray, num_clients: int, m: int, rng: np.random.Generator) -> Parts:
+    """FedRS "C10-100-m" (§5.2): concatenate K random permutations of the C classes; client k
+    takes slice [k m, (k+1) m), i.e. m distinct classes when m divides C; each class is split
+    evenly among its holders.
+    """
+    classes = np.unique(labels)
+    if len(classes) % m:
+        raise PartitionError(f"shards: classes-per-client={m} must divide {len(classes)} classes")
+    order = np.concatenate([rng.permutation(classes) for _ in range(num_clients)])
+    holders: dict[int, list[int]] = {int(c): [] for c in classes}
+    for k in range(num_clients):
+        for c in order[k * m : (k + 1) * m]:
+            holders[int(c)].append(k)
+    empty = [c for c, h in holders.items() if not h]
+    if empty:
+        raise PartitionError(f"shards: classes {empty} fell to no client; use more clients")
+    return _split_class_among(labels, holders, num_clients, rng)
+
+
+def long_tail(
+    labels: np.ndarray,
+    num_clients: int,
+    imbalance_factor: float,
+    alpha: float,
+    rng: np.random.Generator,
+    min_size: int = 10,
+) -> Parts:
+    """MuPFL/CReFF long-tailed + Dirichlet: keep n_c = floor(n_max IF^(-c/(C-1))) samples of class
+    c (c in label order, so class 0 is the head), then split with `dirichlet`.
+    """
+    classes = np.unique(labels)
+    n_max = max(int((labels == c).sum()) for c in classes)
+    keep = []
+    for i, c in enumerate(classes):
+        n_c = int(n_max * imbalance_factor ** (-i / max(len(classes) - 1, 1)))
+        idx = np.flatnonzero(labels == c)
+        keep.append(rng.choice(idx, min(n_c, len(idx)), replace=False))
+    kept = np.sort(np.concatenate(keep))
+    parts = dirichlet(labels[kept], num_clients, alpha, rng, min_size=min_size)
+    return _as_parts([kept[p] for p in parts])
+
+
+def map_random(
+    labels: np.ndarray,
+    num_clients: int,
+    rng: np.random.Generator,
+    sigma: float = 0.3,
+    min_size: int = 5,
+    max_tries: int = 1000,
+) -> Parts:
+    """MAP's `split="map"`: client k draws n_k ~ U{2..C} distinct classes with weight 1/n_k,
+    scaled by s_k ~ LogNormal(0, sigma); each class column is normalised over clients and class c
+    is cut into consecutive slices of those shares. Redrawn until every client has `min_size`
+    samples (the authors drop small clients instead; Flower's client count is fixed).
+    """
+    classes = np.unique(labels)
+    num_classes = len(classes)
+    if num_classes < 2:
+        raise PartitionError("map-random needs at least 2 classes")
+    for _ in range(max_tries):
+        weights = np.zeros((num_clients, num_classes))
+        for k in range(num_clients):
+            n_k = rng.integers(2, num_classes + 1)
+            weights[k, rng.choice(num_classes, n_k, replace=False)] = 1.0 / n_k
+        weights *= rng.lognormal(0.0, sigma, size=(num_clients, 1))
+        col = weights.sum(axis=0)
+        if (col == 0).any():
+            continue
+        shares = weights / col
+        parts: list[list[int]] = [[] for _ in range(num_clients)]
+        for j, c in enumerate(classes):
+            idx = rng.permutation(np.flatnonzero(labels == c))
+            cuts = np.round(np.cumsum(shares[:, j]) * len(idx)).astype(int)[:-1]
+            for k, chunk in enumerate(np.split(idx, cuts)):
+                parts[k] += chunk.tolist()
+        if min(len(p) for p in parts) >= min_size:
+            return _as_parts(parts)
+    raise PartitionError(f"map-random: no draw in {max_tries} gave every client >= {min_size} samples")
+
+
+def split_local_test(
+    part: np.ndarray, labels: np.ndarray, fraction: float, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    """Cut one client's indices into (train, test), per class: floor(fraction n_c) of class c go to
+    test, so the local test split follows the client's label distribution. If that leaves the
+    test split empty while fraction > 0, one sample of the client's largest class goes to test.
+    """
+    train, test = [], []
+    for c in np.unique(labels[part]):
+        idx = rng.permutation(part[labels[part] == c])
+        n_test = int(np.floor(fraction * len(idx)))
+        test.append(idx[:n_test])
+        train.append(idx[n_test:])
+    tr, te = np.concatenate(train), np.concatenate(test)
+    if fraction > 0 and len(te) == 0 and len(tr) > 1:
+        counts = np.bincount(labels[tr])
+        pick = int(np.flatnonzero(labels[tr] == counts.argmax())[0])
+        te, tr = tr[pick : pick + 1], np.delete(tr, pick)
+    return np.sort(tr), np.sort(te)
+
+
+def partition(labels: np.ndarray, num_clients: int, cfg: dict[str, Any], seed: int) -> Parts:
+    """Dispatch on `cfg["partition"]` with the run-config keys of that scheme."""
+    if num_clients < 1:
+        raise PartitionError(f"need at least one client, got {num_clients}")
+    rng = np.random.default_rng(seed)
+    name = cfg["partition"]
+    if name == "iid":
+        return iid(labels, num_clients, rng)
+    if name == "dirichlet":
+        return dirichlet(labels, num_clients, cfg["dirichlet-alpha"], rng, cfg["min-partition-size"])
+    if name == "classes-per-client":
+        fn = classes_per_client_shards if cfg["classes-per-client-mode"] == "shards" else classes_per_client_pmcn
+        return fn(labels, num_clients, cfg["classes-per-client"], rng)
+    if name == "long-tail":
+        return long_tail(
+            labels,
+            num_clients,
+            cfg["imbalance-factor"],
+            cfg["dirichlet-alpha"],
+            rng,
+            cfg["min-partition-size"],
+        )
+    if name == "map-random":
+        return map_random(labels, num_clients, rng, cfg["map-sigma"], min(cfg["min-partition-size"], 5))
+    raise PartitionError(f"unknown partition {name!r}")

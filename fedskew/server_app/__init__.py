@@ -1,0 +1,2 @@
+"""Server side: the ServerApp entry (`app.py`), the round loop and central evaluation, and the
+results writer (`results.py`)."""

@@ -1,0 +1,146 @@
+"""The fedskew ServerApp: validate the run config, build the method's strategy, run the rounds,
+evaluate the global model centrally each round and write the results folder.
+
+The round loop is ours (not `Strategy.start`) so that every round is timed, logged and written as
+it ends: configure_train -> send_and_receive -> aggregate_train -> central evaluation.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import numpy as np
+from flwr.app import ConfigRecord, Context
+from flwr.serverapp import Grid, ServerApp
+
+from fedskew.config import validate
+from fedskew.data import DATASET_INFO
+from fedskew.data.clients import client_indices, load_test_set
+from fedskew.data.readers import load_dataset
+from fedskew.partitions import class_counts, format_counts, plot_counts
+from fedskew.registry import get_method
+from fedskew.server_app.results import RunOutput, write_json
+from fedskew.strategies.fedavg import FedAvgStrategy
+from fedskew.training import evaluate, pick_device, seed_everything
+
+log = logging.getLogger("flwr.fedskew")  # a child of Flower's logger, so it shows in `flwr log`
+app = ServerApp()
+
+
+def wait_for_nodes(grid: Grid, strategy: FedAvgStrategy, minimum: int, timeout: float) -> dict[int, int]:
+    """Block until `minimum` nodes reported their partition (or fail after `timeout` s)."""
+    t0 = time.monotonic()
+    while True:
+        nodes = strategy.discover(grid)
+        if len(nodes) >= minimum:
+            return nodes
+        if time.monotonic() - t0 > timeout:
+            raise TimeoutError(f"only {len(nodes)} of min-nodes={minimum} nodes connected after {timeout:.0f} s")
+        time.sleep(1.0)
+
+
+def save_partition(cfg: dict[str, Any], num_partitions: int, out: RunOutput) -> None:
+    """Write the class counts per client (text, JSON, picture) of the configured partition."""
+    _, y_train, _, _ = load_dataset(cfg["dataset"], cfg["data-root"])
+    parts = client_indices(cfg, num_partitions)
+    c = DATASET_INFO[cfg["dataset"]].num_classes
+    train = class_counts(y_train, [tr for tr, _ in parts], c)
+    test = class_counts(y_train, [te for _, te in parts], c)
+    (out.dir / "partition.txt").write_text(format_counts(train, max_rows=10_000) + "\n")
+    write_json(out.dir / "partition.json", {"train": train.tolist(), "test": test.tolist()})
+    plot_counts(train, out.dir / "partition.png", f"{cfg['partition']}: {num_partitions} clients")
+    log.info("partition (train samples per class, first clients):\n%s", format_counts(train, max_rows=10))
+
+
+def round_line(r: int, rounds: int, seconds: float, g_acc: float | None, m: dict[str, Any]) -> str:
+    g = "   -  " if g_acc is None else f"{g_acc:.4f}"
+    p, s = m.get("personalized-accuracy", float("nan")), m.get("personalized-accuracy-std", float("nan"))
+    fails = f" | {m['failures']} failed" if m.get("failures") else ""
+    return (
+        f"round {r:>3}/{rounds} | {seconds:6.1f} s | global acc {g} | "
+        f"personalized acc {p:.4f} ± {s:.4f} | clients {m.get('replies', 0)}{fails}"
+    )
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    t_start = time.perf_counter()
+    cfg = validate(dict(context.run_config))
+    seed_everything(cfg["seed"])
+    device = pick_device(cfg["device"])
+    out = RunOutput(cfg, context.run_id)
+    x_test, y_test = load_test_set(cfg)
+    strategy: FedAvgStrategy = get_method(cfg["method"]).strategy_class()(cfg, device)
+    log.info(
+        "fedskew: method=%s dataset=%s model=%s partition=%s -> %s",
+        cfg["method"],
+        cfg["dataset"],
+        cfg["model"],
+        cfg["partition"],
+        out.dir,
+    )
+
+    nodes = wait_for_nodes(grid, strategy, cfg["min-nodes"], cfg["round-timeout"])
+    num_partitions = strategy.num_partitions or len(nodes)
+    save_partition(cfg, num_partitions, out)
+
+    arrays = strategy.initial_arrays()
+    rounds = cfg["num-server-rounds"]
+    best, g_acc, last_metrics = float("-inf"), None, {}
+    for r in range(1, rounds + 1):
+        t0 = time.perf_counter()
+        messages = list(strategy.configure_train(r, arrays, ConfigRecord(), grid))
+        replies = list(grid.send_and_receive(messages, timeout=cfg["round-timeout"]))
+        t_clients = time.perf_counter() - t0
+        new, metric_record = strategy.aggregate_train(r, replies)
+        metrics = dict(metric_record)
+        if new is None:
+            log.warning("round %d: no usable reply; the global model is unchanged", r)
+        else:
+            arrays = new
+        t_eval = time.perf_counter()
+        g_acc = g_loss = None
+        if r % cfg["eval-every"] == 0 or r == rounds:
+            g_loss, g_acc = evaluate(strategy.global_model(arrays), x_test, y_test, cfg["eval-batch-size"], device)
+            best = max(best, g_acc)
+        seconds = time.perf_counter() - t0
+        row = {"round": r, "global-accuracy": g_acc, "global-loss": g_loss, **metrics}
+        out.log_round(
+            row,
+            {
+                "round": r,
+                "seconds": seconds,
+                "clients-seconds": t_clients,
+                "eval-seconds": time.perf_counter() - t_eval,
+                **{k: metrics[k] for k in metrics if k.endswith("seconds") or k.endswith("seconds-mean")},
+            },
+        )
+        log.info(round_line(r, rounds, seconds, g_acc, metrics))
+        last_metrics = metrics
+
+    final_model = strategy.global_model(arrays)
+    summary = {
+        "method": cfg["method"],
+        "dataset": cfg["dataset"],
+        "model": cfg["model"],
+        "partition": cfg["partition"],
+        "seed": cfg["seed"],
+        "num-clients": num_partitions,
+        "rounds": rounds,
+        "final_global_accuracy": g_acc,
+        "best_global_accuracy": best if np.isfinite(best) else None,
+        "final_personalized_accuracy": last_metrics.get("personalized-accuracy"),
+        "final_personalized_accuracy_std": last_metrics.get("personalized-accuracy-std"),
+        "wall_seconds": time.perf_counter() - t_start,
+        "run_dir": str(out.dir),
+    }
+    out.finish(summary, final_model.state_dict())
+    log.info(
+        "fedskew: done in %.1f s; final global acc %.4f, personalized acc %.4f -> %s",
+        summary["wall_seconds"],
+        g_acc,
+        summary["final_personalized_accuracy"] or float("nan"),
+        out.dir,
+    )

@@ -1,0 +1,103 @@
+"""Everything a run leaves in `<out-dir>/<run-name>/`.
+
+- `config.json`     the validated run config
+- `partition.txt/.json/.png`  class counts per client
+- `metrics.jsonl`   one line per round (deterministic: no timings), appended and flushed each round
+- `timings.jsonl`   seconds per round and per step
+- `summary.json`    method, rounds, final/best global accuracy, final personalized accuracy, wall time
+- `model.pt`        the final global model's state dict
+- `accuracy.png`    global and personalized accuracy per round
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+
+def _clean(value: Any) -> Any:
+    """JSON-safe: NaN/inf become null, numpy scalars plain numbers."""
+    if isinstance(value, dict):
+        return {k: _clean(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_clean(v) for v in value]
+    if isinstance(value, (np.floating, np.integer)):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def write_json(path: Path, obj: Any) -> None:
+    """Write atomically (temp file then rename), so a crash never leaves half a file."""
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(_clean(obj), indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def append_jsonl(path: Path, row: dict[str, Any]) -> None:
+    with open(path, "a") as f:
+        f.write(json.dumps(_clean(row), sort_keys=True) + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    """The complete lines of a jsonl file (a torn last line is ignored)."""
+    rows = []
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                break
+    return rows
+
+
+class RunOutput:
+    """The results folder of one run."""
+
+    def __init__(self, cfg: dict[str, Any], run_id: int | str) -> None:
+        name = cfg["run-name"] or f"{cfg['method']}-{cfg['dataset']}-{cfg['partition']}-s{cfg['seed']}-{run_id}"
+        self.dir = Path(cfg["out-dir"]).expanduser().absolute() / name
+        self.dir.mkdir(parents=True, exist_ok=True)
+        for stale in ("metrics.jsonl", "timings.jsonl", "summary.json"):
+            (self.dir / stale).unlink(missing_ok=True)
+        write_json(self.dir / "config.json", cfg)
+
+    def log_round(self, metrics: dict[str, Any], timings: dict[str, Any]) -> None:
+        append_jsonl(self.dir / "metrics.jsonl", metrics)
+        append_jsonl(self.dir / "timings.jsonl", timings)
+
+    def finish(self, summary: dict[str, Any], state_dict: dict[str, torch.Tensor]) -> None:
+        torch.save({k: v.cpu() for k, v in state_dict.items()}, self.dir / "model.pt")
+        plot_accuracy(read_jsonl(self.dir / "metrics.jsonl"), self.dir / "accuracy.png", summary.get("method", ""))
+        write_json(self.dir / "summary.json", summary)
+
+
+def plot_accuracy(rows: list[dict[str, Any]], path: Path, title: str) -> None:
+    """Global and personalized accuracy against the round."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key, label in (("global-accuracy", "global"), ("personalized-accuracy", "personalized")):
+        pts = [(r["round"], r[key]) for r in rows if r.get(key) is not None]
+        if pts:
+            ax.plot(*zip(*pts, strict=True), marker=".", label=label)
+    ax.set_xlabel("round")
+    ax.set_ylabel("accuracy")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

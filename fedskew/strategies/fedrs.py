@@ -1,0 +1,12 @@
+"""FedRS server (Li & Zhan, KDD'21, Alg. 1). Client side: `fedskew/client_app/fedrs.py`.
+
+FedRS changes only the client loss (restricted softmax); payload, aggregation and evaluation are
+FedAvg's. The paper averages uniformly, the authors' code by sample count; they agree on equal-size
+shard partitions. Set `aggregation-weights="uniform"` for the paper's rule (spec §8 A11).
+"""
+
+from fedskew.strategies.fedavg import FedAvgStrategy
+
+
+class FedRSStrategy(FedAvgStrategy):
+    """FedAvg aggregation of models trained with the restricted softmax."""
