@@ -111,7 +111,7 @@ COMMON: dict[str, Param] = {
     "fraction-train": Param(float, 0.5, "share of clients sampled each round", low=0.0, high=1.0, low_open=True),
     "local-epochs": Param(int, 1, "local epochs per round", low=1),
     "batch-size": Param(int, 64, "local mini-batch size", low=1),
-    "lr": Param(float, 0.05, "local SGD learning rate", low=0.0, low_open=True),
+    "lr": Param(float, 0.01, "local SGD learning rate", low=0.0, low_open=True),
     "momentum": Param(float, 0.9, "local SGD momentum", low=0.0, high=1.0, high_open=True),
     "weight-decay": Param(float, 1e-4, "local SGD weight decay", low=0.0),
     "aggregation-weights": Param(

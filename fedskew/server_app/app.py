@@ -116,6 +116,7 @@ def main(grid: Grid, context: Context) -> None:
                 "eval-seconds": time.perf_counter() - t_eval,
                 **{k: metrics[k] for k in metrics if k.endswith("seconds") or k.endswith("seconds-mean")},
             },
+            strategy.failures,
         )
         log.info(round_line(r, rounds, seconds, g_acc, metrics))
         last_metrics = metrics

@@ -4,6 +4,7 @@
 - `partition.txt/.json/.png`  class counts per client
 - `metrics.jsonl`   one line per round (deterministic: no timings), appended and flushed each round
 - `timings.jsonl`   seconds per round and per step
+- `failures.jsonl`  every lost or dropped reply: round, node, partition, reason
 - `summary.json`    method, rounds, final/best global accuracy, final personalized accuracy, wall time
 - `model.pt`        the final global model's state dict
 - `accuracy.png`    global and personalized accuracy per round
@@ -67,13 +68,18 @@ class RunOutput:
         name = cfg["run-name"] or f"{cfg['method']}-{cfg['dataset']}-{cfg['partition']}-s{cfg['seed']}-{run_id}"
         self.dir = Path(cfg["out-dir"]).expanduser().absolute() / name
         self.dir.mkdir(parents=True, exist_ok=True)
-        for stale in ("metrics.jsonl", "timings.jsonl", "summary.json"):
+        for stale in ("metrics.jsonl", "timings.jsonl", "failures.jsonl", "summary.json"):
             (self.dir / stale).unlink(missing_ok=True)
         write_json(self.dir / "config.json", cfg)
 
-    def log_round(self, metrics: dict[str, Any], timings: dict[str, Any]) -> None:
+    def log_round(
+        self, metrics: dict[str, Any], timings: dict[str, Any], failures: list[dict[str, Any]] = ()
+    ) -> None:
+        """Append the round's metrics, timings and lost replies (`failures.jsonl`)."""
         append_jsonl(self.dir / "metrics.jsonl", metrics)
         append_jsonl(self.dir / "timings.jsonl", timings)
+        for f in failures:
+            append_jsonl(self.dir / "failures.jsonl", {"round": metrics["round"], **f})
 
     def finish(self, summary: dict[str, Any], state_dict: dict[str, torch.Tensor]) -> None:
         torch.save({k: v.cpu() for k, v in state_dict.items()}, self.dir / "model.pt")

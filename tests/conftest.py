@@ -1,0 +1,57 @@
+"""Shared test fixtures: Flower's TaskIdentity for building messages, and real `flwr run` jobs."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _flower_env() -> None:
+    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
+    os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
+
+
+@pytest.fixture
+def task_identity() -> None:
+    """Lets tests build `Message`s without a running Flower runtime (internal API)."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.run_id = TaskIdentity.node_id = TaskIdentity.task_id = 1
+
+
+# A small, fast federated job on real Fashion-MNIST: few clients, few rounds, capped local data.
+SMALL_JOB: dict[str, Any] = {
+    "num-server-rounds": 2,
+    "fraction-train": 1.0,
+    "partition": "classes-per-client",
+    "classes-per-client": 2,
+    "local-epochs": 1,
+}
+
+
+@pytest.fixture
+def flwr_job(tmp_path: Path):
+    """Run a real simulation through `flwr run` on a private SuperLink; return (summary, run_dir)."""
+    from fedskew.cli import prepare_config, run_simulation
+
+    def run(overrides: dict[str, Any], num_supernodes: int = 5, name: str = "job") -> tuple[dict, Path]:
+        merged = {**SMALL_JOB, **overrides, "out-dir": str(tmp_path / "out"), "run-name": name}
+        _, subm = prepare_config(ROOT, merged, num_supernodes)
+        summary = run_simulation(ROOT, subm, num_supernodes, [], stream=False)
+        run_dir = Path(summary["run_dir"])
+        assert json.loads((run_dir / "summary.json").read_text()) == summary
+        return summary, run_dir
+
+    return run
+
+
+def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
