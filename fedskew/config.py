@@ -146,7 +146,7 @@ def validate(raw: Mapping[str, Any]) -> dict[str, Any]:
     """
     from fedskew.registry import METHODS  # late: the registry imports this module
 
-    method = raw.get("method", COMMON["method"].default)
+    method = COMMON["method"].check("method", raw.get("method", COMMON["method"].default))
     if method not in METHODS:
         raise ConfigError(f"method={method!r} is not allowed: must be one of " + ", ".join(sorted(METHODS)))
     schema = all_params()

@@ -1,0 +1,108 @@
+"""Run-config validation: every bad value fails before training with one line naming it."""
+
+from __future__ import annotations
+
+import random
+import subprocess
+import sys
+import time
+
+import pytest
+import tomllib
+
+from fedskew.config import ConfigError, all_params, parse_overrides, to_toml, validate
+from tests.conftest import ROOT
+
+
+def test_defaults_validate_and_pyproject_matches_schema() -> None:
+    cfg = validate({})
+    assert cfg["method"] == "fedavg" and cfg["dataset"] == "fashion-mnist"
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+    assert pyproject == tomllib.loads(to_toml(all_params())), "pyproject's run config must equal the schema"
+    assert validate(pyproject) == cfg
+
+
+@pytest.mark.parametrize(
+    ("raw", "needle"),
+    [
+        ({"method": "fedfoo"}, "method='fedfoo' is not allowed: must be one of"),
+        ({"dataset": "imagenet"}, "dataset='imagenet'"),
+        ({"model": "gpt"}, "model='gpt'"),
+        ({"partition": "weird"}, "partition='weird'"),
+        ({"fedrs-alpha": 1.5}, "fedrs-alpha=1.5 is not allowed: must be a float in [0, 1]"),
+        ({"fedrs-alpha": -0.1}, "fedrs-alpha=-0.1"),
+        ({"fraction-train": 0.0}, "fraction-train=0.0 is not allowed: must be a float in (0, 1]"),
+        ({"fraction-train": 1.01}, "fraction-train=1.01"),
+        ({"classes-per-client": 11}, "classes-per-client=11 is not allowed: fashion-mnist has 10 classes"),
+        ({"classes-per-client": 3, "classes-per-client-mode": "shards"}, "must divide"),
+        ({"num-server-rounds": "ten"}, "num-server-rounds='ten' has type str: must be a int"),
+        ({"lr": True}, "lr=True has type bool"),
+        ({"num-server-rounds": 2.5}, "num-server-rounds=2.5"),
+        ({"dataset": 3}, "quote strings"),
+        ({"lr": float("nan")}, "lr=nan"),
+        ({"device": "tpu"}, "device='tpu'"),
+        ({"learning-rate": 0.1}, "learning-rate: unknown run-config key"),
+        ({"num-server-round": 3}, "did you mean 'num-server-rounds'"),
+    ],
+)
+def test_bad_values_fail_with_one_clear_line(raw: dict, needle: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        validate(raw)
+    msg = str(info.value)
+    assert needle in msg and "\n" not in msg
+
+
+def test_types_are_coerced_where_safe() -> None:
+    cfg = validate({"lr": 1, "num-server-rounds": 3.0})
+    assert cfg["lr"] == 1.0 and isinstance(cfg["lr"], float)
+    assert cfg["num-server-rounds"] == 3 and isinstance(cfg["num-server-rounds"], int)
+
+
+def test_parse_overrides_matches_flwr_syntax() -> None:
+    assert parse_overrides('method="fedrs" fedrs-alpha=0.5 num-server-rounds=3 run-name="a b"') == {
+        "method": "fedrs",
+        "fedrs-alpha": 0.5,
+        "num-server-rounds": 3,
+        "run-name": "a b",
+    }
+    with pytest.raises(ConfigError, match="quote strings"):
+        parse_overrides("method=fedrs")
+    with pytest.raises(ConfigError, match="expected key=value"):
+        parse_overrides("method")
+
+
+def test_fuzzed_configs_fail_cleanly() -> None:
+    """Random keys, types and ranges: either a valid config or a one-line ConfigError, never another error."""
+    rnd = random.Random(0)
+    params = all_params()
+    values = [0, 1, -1, 2.5, -3.0, 1e9, float("inf"), "", "x", "fedrs", True, False, [1], {"a": 1}, None, 11]
+    for _ in range(2000):
+        raw = {}
+        for _ in range(rnd.randint(1, 4)):
+            key = rnd.choice([*params, "bogus-key", "", "seed "])
+            raw[key] = rnd.choice([*values, params[key].default] if key in params else values)
+        try:
+            validate(raw)
+        except ConfigError as e:
+            assert str(e) and "\n" not in str(e)
+
+
+def test_cli_rejects_bad_value_fast_with_one_line() -> None:
+    t0 = time.monotonic()
+    res = subprocess.run(
+        [sys.executable, "-m", "fedskew.cli", "run", "-c", 'fedrs-alpha=2.0 method="fedrs"'],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    assert time.monotonic() - t0 < 5
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "fedrs-alpha=2.0" in lines[0], res.stderr
+
+
+def test_cli_rejects_impossible_partition_before_starting_flower() -> None:
+    res = subprocess.run(
+        [sys.executable, "-m", "fedskew.cli", "run", "-n", "3"], capture_output=True, text=True, cwd=ROOT
+    )
+    assert res.returncode == 2 and "no client" in res.stderr

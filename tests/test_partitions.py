@@ -1,0 +1,156 @@
+"""Property tests of the label-skew partitions (pure numpy)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from fedskew.config import validate
+from fedskew.partitions import (
+    PartitionError,
+    class_counts,
+    classes_per_client_pmcn,
+    classes_per_client_shards,
+    dirichlet,
+    format_counts,
+    iid,
+    long_tail,
+    map_random,
+    partition,
+    plot_counts,
+    split_local_test,
+)
+
+LABELS = np.repeat(np.arange(10), 500)  # 10 classes x 500
+np.random.default_rng(0).shuffle(LABELS)
+
+
+def rng(seed: int = 0) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+def assert_disjoint(parts: list[np.ndarray], n: int, complete: bool = True) -> None:
+    allidx = np.concatenate(parts)
+    assert len(np.unique(allidx)) == len(allidx), "an index is used twice"
+    assert allidx.min() >= 0 and allidx.max() < n
+    if complete:
+        assert len(allidx) == n, "every index must be used"
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_iid_is_balanced_and_complete(seed: int) -> None:
+    parts = iid(LABELS, 7, rng(seed))
+    assert_disjoint(parts, len(LABELS))
+    sizes = [len(p) for p in parts]
+    assert max(sizes) - min(sizes) <= 1
+
+
+@pytest.mark.parametrize(("alpha", "k"), [(0.1, 10), (0.5, 20), (100.0, 5)])
+def test_dirichlet_complete_with_min_size(alpha: float, k: int) -> None:
+    parts = dirichlet(LABELS, k, alpha, rng(1), min_size=10)
+    assert_disjoint(parts, len(LABELS))
+    assert min(len(p) for p in parts) >= 10
+
+
+def test_dirichlet_skew_grows_as_alpha_shrinks() -> None:
+    def mean_classes(alpha: float) -> float:
+        counts = class_counts(LABELS, dirichlet(LABELS, 10, alpha, rng(2)), 10)
+        return float(((counts / counts.sum(1, keepdims=True)) > 0.05).sum(1).mean())
+
+    assert mean_classes(0.05) < mean_classes(1.0) < mean_classes(100.0) + 1e-9
+
+
+def test_dirichlet_impossible_min_size_raises() -> None:
+    with pytest.raises(PartitionError, match="min-partition-size"):
+        dirichlet(LABELS, 10, 0.5, rng(), min_size=1000)
+
+
+@pytest.mark.parametrize(("k", "m"), [(10, 2), (5, 2), (20, 3), (7, 10), (10, 1)])
+def test_pmcn_gives_exactly_m_classes_and_covers_all(k: int, m: int) -> None:
+    parts = classes_per_client_pmcn(LABELS, k, m, rng(3))
+    assert_disjoint(parts, len(LABELS))
+    counts = class_counts(LABELS, parts, 10)
+    assert ((counts > 0).sum(1) == m).all()
+    assert (counts.sum(0) == 500).all()
+    if k * m == 10:  # P5C2: fully class-disjoint
+        assert ((counts > 0).sum(0) == 1).all()
+
+
+def test_pmcn_splits_each_class_evenly_among_holders() -> None:
+    counts = class_counts(LABELS, classes_per_client_pmcn(LABELS, 20, 2, rng(4)), 10)
+    for c in range(10):
+        held = counts[:, c][counts[:, c] > 0]
+        assert held.max() - held.min() <= 1
+
+
+def test_pmcn_rejects_uncoverable_requests() -> None:
+    with pytest.raises(PartitionError, match="no client"):
+        classes_per_client_pmcn(LABELS, 3, 2, rng())
+    with pytest.raises(PartitionError):
+        classes_per_client_pmcn(LABELS, 30, 11, rng())
+
+
+@pytest.mark.parametrize("m", [1, 2, 5])
+def test_shards_match_fedrs_c10_100_m(m: int) -> None:
+    labels = np.repeat(np.arange(10), 5000)
+    parts = classes_per_client_shards(labels, 100, m, rng(5))
+    assert_disjoint(parts, len(labels))
+    counts = class_counts(labels, parts, 10)
+    assert ((counts > 0).sum(1) == m).all()
+    assert (counts.sum(1) == 500).all()  # exactly 500 samples per client
+    assert ((counts > 0).sum(0) == 100 * m // 10).all()  # each class on K m / C clients
+
+
+def test_shards_require_m_to_divide_classes() -> None:
+    with pytest.raises(PartitionError, match="divide"):
+        classes_per_client_shards(LABELS, 10, 3, rng())
+
+
+def test_long_tail_profile_then_dirichlet() -> None:
+    labels = np.repeat(np.arange(10), 1000)
+    parts = long_tail(labels, 10, 10.0, 0.5, rng(6), min_size=5)
+    assert_disjoint(parts, len(labels), complete=False)
+    total = class_counts(labels, parts, 10).sum(0)
+    expected = np.floor(1000 * 10.0 ** (-np.arange(10) / 9)).astype(int)
+    assert (total == expected).all()
+    assert total[0] / total[-1] == pytest.approx(10, rel=0.01)
+
+
+def test_map_random_classes_and_sizes() -> None:
+    parts = map_random(LABELS, 20, rng(7), sigma=0.3, min_size=5)
+    assert_disjoint(parts, len(LABELS), complete=False)
+    counts = class_counts(LABELS, parts, 10)
+    held = (counts > 0).sum(1)
+    assert (held >= 2).all() and (held <= 10).all()
+    assert min(len(p) for p in parts) >= 5
+    assert counts.sum() >= len(LABELS) - 10 * 20  # rounding loses at most a few per class
+
+
+def test_split_local_test_follows_the_label_distribution() -> None:
+    part = classes_per_client_pmcn(LABELS, 10, 2, rng(8))[0]
+    tr, te = split_local_test(part, LABELS, 0.2, rng(9))
+    assert len(np.intersect1d(tr, te)) == 0 and len(tr) + len(te) == len(part)
+    for c in np.unique(LABELS[part]):
+        n_c = int((LABELS[part] == c).sum())
+        assert int((LABELS[te] == c).sum()) == int(np.floor(0.2 * n_c))
+    assert set(np.unique(LABELS[te])) <= set(np.unique(LABELS[part]))
+    tr, te = split_local_test(part[:3], LABELS, 0.2, rng())  # tiny client: still one test sample
+    assert len(te) == 1 and len(tr) == 2
+
+
+@pytest.mark.parametrize("name", ["iid", "dirichlet", "classes-per-client", "long-tail", "map-random"])
+def test_partition_is_deterministic_for_a_seed(name: str) -> None:
+    cfg = validate({"partition": name})
+    a, b = partition(LABELS, 10, cfg, seed=3), partition(LABELS, 10, cfg, seed=3)
+    c = partition(LABELS, 10, cfg, seed=4)
+    assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+    assert any(not np.array_equal(x, y) for x, y in zip(a, c, strict=True))
+
+
+def test_statistics_table_and_picture(tmp_path) -> None:
+    counts = class_counts(LABELS, classes_per_client_pmcn(LABELS, 5, 2, rng()), 10)
+    text = format_counts(counts)
+    assert text.splitlines()[0].startswith("client") and len(text.splitlines()) == 6
+    assert "1000" in text  # 500 + 500 samples of two classes
+    plot_counts(counts, tmp_path / "p.png")
+    assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"

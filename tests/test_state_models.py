@@ -1,0 +1,52 @@
+"""Client state store and the models' features / classifier split."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from flwr.app import RecordDict
+
+from fedskew.client_app.state import ClientState, StateTooLargeError
+from fedskew.models import MODELS, build_model
+
+
+def test_state_round_trips_in_context_state() -> None:
+    record = RecordDict()
+    st = ClientState(record, max_mb=1, partition_id=3)
+    assert st.load_tensors("hpm") is None and st.load_values("counter") is None
+    st.save_tensors("hpm", {"w": torch.arange(6.0).view(2, 3)})
+    st.save_values("counter", {"n": 2})
+    again = ClientState(record, max_mb=1, partition_id=3)  # next round: same context.state
+    assert torch.equal(again.load_tensors("hpm")["w"], torch.arange(6.0).view(2, 3))
+    assert again.load_values("counter") == {"n": 2}
+
+
+def test_state_over_its_bound_is_refused_with_a_clear_message() -> None:
+    st = ClientState(RecordDict(), max_mb=0.5, partition_id=7)
+    st.save_tensors("a", {"w": torch.zeros(60_000)})  # 0.23 MB
+    st.save_tensors("a", {"w": torch.zeros(100_000)})  # replacing 'a' does not count it twice
+    with pytest.raises(StateTooLargeError, match=r"partition 7 .* state-max-mb=0.5.*state-dir"):
+        st.save_tensors("b", {"w": torch.zeros(60_000)})
+
+
+def test_state_on_disk_survives_a_new_context(tmp_path) -> None:
+    st = ClientState(RecordDict(), max_mb=0, partition_id=1, directory=tmp_path / "p1")
+    st.save_tensors("big", {"w": torch.ones(300_000)})  # no bound on disk
+    st.save_values("counter", {"n": 5})
+    fresh = ClientState(RecordDict(), max_mb=0, partition_id=1, directory=tmp_path / "p1")
+    assert fresh.load_tensors("big")["w"].sum() == 300_000 and fresh.load_values("counter") == {"n": 5}
+    assert not list((tmp_path / "p1").glob("*.tmp"))
+
+
+@pytest.mark.parametrize("name", sorted(MODELS))
+@pytest.mark.parametrize("dataset", ["fashion-mnist", "cifar10"])
+def test_models_split_features_and_bias_free_classifier(name: str, dataset: str) -> None:
+    if name == "resnet18" and dataset == "fashion-mnist":
+        pytest.skip("covered on cifar10; slow on CPU")
+    model = build_model(name, dataset)
+    size, ch = (28, 1) if dataset == "fashion-mnist" else (32, 3)
+    x = torch.randn(2, ch, size, size)
+    h = model.features(x)
+    assert h.shape == (2, model.feature_dim)
+    assert model.classifier.bias is None and model.classifier.weight.shape == (10, model.feature_dim)
+    assert torch.allclose(model(x), h @ model.classifier.weight.T)

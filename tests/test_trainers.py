@@ -1,0 +1,114 @@
+"""Client trainers on synthetic data, without Flower's runtime (FedRS spec §9 items 9-14, 16)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+
+from fedskew.client_app.fedavg import FedAvgTrainer, TrainerContext
+from fedskew.client_app.fedprox import FedProxTrainer
+from fedskew.client_app.fedrs import FedRSTrainer
+from fedskew.client_app.state import ClientState
+from fedskew.config import validate
+from fedskew.data.clients import ClientData
+from fedskew.models import build_model
+from fedskew.training import seed_everything
+
+OBSERVED = (1, 4, 7)
+
+
+def make_data(n: int = 96, seed: int = 0) -> ClientData:
+    g = torch.Generator().manual_seed(seed)
+    y = torch.tensor(OBSERVED)[torch.randint(0, len(OBSERVED), (n,), generator=g)]
+    x = torch.randn(n, 1, 28, 28, generator=g) + y.view(-1, 1, 1, 1) * 0.3
+    return ClientData(x[:80], y[:80], x[80:], y[80:], 10)
+
+
+def make_trainer(cls: type, data: ClientData, **overrides) -> FedAvgTrainer:
+    cfg = validate({"model": "mlp", "batch-size": 16, "local-epochs": 2, **overrides})
+    ctx = TrainerContext(
+        cfg=cfg,
+        data=data,
+        device=torch.device("cpu"),
+        state=ClientState(RecordDict(), 64, 0),
+        partition_id=0,
+        server_round=1,
+        generator=seed_everything(cfg["seed"], 0, 1),
+    )
+    return cls(ctx)
+
+
+def global_content(seed: int = 0) -> RecordDict:
+    torch.manual_seed(seed)
+    model = build_model("mlp", "fashion-mnist")
+    return RecordDict({"arrays": ArrayRecord(model.state_dict()), "config": ConfigRecord({"server-round": 1})})
+
+
+def test_fedavg_reply_has_same_arrays_and_the_metrics_the_server_needs() -> None:
+    content = global_content()
+    reply = make_trainer(FedAvgTrainer, make_data()).fit(content)
+    sent, got = content["arrays"], reply["arrays"]
+    assert list(got.keys()) == list(sent.keys())
+    assert all(got[k].shape == sent[k].shape and got[k].dtype == sent[k].dtype for k in sent.keys())
+    m = reply["metrics"]
+    assert m["num-examples"] == 80 and m["partition-id"] == 0 and m["personal-num-test"] == 16
+    assert 0.0 <= m["personal-accuracy"] <= 1.0
+    assert not any("count" in k for k in m.keys())  # label counts never leave the client
+
+
+def test_fedrs_alpha_one_equals_fedavg() -> None:
+    a = make_trainer(FedAvgTrainer, make_data()).fit(global_content())["arrays"].to_torch_state_dict()
+    b = make_trainer(FedRSTrainer, make_data(), **{"fedrs-alpha": 1.0}).fit(global_content())["arrays"]
+    for k, v in b.to_torch_state_dict().items():
+        assert torch.allclose(v, a[k], atol=1e-6), k
+
+
+def test_fedrs_alpha_zero_without_decay_freezes_missing_rows() -> None:
+    content = global_content()
+    w0 = content["arrays"].to_torch_state_dict()["classifier.weight"].clone()
+    trainer = make_trainer(FedRSTrainer, make_data(), **{"fedrs-alpha": 0.0, "weight-decay": 0.0})
+    w1 = trainer.fit(content)["arrays"].to_torch_state_dict()["classifier.weight"]
+    missing = [c for c in range(10) if c not in OBSERVED]
+    assert torch.equal(w1[missing], w0[missing])
+    assert not torch.allclose(w1[list(OBSERVED)], w0[list(OBSERVED)])
+
+
+def test_fedrs_alpha_zero_with_decay_keeps_missing_directions() -> None:
+    content = global_content()
+    w0 = content["arrays"].to_torch_state_dict()["classifier.weight"].clone()
+    trainer = make_trainer(FedRSTrainer, make_data(), **{"fedrs-alpha": 0.0, "weight-decay": 0.01})
+    w1 = trainer.fit(content)["arrays"].to_torch_state_dict()["classifier.weight"]
+    for c in (c for c in range(10) if c not in OBSERVED):
+        cos = torch.nn.functional.cosine_similarity(w1[c], w0[c], dim=0)
+        assert cos == pytest.approx(1.0, abs=1e-6) and w1[c].norm() < w0[c].norm()
+
+
+def test_fedrs_scale_is_fixed_for_the_whole_round() -> None:
+    trainer = make_trainer(FedRSTrainer, make_data(), **{"fedrs-alpha": 0.5})
+    seen: list[torch.Tensor] = []
+    original = trainer.loss
+
+    def spy(model, x, y):
+        seen.append(trainer.scale.clone())
+        return original(model, x, y)
+
+    trainer.loss = spy
+    trainer.fit(global_content())
+    assert len(seen) == 10  # 2 epochs x 5 batches
+    assert all(torch.equal(s, seen[0]) for s in seen)
+    expected = np.where(np.isin(np.arange(10), OBSERVED), 1.0, 0.5)
+    assert np.allclose(seen[0].numpy(), expected)
+
+
+def test_fedprox_pulls_towards_the_global_model() -> None:
+    content = global_content()
+    w0 = content["arrays"].to_torch_state_dict()
+
+    def dist(trainer_cls, **kw) -> float:
+        out = make_trainer(trainer_cls, make_data(), **kw).fit(content)["arrays"].to_torch_state_dict()
+        return sum(float((out[k] - w0[k]).pow(2).sum()) for k in w0)
+
+    assert dist(FedProxTrainer, **{"fedprox-mu": 5.0}) < dist(FedProxTrainer, **{"fedprox-mu": 0.0})
+    assert dist(FedProxTrainer, **{"fedprox-mu": 0.0}) == pytest.approx(dist(FedAvgTrainer), rel=1e-5)
