@@ -235,10 +235,29 @@ def format_summary(s: dict[str, Any]) -> str:
     )
 
 
+def resume_overrides(run_dir: Path) -> tuple[dict[str, Any], int]:
+    """The config of an earlier run (with resume=true) and its number of clients."""
+    run_dir = run_dir.expanduser().absolute()
+    if not (run_dir / "config.json").is_file():
+        raise ConfigError(f"--resume {run_dir}: no config.json there (not a fedskew run folder)")
+    if not (run_dir / "checkpoint.pt").is_file():
+        raise ConfigError(f"--resume {run_dir}: no checkpoint.pt yet (checkpoint-every rounds must have passed)")
+    schema = all_params()
+    cfg = {k: v for k, v in json.loads((run_dir / "config.json").read_text()).items() if k in schema}
+    cfg.update({"resume": True, "out-dir": str(run_dir.parent), "run-name": run_dir.name})
+    clients = len(json.loads((run_dir / "partition.json").read_text())["train"])
+    return cfg, clients
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     app_dir = find_app_dir(args.app)
-    _, overrides = prepare_config(app_dir, read_overrides(args.run_config), args.num_supernodes)
-    summary = run_simulation(app_dir, overrides, args.num_supernodes, args.federation_config)
+    overrides, clients = {}, args.num_supernodes or 20
+    if args.resume:
+        overrides, resumed_clients = resume_overrides(Path(args.resume))
+        clients = args.num_supernodes or resumed_clients
+    overrides.update(read_overrides(args.run_config))
+    _, overrides = prepare_config(app_dir, overrides, clients)
+    summary = run_simulation(app_dir, overrides, clients, args.federation_config)
     print(format_summary(summary), flush=True)
     return 0
 
@@ -255,7 +274,8 @@ def main(argv: list[str] | None = None) -> int:
     run = sub.add_parser("run", help="run one federated simulation and wait for it")
     run.add_argument("--app", help="the Flower app folder (default: this checkout)")
     run.add_argument("--run-config", "-c", action="append", default=[], help="'k=v k2=\"s\"' or a TOML file")
-    run.add_argument("--num-supernodes", "-n", type=int, default=20, help="number of clients (default 20)")
+    run.add_argument("--num-supernodes", "-n", type=int, help="number of clients (default 20)")
+    run.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its checkpoint.pt")
     run.add_argument(
         "--federation-config",
         action="append",
@@ -266,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     conf = sub.add_parser("config", help="list every run-config key")
     conf.set_defaults(fn=cmd_config)
     args = parser.parse_args(argv)
-    if getattr(args, "num_supernodes", 1) < 1:
+    if (getattr(args, "num_supernodes", None) or 1) < 1:
         parser.error("--num-supernodes must be >= 1")
     try:
         return int(args.fn(args))

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 import numpy as np
-from flwr.app import ConfigRecord, Context
+from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
 from fedskew.config import validate
@@ -64,6 +64,49 @@ def round_line(r: int, rounds: int, seconds: float, g_acc: float | None, m: dict
     )
 
 
+def train_round(
+    strategy: FedAvgStrategy, grid: Grid, r: int, arrays: ArrayRecord, cfg: dict[str, Any]
+) -> tuple[ArrayRecord | None, dict[str, Any], list[dict[str, Any]]]:
+    """Send one round, wait up to `round-timeout`, aggregate what arrived.
+
+    A node that errs, sends a bad payload or does not answer in time is a logged failure. The round
+    stands when at least `min-replies` usable replies arrived (or every sampled node answered);
+    otherwise it is tried again up to `round-retries` times, then the run stops with the reason.
+    """
+    for attempt in range(cfg["round-retries"] + 1):
+        messages = list(strategy.configure_train(r, arrays, ConfigRecord({"attempt": attempt}), grid))
+        replies = list(grid.send_and_receive(messages, timeout=cfg["round-timeout"]))
+        new, record = strategy.aggregate_train(r, replies)
+        answered = {m.metadata.src_node_id for m in replies}
+        failures = strategy.failures + [
+            {
+                "node": n,
+                "partition": strategy.node_partitions.get(n, -1),
+                "reason": f"no reply within round-timeout={cfg['round-timeout']:g} s",
+            }
+            for n in (m.metadata.dst_node_id for m in messages)
+            if n not in answered
+        ]
+        for f in failures[len(strategy.failures) :]:
+            log.warning("round %d: lost node %d (partition %d): %s", r, f["node"], f["partition"], f["reason"])
+        metrics = {**dict(record), "failures": len(failures)}
+        if messages and metrics["replies"] >= min(cfg["min-replies"], len(messages)):
+            return new, metrics, failures
+        log.warning(
+            "round %d: %d usable replies of %d sent (min-replies=%d), attempt %d of %d",
+            r,
+            metrics["replies"],
+            len(messages),
+            cfg["min-replies"],
+            attempt + 1,
+            cfg["round-retries"] + 1,
+        )
+    raise RuntimeError(
+        f"round {r}: only {metrics['replies']} usable replies (min-replies={cfg['min-replies']}) after "
+        f"{cfg['round-retries'] + 1} attempts; the reasons are in the log and failures.jsonl"
+    )
+
+
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     t_start = time.perf_counter()
@@ -88,14 +131,18 @@ def main(grid: Grid, context: Context) -> None:
 
     arrays = strategy.initial_arrays()
     rounds = cfg["num-server-rounds"]
-    best, g_acc, last_metrics = float("-inf"), None, {}
-    for r in range(1, rounds + 1):
+    best, g_acc, last_metrics, start = float("-inf"), None, {}, 1
+    ckpt = out.load_checkpoint() if cfg["resume"] else None
+    if ckpt is not None:
+        arrays = ArrayRecord(ckpt["arrays"])
+        strategy.load_state_dict(ckpt["strategy"])
+        best, g_acc, last_metrics, start = ckpt["best"], ckpt["global-accuracy"], ckpt["metrics"], ckpt["round"] + 1
+        log.info("fedskew: resuming after round %d from %s", ckpt["round"], out.dir / "checkpoint.pt")
+    for r in range(start, rounds + 1):
+        seed_everything(cfg["seed"], r)  # server randomness depends on (seed, round) only: resumable
         t0 = time.perf_counter()
-        messages = list(strategy.configure_train(r, arrays, ConfigRecord(), grid))
-        replies = list(grid.send_and_receive(messages, timeout=cfg["round-timeout"]))
+        new, metrics, failures = train_round(strategy, grid, r, arrays, cfg)
         t_clients = time.perf_counter() - t0
-        new, metric_record = strategy.aggregate_train(r, replies)
-        metrics = dict(metric_record)
         if new is None:
             log.warning("round %d: no usable reply; the global model is unchanged", r)
         else:
@@ -116,10 +163,21 @@ def main(grid: Grid, context: Context) -> None:
                 "eval-seconds": time.perf_counter() - t_eval,
                 **timings,
             },
-            strategy.failures,
+            failures,
         )
         log.info(round_line(r, rounds, seconds, g_acc, metrics))
         last_metrics = metrics
+        if cfg["checkpoint-every"] and (r % cfg["checkpoint-every"] == 0 or r == rounds):
+            out.save_checkpoint(
+                {
+                    "round": r,
+                    "arrays": arrays.to_torch_state_dict(),
+                    "strategy": strategy.state_dict(),
+                    "best": best,
+                    "global-accuracy": g_acc,
+                    "metrics": last_metrics,
+                }
+            )
 
     final_model = strategy.global_model(arrays)
     summary = {

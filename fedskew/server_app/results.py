@@ -7,6 +7,8 @@
 - `failures.jsonl`  every lost or dropped reply: round, node, partition, reason
 - `summary.json`    method, rounds, final/best global accuracy, final personalized accuracy, wall time
 - `model.pt`        the final global model's state dict
+- `checkpoint.pt`   every `checkpoint-every` rounds: round, global arrays, strategy state (`resume=true`
+                    continues from it; all server randomness is derived from (seed, round))
 - `accuracy.png`    global and personalized accuracy per round
 """
 
@@ -68,9 +70,30 @@ class RunOutput:
         name = cfg["run-name"] or f"{cfg['method']}-{cfg['dataset']}-{cfg['partition']}-s{cfg['seed']}-{run_id}"
         self.dir = Path(cfg["out-dir"]).expanduser().absolute() / name
         self.dir.mkdir(parents=True, exist_ok=True)
-        for stale in ("metrics.jsonl", "timings.jsonl", "failures.jsonl", "summary.json"):
-            (self.dir / stale).unlink(missing_ok=True)
-        write_json(self.dir / "config.json", cfg)
+        if not cfg["resume"]:
+            for stale in ("metrics.jsonl", "timings.jsonl", "failures.jsonl", "summary.json", "checkpoint.pt"):
+                (self.dir / stale).unlink(missing_ok=True)
+        write_json(self.dir / "config.json", {**cfg, "resume": False})
+
+    def save_checkpoint(self, state: dict[str, Any]) -> None:
+        """Write `checkpoint.pt` atomically (tensors and plain values only)."""
+        tmp = self.dir / "checkpoint.pt.tmp"
+        torch.save(state, tmp)
+        os.replace(tmp, self.dir / "checkpoint.pt")
+
+    def load_checkpoint(self) -> dict[str, Any] | None:
+        """The last checkpoint, with the per-round files cut back to its round; None if there is none."""
+        path = self.dir / "checkpoint.pt"
+        if not path.is_file():
+            return None
+        state = torch.load(path, weights_only=True)
+        (self.dir / "summary.json").unlink(missing_ok=True)
+        for name in ("metrics.jsonl", "timings.jsonl", "failures.jsonl"):
+            rows = [row for row in read_jsonl(self.dir / name) if row["round"] <= state["round"]]
+            tmp = self.dir / f"{name}.tmp"
+            tmp.write_text("".join(json.dumps(_clean(row), sort_keys=True) + "\n" for row in rows))
+            os.replace(tmp, self.dir / name)
+        return state
 
     def log_round(self, metrics: dict[str, Any], timings: dict[str, Any], failures: list[dict[str, Any]] = ()) -> None:
         """Append the round's metrics, timings and lost replies (`failures.jsonl`)."""

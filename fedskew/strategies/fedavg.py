@@ -78,6 +78,13 @@ class FedAvgStrategy(FedAvg):
         model.load_state_dict(arrays.to_torch_state_dict(), strict=True)
         return model.to(self.device)
 
+    def state_dict(self) -> dict[str, Any]:
+        """Server-side method state for checkpoints (tensors and plain values); FedAvg has none."""
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what `state_dict` returned."""
+
     # ------------------------------------------------------------------ downlink
     def broadcast(self, server_round: int) -> dict[str, Any]:
         """Extra records sent to every sampled client this round (none for FedAvg)."""

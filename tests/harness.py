@@ -1,0 +1,73 @@
+"""An in-process Grid: runs the real ServerApp `main` against the real ClientApp, node by node,
+without Ray or a SuperLink (fast, deterministic), with optional fault injection per
+(partition, round)."""
+
+from __future__ import annotations
+
+import itertools
+import tomllib
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from flwr.app import Context, Error, Message, RecordDict
+
+from fedskew.client_app.app import app as client_app
+from fedskew.server_app.app import main as server_main
+
+ROOT = Path(__file__).resolve().parent.parent
+Fault = Callable[[Message, Message], Message | None]  # (request, reply) -> replacement reply, or None to drop
+
+
+def app_defaults() -> dict[str, Any]:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
+
+
+class InProcessGrid:
+    """`get_node_ids` / `send_and_receive` over `num_nodes` ClientApp contexts that keep state."""
+
+    def __init__(self, num_nodes: int, run_config: dict[str, Any], faults: dict[tuple[int, int], Fault] | None = None):
+        self.run_config = run_config
+        self.faults = faults or {}
+        ids = [1000 + 17 * i for i in range(num_nodes)]
+        self.contexts = {
+            nid: Context(
+                run_id=1,
+                node_id=nid,
+                node_config={"partition-id": i, "num-partitions": num_nodes},
+                state=RecordDict(),
+                run_config=run_config,
+            )
+            for i, nid in enumerate(ids)
+        }
+        self.sent: list[Message] = []
+        self._ids = itertools.count(1)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self.contexts)
+
+    def send_and_receive(self, messages: Iterable[Message], timeout: float | None = None) -> Iterable[Message]:
+        replies = []
+        for msg in messages:
+            msg.metadata.__dict__["_message_id"] = f"m{next(self._ids)}"  # normally set by the SuperLink
+            self.sent.append(msg)
+            ctx = self.contexts[msg.metadata.dst_node_id]
+            try:
+                reply = client_app(msg, ctx)
+            except Exception as e:  # what the runtime does with a ClientApp exception
+                reply = Message(Error(code=0, reason=f"{type(e).__name__}: {e}"), reply_to=msg)
+            if msg.metadata.message_type == "train":
+                key = (int(ctx.node_config["partition-id"]), int(msg.content["config"]["server-round"]))
+                if key in self.faults:
+                    reply = self.faults[key](msg, reply)
+            if reply is not None:
+                replies.append(reply)
+        return replies
+
+
+def run_in_process(overrides: dict[str, Any], num_nodes: int, faults: dict | None = None) -> InProcessGrid:
+    """Run the whole ServerApp main in this process; returns the grid (its contexts hold client state)."""
+    cfg = {**app_defaults(), **overrides}
+    grid = InProcessGrid(num_nodes, cfg, faults)
+    server_main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=cfg))
+    return grid

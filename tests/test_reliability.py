@@ -1,0 +1,112 @@
+"""Failures, bad payloads, retries, checkpoints and resume, through the real ServerApp and ClientApp
+run in process (tests/harness.py)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord, Error, Message, RecordDict
+
+from tests.harness import run_in_process
+
+BASE = {"model": "mlp", "num-server-rounds": 3, "fraction-train": 0.3, "run-name": "r", "partition": "iid"}
+
+
+def raise_error(msg: Message, reply: Message) -> Message:
+    return Message(Error(code=0, reason="RuntimeError: injected client crash"), reply_to=msg)
+
+
+def with_arrays(edit):
+    def fault(msg: Message, reply: Message) -> Message:
+        arrays = {k: v.clone() for k, v in reply.content["arrays"].to_torch_state_dict().items()}
+        edit(arrays)
+        return Message(RecordDict({"arrays": ArrayRecord(arrays), "metrics": reply.content["metrics"]}), reply_to=msg)
+
+    return fault
+
+
+def nan_weights(arrays: dict) -> None:
+    arrays["classifier.weight"][0, 0] = float("nan")
+
+
+def wrong_shape(arrays: dict) -> None:
+    arrays["classifier.weight"] = torch.zeros(3, 3)
+
+
+def rows(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def sampled(run_dir, r: int) -> list[int]:
+    return rows(run_dir / "metrics.jsonl")[r - 1]["partitions"]
+
+
+@pytest.fixture
+def job(tmp_path, task_identity):
+    def run(faults=None, **overrides):
+        cfg = {**BASE, "out-dir": str(tmp_path), **overrides}
+        run_in_process(cfg, 10, faults)
+        return tmp_path / cfg["run-name"]
+
+    return run
+
+
+@pytest.fixture(scope="module")
+def ref(tmp_path_factory):
+    """An undisturbed 4-round run: which partitions each round samples, and its metrics."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.run_id = TaskIdentity.node_id = TaskIdentity.task_id = 1
+    out = tmp_path_factory.mktemp("ref")
+    run_in_process({**BASE, "out-dir": str(out), "run-name": "full", "num-server-rounds": 4, "checkpoint-every": 2}, 10)
+    return out / "full"
+
+
+def test_bad_replies_never_reach_the_model_and_are_logged(job, ref) -> None:
+    p2, p3 = sampled(ref, 2), sampled(ref, 3)
+    faults = {(p2[0], 2): raise_error, (p3[0], 3): with_arrays(nan_weights), (p3[1], 3): with_arrays(wrong_shape)}
+    run_dir = job(faults)
+    metrics = rows(run_dir / "metrics.jsonl")
+    assert [m["failures"] for m in metrics] == [0, 1, 2]
+    assert [m["replies"] for m in metrics] == [3, 2, 1]
+    lost = rows(run_dir / "failures.jsonl")
+    assert [(f["round"], f["partition"]) for f in lost] == [(2, p2[0]), (3, p3[0]), (3, p3[1])]
+    assert "injected client crash" in lost[0]["reason"]
+    assert "NaN" in lost[1]["reason"] and "expected" in lost[2]["reason"]
+    model = torch.load(run_dir / "model.pt", weights_only=True)
+    assert all(torch.isfinite(v).all() for v in model.values())
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["final_global_accuracy"] > 0.5
+
+
+def test_too_few_replies_retries_then_stops_with_the_reason(job, ref) -> None:
+    faults = {(p, 2): raise_error for p in sampled(ref, 2)}
+    with pytest.raises(RuntimeError, match=r"round 2: only 0 usable replies \(min-replies=1\) after 2 attempts"):
+        job(faults)
+
+
+def test_dropped_reply_counts_as_lost_node(job, ref) -> None:
+    run_dir = job({(sampled(ref, 1)[0], 1): lambda msg, reply: None}, **{"num-server-rounds": 1})
+    lost = rows(run_dir / "failures.jsonl")
+    assert len(lost) == 1 and "no reply within round-timeout" in lost[0]["reason"]
+
+
+def test_resume_ends_with_the_same_metrics_as_an_uninterrupted_run(job, ref, tmp_path) -> None:
+    full = ref
+    crash = {(p, 3): raise_error for p in sampled(full, 3)}
+    with pytest.raises(RuntimeError):
+        job(crash, **{"run-name": "cut", "num-server-rounds": 4, "checkpoint-every": 2, "round-retries": 0})
+    cut = tmp_path / "cut"
+    assert len(rows(cut / "metrics.jsonl")) == 2 and not (cut / "summary.json").exists()
+    job(**{"run-name": "cut", "num-server-rounds": 4, "checkpoint-every": 2, "resume": True})
+    assert (cut / "metrics.jsonl").read_text() == (full / "metrics.jsonl").read_text()
+    a = torch.load(full / "model.pt", weights_only=True)
+    b = torch.load(cut / "model.pt", weights_only=True)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert np.isclose(
+        json.loads((cut / "summary.json").read_text())["final_global_accuracy"],
+        json.loads((full / "summary.json").read_text())["final_global_accuracy"],
+    )
