@@ -5,11 +5,11 @@ without Ray or a SuperLink (fast, deterministic), with optional fault injection 
 from __future__ import annotations
 
 import itertools
-import tomllib
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import tomllib
 from flwr.app import Context, Error, Message, RecordDict
 
 from fedskew.client_app.app import app as client_app
