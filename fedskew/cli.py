@@ -195,7 +195,7 @@ def run_simulation(
             env=env,
         )
         try:
-            status = _wait(run_id, link.connection, env)
+            status = _wait(run_id, link.connection, env, logger)
         finally:
             time.sleep(1.0)
             logger.terminate()
@@ -209,14 +209,18 @@ def run_simulation(
     return json.loads(summary_path.read_text())
 
 
-def _wait(run_id: int, connection: str, env: dict[str, str]) -> str:
+def _wait(run_id: int, connection: str, env: dict[str, str], logger: subprocess.Popen) -> str:
+    """Poll the run's status (each `flwr ls` costs a Python start, so not too often)."""
     while True:
+        for _ in range(10):  # ~5 s, or at once when the log stream ends
+            if logger.poll() is not None:
+                break
+            time.sleep(0.5)
         info = _flwr_json(["ls", connection, "--run-id", str(run_id)], env)
         runs = info.get("runs") or []
         status = runs[0].get("status", "") if runs else ""
         if status.startswith("finished"):
             return status
-        time.sleep(2.0)
 
 
 def format_summary(s: dict[str, Any]) -> str:

@@ -112,3 +112,20 @@ def test_fedprox_pulls_towards_the_global_model() -> None:
 
     assert dist(FedProxTrainer, **{"fedprox-mu": 5.0}) < dist(FedProxTrainer, **{"fedprox-mu": 0.0})
     assert dist(FedProxTrainer, **{"fedprox-mu": 0.0}) == pytest.approx(dist(FedAvgTrainer), rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("edit", "needle"),
+    [
+        (lambda a: a.pop("classifier.weight"), "missing"),
+        (lambda a: a.__setitem__("classifier.weight", torch.zeros(2, 2)), "expected"),
+        (lambda a: a["classifier.weight"].fill_(float("nan")), "NaN"),
+    ],
+)
+def test_client_rejects_bad_server_arrays(edit, needle: str) -> None:
+    content = global_content()
+    arrays = content["arrays"].to_torch_state_dict()
+    edit(arrays)
+    content["arrays"] = ArrayRecord(arrays)
+    with pytest.raises(ValueError, match=needle):
+        make_trainer(FedAvgTrainer, make_data()).fit(content)

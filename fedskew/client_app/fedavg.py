@@ -29,6 +29,31 @@ from fedskew.models import SplitNet, build_model
 from fedskew.training import cross_entropy_loss, evaluate, sgd, train_epochs
 
 
+def checked_arrays(
+    content: RecordDict, expected: dict[str, torch.Tensor], key: str = "arrays"
+) -> dict[str, torch.Tensor]:
+    """The server's arrays as tensors, after checking names, shapes, dtypes and finiteness against
+    `expected`; raises ValueError naming the first problem (the server logs it as this node's failure)."""
+    record = content.get(key)
+    if not isinstance(record, ArrayRecord):
+        raise ValueError(f"server message lacks the {key!r} ArrayRecord")
+    arrays = record.to_torch_state_dict()
+    if list(arrays) != list(expected):
+        missing, extra = set(expected) - set(arrays), set(arrays) - set(expected)
+        raise ValueError(
+            f"server arrays differ from the model: missing {sorted(missing)[:3]}, extra {sorted(extra)[:3]}"
+        )
+    for name, t in arrays.items():
+        want = expected[name]
+        if t.shape != want.shape or t.dtype != want.dtype:
+            raise ValueError(
+                f"server array {name!r} is {t.dtype}{list(t.shape)}, expected {want.dtype}{list(want.shape)}"
+            )
+        if t.is_floating_point() and not torch.isfinite(t).all():
+            raise ValueError(f"server array {name!r} holds NaN or inf")
+    return arrays
+
+
 @dataclass
 class TrainerContext:
     """Everything a trainer needs for one round on one client."""
@@ -56,8 +81,7 @@ class FedAvgTrainer:
         return build_model(self.cfg["model"], self.cfg["dataset"]).to(self.device)
 
     def load_global(self, model: nn.Module, content: RecordDict) -> None:
-        arrays = content["arrays"].to_torch_state_dict()
-        model.load_state_dict(arrays, strict=True)
+        model.load_state_dict(checked_arrays(content, model.state_dict()), strict=True)
 
     def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return cross_entropy_loss(model, x, y)
