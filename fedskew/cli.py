@@ -212,10 +212,10 @@ def run_simulation(
 def _wait(run_id: int, connection: str, env: dict[str, str], logger: subprocess.Popen) -> str:
     """Poll the run's status (each `flwr ls` costs a Python start, so not too often)."""
     while True:
-        for _ in range(10):  # ~5 s, or at once when the log stream ends
+        for _ in range(10):  # ~5 s, or sooner once the log stream has ended
+            time.sleep(0.5)
             if logger.poll() is not None:
                 break
-            time.sleep(0.5)
         info = _flwr_json(["ls", connection, "--run-id", str(run_id)], env)
         runs = info.get("runs") or []
         status = runs[0].get("status", "") if runs else ""
