@@ -266,6 +266,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_experiment(args: argparse.Namespace) -> int:
+    from fedskew.experiments import load_suite, run_suite, write_report
+
+    app_dir = find_app_dir(args.app)
+    suite = load_suite(args.suite, app_defaults(app_dir))
+    if args.dry_run:
+        for c in suite.cells:
+            print(f"{c.run_name}: {c.overrides}")
+        print(f"{len(suite.cells)} cells x {suite.num_supernodes} clients -> {suite.folder}")
+        return 0
+    if args.report:
+        write_report(suite)
+    else:
+        run_suite(suite, app_dir, stream=args.stream)
+    print(f"results: {suite.folder / 'results.md'}")
+    return 0
+
+
 def cmd_config(args: argparse.Namespace) -> int:
     for key, p in all_params().items():
         print(f"{key:<26} {p.default!r:<18} {p.help} [{p.allowed()}]")
@@ -287,6 +305,13 @@ def main(argv: list[str] | None = None) -> int:
         help="extra simulation settings, e.g. 'client-resources-num-cpus=1'",
     )
     run.set_defaults(fn=cmd_run)
+    exp = sub.add_parser("experiment", help="run a YAML suite (methods x partitions x seeds), resumable")
+    exp.add_argument("suite", help="the suite's YAML file")
+    exp.add_argument("--app", help="the Flower app folder (default: this checkout)")
+    exp.add_argument("--dry-run", action="store_true", help="validate and list the cells, run nothing")
+    exp.add_argument("--report", action="store_true", help="only (re)write the table and plots")
+    exp.add_argument("--stream", action="store_true", help="show each run's log")
+    exp.set_defaults(fn=cmd_experiment)
     conf = sub.add_parser("config", help="list every run-config key")
     conf.set_defaults(fn=cmd_config)
     args = parser.parse_args(argv)

@@ -1,0 +1,247 @@
+"""Experiment suites: a YAML grid of methods x partitions x seeds, run cell by cell as simulations.
+
+    fedskew experiment suites/fmnist-pcdd.yaml [--dry-run]
+
+Suite file::
+
+    name: fmnist-pcdd                 # folder under out-dir (default: the file's stem)
+    num-supernodes: 20                # clients per run
+    seeds: [0, 1, 2]
+    out-dir: outputs/suites           # default
+    base: {num-server-rounds: 30}     # run config shared by every cell
+    methods:                          # label -> overrides; `method` defaults to the label
+      fedavg: {}
+      fedrs-0.5: {method: fedrs, fedrs-alpha: 0.5}
+    partitions:                       # label -> overrides
+      c2: {partition: classes-per-client, classes-per-client: 2}
+
+Every cell's config is validated before anything runs. A cell whose `summary.json` exists is
+skipped, so an interrupted suite resumes where it stopped. At the end (and with `--report`) the
+suite folder gets `results.md`, `results.csv` and one `accuracy-<partition>.png` per partition.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from fedskew.config import ConfigError, validate
+from fedskew.data.clients import client_indices
+from fedskew.partitions import PartitionError
+
+SUITE_KEYS = {"name", "num-supernodes", "seeds", "out-dir", "base", "methods", "partitions"}
+
+
+@dataclass(frozen=True)
+class Cell:
+    method: str  # label
+    partition: str  # label
+    seed: int
+    overrides: dict[str, Any]
+
+    @property
+    def run_name(self) -> str:
+        return f"{self.partition}--{self.method}--s{self.seed}"
+
+
+@dataclass
+class Suite:
+    name: str
+    num_supernodes: int
+    out_dir: Path
+    cells: list[Cell]
+    method_labels: list[str]
+    partition_labels: list[str]
+
+    @property
+    def folder(self) -> Path:
+        return self.out_dir / self.name
+
+
+def _mapping(raw: Any, where: str) -> dict[str, Any]:
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: must be a mapping (key: value), got {type(raw).__name__}")
+    return raw
+
+
+def load_suite(path: str | Path, app_defaults: dict[str, Any]) -> Suite:
+    """Parse and validate a suite file; raises ConfigError naming the file, the key and the problem."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such suite file")
+    try:
+        raw = _mapping(yaml.safe_load(path.read_text()), str(path))
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    unknown = set(raw) - SUITE_KEYS
+    if unknown:
+        raise ConfigError(f"{path}: unknown key {sorted(unknown)[0]!r} (allowed: {', '.join(sorted(SUITE_KEYS))})")
+    seeds = raw.get("seeds", [0])
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and s >= 0 for s in seeds):
+        raise ConfigError(f"{path}: seeds={seeds!r} must be a non-empty list of non-negative integers")
+    n = raw.get("num-supernodes", 20)
+    if not isinstance(n, int) or n < 1:
+        raise ConfigError(f"{path}: num-supernodes={n!r} must be a positive integer")
+    base = _mapping(raw.get("base"), f"{path}: base")
+    methods = _mapping(raw.get("methods"), f"{path}: methods") or {"fedavg": {}}
+    partitions = _mapping(raw.get("partitions"), f"{path}: partitions") or {"default": {}}
+    cells = []
+    for p_label, p_over in partitions.items():
+        for m_label, m_over in methods.items():
+            for seed in seeds:
+                over = {
+                    **base,
+                    **_mapping(p_over, f"{path}: partitions.{p_label}"),
+                    "method": m_label,
+                    **_mapping(m_over, f"{path}: methods.{m_label}"),
+                    "seed": seed,
+                }
+                try:
+                    client_indices(validate({**app_defaults, **over}), n)  # the partition must be possible
+                except (ConfigError, PartitionError, FileNotFoundError) as e:
+                    raise ConfigError(f"{path}: cell {p_label}/{m_label}/seed {seed}: {e}") from None
+                cells.append(Cell(str(m_label), str(p_label), seed, over))
+    out_dir = Path(raw.get("out-dir", "outputs/suites")).expanduser().absolute()
+    return Suite(
+        str(raw.get("name", path.stem)), n, out_dir, cells, list(map(str, methods)), list(map(str, partitions))
+    )
+
+
+def _fmt_eta(seconds: float) -> str:
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
+
+
+def run_suite(suite: Suite, app_dir: Path, stream: bool = False) -> None:
+    """Run every cell not done yet, with progress and time left; then write the report."""
+    from fedskew.cli import RunFailed, prepare_config, run_simulation
+
+    suite.folder.mkdir(parents=True, exist_ok=True)
+    todo = [c for c in suite.cells if not (suite.folder / c.run_name / "summary.json").is_file()]
+    done_before = len(suite.cells) - len(todo)
+    print(f"suite {suite.name}: {len(suite.cells)} cells, {done_before} already done -> {suite.folder}", flush=True)
+    spent: list[float] = []
+    failed = []
+    for i, cell in enumerate(todo, start=1):
+        t0 = time.perf_counter()
+        label = f"[{done_before + i}/{len(suite.cells)}] {cell.partition} / {cell.method} / seed {cell.seed}"
+        print(f"{label} ...", flush=True)
+        over = {**cell.overrides, "out-dir": str(suite.folder), "run-name": cell.run_name}
+        try:
+            _, subm = prepare_config(app_dir, over, suite.num_supernodes)
+            s = run_simulation(app_dir, subm, suite.num_supernodes, [], stream=stream)
+            result = f"global {s['final_global_accuracy']:.4f}, personalized {s['final_personalized_accuracy']:.4f}"
+        except RunFailed as e:
+            failed.append(cell)
+            result = f"FAILED: {e}"
+        spent.append(time.perf_counter() - t0)
+        left = np.mean(spent) * (len(todo) - i)
+        print(f"{label}: {result} in {spent[-1]:.0f} s; about {_fmt_eta(left)} left", flush=True)
+    write_report(suite)
+    if failed:
+        raise RunFailed(f"{len(failed)} cell(s) failed: " + ", ".join(c.run_name for c in failed))
+
+
+def _read_rows(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+def collect(suite: Suite) -> list[dict[str, Any]]:
+    """One row per (partition, method): mean and std over the finished seeds."""
+    table = []
+    for p in suite.partition_labels:
+        for m in suite.method_labels:
+            sums = []
+            for c in suite.cells:
+                f = suite.folder / c.run_name / "summary.json"
+                if c.partition == p and c.method == m and f.is_file():
+                    sums.append(json.loads(f.read_text()))
+            if not sums:
+                continue
+            row: dict[str, Any] = {"partition": p, "method": m, "seeds": len(sums)}
+            for key in ("final_global_accuracy", "best_global_accuracy", "final_personalized_accuracy"):
+                vals = np.array([s[key] for s in sums if s.get(key) is not None], dtype=float)
+                row[f"{key}_mean"] = float(vals.mean()) if len(vals) else float("nan")
+                row[f"{key}_std"] = float(vals.std()) if len(vals) else float("nan")
+            row["wall_seconds_mean"] = float(np.mean([s["wall_seconds"] for s in sums]))
+            table.append(row)
+    return table
+
+
+def write_report(suite: Suite) -> list[dict[str, Any]]:
+    """results.md, results.csv and accuracy-<partition>.png in the suite folder."""
+    table = collect(suite)
+    if not table:
+        return table
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(table[0]))
+    writer.writeheader()
+    writer.writerows(table)
+    (suite.folder / "results.csv").write_text(buf.getvalue())
+
+    def pm(row: dict, key: str) -> str:
+        return f"{100 * row[key + '_mean']:.2f} ± {100 * row[key + '_std']:.2f}"
+
+    lines = [
+        f"# {suite.name}: accuracy (%) after the last round, mean ± std over seeds",
+        "",
+        "| partition | method | seeds | global (final) | global (best) | personalized (final) | wall s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in table:
+        lines.append(
+            f"| {r['partition']} | {r['method']} | {r['seeds']} | {pm(r, 'final_global_accuracy')} | "
+            f"{pm(r, 'best_global_accuracy')} | {pm(r, 'final_personalized_accuracy')} | {r['wall_seconds_mean']:.0f} |"
+        )
+    (suite.folder / "results.md").write_text("\n".join(lines) + "\n")
+    for p in suite.partition_labels:
+        plot_partition(suite, p)
+    return table
+
+
+def plot_partition(suite: Suite, partition: str) -> None:
+    """Global (solid) and personalized (dashed) accuracy per round, mean over seeds, one colour per method."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for i, m in enumerate(suite.method_labels):
+        runs = [
+            _read_rows(suite.folder / c.run_name) for c in suite.cells if c.partition == partition and c.method == m
+        ]
+        runs = [r for r in runs if r]
+        if not runs:
+            continue
+        n = min(len(r) for r in runs)
+        rounds = [row["round"] for row in runs[0][:n]]
+        for key, style in (("global-accuracy", "-"), ("personalized-accuracy", "--")):
+            vals = np.array([[row.get(key) if row.get(key) is not None else np.nan for row in r[:n]] for r in runs])
+            ax.plot(
+                rounds,
+                np.nanmean(vals, axis=0),
+                style,
+                color=f"C{i}",
+                label=f"{m} ({'global' if key.startswith('g') else 'personalized'})",
+            )
+    ax.set_xlabel("round")
+    ax.set_ylabel("accuracy")
+    ax.set_title(f"{suite.name}: {partition}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(suite.folder / f"accuracy-{partition}.png", dpi=100)
+    plt.close(fig)

@@ -1,0 +1,101 @@
+"""Experiment suites: validation, progress, skipping finished cells (resume), the report."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from fedskew import cli
+from fedskew.config import ConfigError
+from fedskew.experiments import load_suite, run_suite
+from tests.harness import ROOT, app_defaults
+
+SUITE = """
+name: t
+num-supernodes: 5
+seeds: [0, 1]
+out-dir: {out}
+base: {{num-server-rounds: 3, partition: iid}}
+methods:
+  fedavg: {{}}
+  rs: {{method: fedrs, fedrs-alpha: 0.5}}
+partitions:
+  iid: {{}}
+  c2: {{partition: classes-per-client, classes-per-client: 2}}
+"""
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "suite.yaml"
+    path.write_text(text)
+    return path
+
+
+def fake_simulation(calls: list, crash_at: int | None = None):
+    def run(app_dir, overrides, n, fed, stream=True):
+        calls.append(overrides["run-name"])
+        if crash_at is not None and len(calls) == crash_at:
+            raise KeyboardInterrupt
+        d = Path(overrides["out-dir"]) / overrides["run-name"]
+        d.mkdir(parents=True, exist_ok=True)
+        acc = 0.5 + 0.1 * overrides["seed"] + (0.2 if overrides["method"] == "fedrs" else 0.0)
+        rows = [{"round": r, "global-accuracy": acc * r / 3, "personalized-accuracy": acc} for r in (1, 2, 3)]
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        summary = {
+            "final_global_accuracy": acc,
+            "best_global_accuracy": acc,
+            "final_personalized_accuracy": acc,
+            "wall_seconds": 1.0,
+        }
+        (d / "summary.json").write_text(json.dumps(summary))
+        return summary
+
+    return run
+
+
+def test_suite_runs_resumes_and_reports(tmp_path, monkeypatch, capsys) -> None:
+    suite = load_suite(write(tmp_path, SUITE.format(out=tmp_path / "out")), app_defaults())
+    assert len(suite.cells) == 8
+    calls: list = []
+    monkeypatch.setattr(cli, "run_simulation", fake_simulation(calls, crash_at=3))
+    with pytest.raises(KeyboardInterrupt):
+        run_suite(suite, ROOT)
+    assert len(calls) == 3
+    calls.clear()
+    monkeypatch.setattr(cli, "run_simulation", fake_simulation(calls))
+    run_suite(suite, ROOT)
+    out = capsys.readouterr().out
+    assert "8 cells, 2 already done" in out and "[8/8]" in out and "left" in out
+    assert len(calls) == 6  # the two finished cells were skipped, the interrupted one re-run
+    md = (suite.folder / "results.md").read_text()
+    assert "| iid | rs | 2 | 75.00 ± 5.00 |" in md and "| c2 | fedavg | 2 | 55.00 ± 5.00 |" in md
+    assert (suite.folder / "results.csv").read_text().count("\n") == 5
+    assert (suite.folder / "accuracy-iid.png").is_file() and (suite.folder / "accuracy-c2.png").is_file()
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("name: x\nbogus: 1\n", "unknown key 'bogus'"),
+        ("seeds: [0, -1]\n", "seeds=[0, -1]"),
+        ("seeds: 3\n", "must be a non-empty list"),
+        ("methods: [fedavg]\n", "methods: must be a mapping"),
+        ("methods: {fedfoo: {}}\n", "cell default/fedfoo/seed 0: method='fedfoo'"),
+        ("methods: {x: {method: fedrs, fedrs-alpha: 3}}\n", "fedrs-alpha=3.0"),
+        ("partitions: {p: {classes-per-client: 20}}\n", "classes-per-client=20"),
+        ("num-supernodes: 0\n", "num-supernodes=0"),
+        ("num-supernodes: 3\n", "some class would have no client"),
+        ("a: [\n", "not valid YAML"),
+    ],
+)
+def test_bad_suites_fail_with_the_key(tmp_path, text: str, needle: str) -> None:
+    with pytest.raises(ConfigError, match=None) as info:
+        load_suite(write(tmp_path, text), app_defaults())
+    assert needle in str(info.value) and "\n" not in str(info.value)
+
+
+def test_shipped_suites_validate() -> None:
+    for path in sorted((ROOT / "suites").glob("*.yaml")):
+        assert load_suite(path, app_defaults()).cells, path
