@@ -205,3 +205,11 @@ def test_server_logs_dead_and_silent_nodes(task_identity: None) -> None:
         (1, "Error: Node "),
         (2, "no reply wit"),
     }
+
+
+def test_the_cache_folder_is_bounded_least_recently_used_first(tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.setenv("FEDSKEW_CACHE_MAX_MB", "0.001")  # room for no slice beyond the newest
+    for pid in (0, 1):
+        load_node_data(CFG, {"partition-id": pid, "num-partitions": 20, "cache-dir": str(tmp_path)})
+    (left,) = tmp_path.glob("*.npz")
+    assert "-p1of20-" in left.name

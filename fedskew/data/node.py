@@ -20,7 +20,9 @@ Node config keys (all optional except as noted):
 The cache key hashes every setting that determines the slice (the partition keys of
 `fedskew.data.clients.PARTITION_KEYS`, the resolved data root, the node's ids, the mode) and the
 source of the partitioning code, so a changed setting or a code update never reads a stale slice.
-Changing the data files in place is not detected: delete the cache folder then.
+Changing the data files in place is not detected: delete the cache folder then. The folder is
+bounded: after a write, the least recently used slices beyond `$FEDSKEW_CACHE_MAX_MB` (default
+2048) are deleted.
 """
 
 from __future__ import annotations
@@ -152,6 +154,26 @@ def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
             os.unlink(tmp)
 
 
+def prune(folder: Path, max_bytes: int, keep: Path) -> None:
+    """Delete the least recently used cached slices (never `keep`) until the folder holds at most
+    `max_bytes`."""
+    files = []
+    for p in folder.glob("*.npz"):
+        try:
+            st = p.stat()
+        except OSError:  # removed by a concurrent node
+            continue
+        files.append((st.st_mtime, st.st_size, p))
+    total = sum(size for _, size, _ in files)
+    for _, size, p in sorted(files, key=lambda f: f[0]):
+        if total <= max_bytes:
+            break
+        if p == keep:
+            continue
+        p.unlink(missing_ok=True)
+        total -= size
+
+
 def load_node_slice(cfg: dict[str, Any], node_config: Mapping[str, Any]) -> tuple[NodeData, dict[str, np.ndarray]]:
     """The node's spec and raw slice, from the cache when present (else computed and cached)."""
     spec = node_data_spec(node_config, cfg)
@@ -160,13 +182,16 @@ def load_node_slice(cfg: dict[str, Any], node_config: Mapping[str, Any]) -> tupl
     if path is not None and path.is_file():
         try:
             with np.load(path, allow_pickle=False) as z:
-                return spec, {k: z[k] for k in ("x_train", "y_train", "x_test", "y_test")}
+                arrays = {k: z[k] for k in ("x_train", "y_train", "x_test", "y_test")}
+            os.utime(path)  # recently used: kept by `prune`
+            return spec, arrays
         except (OSError, ValueError, KeyError) as e:  # a damaged file: recompute and rewrite
             log.warning("ignoring unreadable data cache %s: %s", path, e)
     arrays = compute_slice(cfg, spec)
     if path is not None:
         try:
             _save_npz(path, arrays)
+            prune(folder, int(float(os.environ.get("FEDSKEW_CACHE_MAX_MB", "2048")) * 2**20), keep=path)
         except OSError as e:
             log.warning("could not write the data cache %s: %s", path, e)
     return spec, arrays
