@@ -1,7 +1,13 @@
 """The fedskew ClientApp: one `train` message per round, dispatched to the method's trainer.
 
 Node config (simulation sets the first two): `partition-id`, `num-partitions`; optional in
-deployment: `device` ("cpu", "cuda", "cuda:1"), `state-dir` (keep client state on disk).
+deployment: `data-root` (this node's data files; without `num-partitions` they are the node's own
+local data), `cache-dir` (where the node's slice is cached, see `fedskew.data.node`), `device`
+("cpu", "cuda", "cuda:1"), `state-dir` (keep client state on disk). The same code runs in
+simulation and deployment.
+
+Every train reply also reports `participations`: how many rounds this client has trained in this
+run, counted in its persistent state (a cheap check that the state survives between messages).
 """
 
 from __future__ import annotations
@@ -16,7 +22,7 @@ from flwr.clientapp import ClientApp
 from fedskew.client_app.fedavg import TrainerContext
 from fedskew.client_app.state import ClientState
 from fedskew.config import validate
-from fedskew.data.clients import load_client_data
+from fedskew.data.node import load_node_data, node_data_spec
 from fedskew.registry import get_method
 from fedskew.training import pick_device, seed_everything
 
@@ -24,14 +30,13 @@ log = logging.getLogger("fedskew.client")
 app = ClientApp()
 
 
+PARTICIPATION = "fedskew-participation"
+
+
 def node_partition(context: Context) -> tuple[int, int]:
-    """(partition-id, num-partitions) from the node config, with a clear error if absent."""
-    try:
-        return int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
-    except KeyError as e:
-        raise KeyError(
-            f"node config lacks {e.args[0]!r}: start the SuperNode with --node-config 'partition-id=0 num-partitions=2'"
-        ) from None
+    """(partition-id, num-partitions) from the node config (num-partitions 0: the node's own data)."""
+    spec = node_data_spec(context.node_config, validate(dict(context.run_config)))
+    return spec.partition_id, spec.num_partitions
 
 
 def make_state(context: Context, cfg: dict[str, Any], partition_id: int) -> ClientState:
@@ -50,7 +55,8 @@ def info(msg: Message, context: Context) -> Message:
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     cfg = validate(dict(context.run_config))
-    pid, num = node_partition(context)
+    spec, data = load_node_data(cfg, context.node_config)
+    pid = spec.partition_id
     server_round = int(msg.content["config"]["server-round"])
     generator = seed_everything(cfg["seed"], pid, server_round)
     if cfg["torch-threads"] > 0:
@@ -58,7 +64,7 @@ def train(msg: Message, context: Context) -> Message:
     device = pick_device(str(context.node_config.get("device", cfg["device"])))
     ctx = TrainerContext(
         cfg=cfg,
-        data=load_client_data(cfg, pid, num),
+        data=data,
         device=device,
         state=make_state(context, cfg, pid),
         partition_id=pid,
@@ -66,4 +72,9 @@ def train(msg: Message, context: Context) -> Message:
         generator=generator,
     )
     trainer = get_method(cfg["method"]).trainer_class()(ctx)
-    return Message(trainer.fit(msg.content), reply_to=msg)
+    reply = trainer.fit(msg.content)
+    seen = ctx.state.load_values(PARTICIPATION) or {"rounds": []}
+    seen["rounds"] = [*seen["rounds"], server_round]
+    ctx.state.save_values(PARTICIPATION, seen)
+    reply["metrics"]["participations"] = len(seen["rounds"])
+    return Message(reply, reply_to=msg)

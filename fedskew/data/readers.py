@@ -125,15 +125,15 @@ def _load_idx_set(name: str, roots: list[Path]) -> Arrays:
 class _CifarUnpickler(pickle.Unpickler):
     """Accepts only what CIFAR's python batches hold: dicts, lists, bytes and numpy arrays."""
 
-    ALLOWED = {
+    ALLOWED: frozenset = frozenset({
         ("numpy.core.multiarray", "_reconstruct"),
         ("numpy._core.multiarray", "_reconstruct"),
         ("numpy", "ndarray"),
         ("numpy", "dtype"),
         ("_codecs", "encode"),  # how protocol-2 pickles written by Python 3 store bytes
-    }
+    })
 
-    def find_class(self, module: str, name: str):  # noqa: ANN201 - pickle API
+    def find_class(self, module: str, name: str):
         if (module, name) in self.ALLOWED:
             return super().find_class(module, name)
         raise pickle.UnpicklingError(f"refusing to load {module}.{name} from a CIFAR batch file")

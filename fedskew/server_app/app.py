@@ -76,20 +76,9 @@ def train_round(
     for attempt in range(cfg["round-retries"] + 1):
         messages = list(strategy.configure_train(r, arrays, ConfigRecord({"attempt": attempt}), grid))
         replies = list(grid.send_and_receive(messages, timeout=cfg["round-timeout"]))
-        new, record = strategy.aggregate_train(r, replies)
-        answered = {m.metadata.src_node_id for m in replies}
-        failures = strategy.failures + [
-            {
-                "node": n,
-                "partition": strategy.node_partitions.get(n, -1),
-                "reason": f"no reply within round-timeout={cfg['round-timeout']:g} s",
-            }
-            for n in (m.metadata.dst_node_id for m in messages)
-            if n not in answered
-        ]
-        for f in failures[len(strategy.failures) :]:
-            log.warning("round %d: lost node %d (partition %d): %s", r, f["node"], f["partition"], f["reason"])
-        metrics = {**dict(record), "failures": len(failures)}
+        new, record = strategy.aggregate_train(r, replies)  # logs and records every lost node
+        failures = list(strategy.failures)
+        metrics = dict(record)
         if messages and metrics["replies"] >= min(cfg["min-replies"], len(messages)):
             return new, metrics, failures
         log.warning(
@@ -153,7 +142,8 @@ def main(grid: Grid, context: Context) -> None:
             g_loss, g_acc = evaluate(strategy.global_model(arrays), x_test, y_test, cfg["eval-batch-size"], device)
             best = max(best, g_acc)
         seconds = time.perf_counter() - t0
-        timings = {k: metrics.pop(k) for k in list(metrics) if "seconds" in k}  # metrics.jsonl stays deterministic
+        # metrics.jsonl stays deterministic (also across a resume): times and client-state counters go aside
+        timings = {k: metrics.pop(k) for k in list(metrics) if "seconds" in k or k == "participations"}
         out.log_round(
             {"round": r, "global-accuracy": g_acc, "global-loss": g_loss, **metrics},
             {

@@ -3,7 +3,7 @@
 - `config.json`     the validated run config
 - `partition.txt/.json/.png`  class counts per client
 - `metrics.jsonl`   one line per round (deterministic: no timings), appended and flushed each round
-- `timings.jsonl`   seconds per round and per step
+- `timings.jsonl`   seconds per round and per step, and each client's participation count (client state)
 - `failures.jsonl`  every lost or dropped reply: round, node, partition, reason
 - `summary.json`    method, rounds, final/best global accuracy, final personalized accuracy, wall time
 - `model.pt`        the final global model's state dict

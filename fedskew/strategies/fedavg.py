@@ -59,6 +59,7 @@ class FedAvgStrategy(FedAvg):
         self.num_partitions = 0  # as the nodes report it
         self.failures: list[dict[str, Any]] = []  # of the last aggregated round
         self.sent_arrays = ArrayRecord()  # the global arrays of the current round
+        self.sent_messages: list[Message] = []  # this round's train messages (ids are set when pushed)
 
     # ------------------------------------------------------------------ model
     def build_model(self) -> SplitNet:
@@ -122,7 +123,8 @@ class FedAvgStrategy(FedAvg):
         config["server-round"] = server_round
         self.sent_arrays = arrays
         record = RecordDict({"arrays": arrays, "config": config, **self.broadcast(server_round)})
-        return self._construct_messages(record, node_ids, MessageType.TRAIN)
+        self.sent_messages = list(self._construct_messages(record, node_ids, MessageType.TRAIN))
+        return self.sent_messages
 
     # ------------------------------------------------------------------ uplink
     def check_reply(self, content: RecordDict, expected: dict[str, tuple[tuple[int, ...], str]]) -> str | None:
@@ -147,19 +149,29 @@ class FedAvgStrategy(FedAvg):
         return None
 
     def accept(self, server_round: int, replies: Iterable[Message], expected: dict) -> list[Message]:
-        """Drop failed or malformed replies (logged, counted in `self.failures`); sort the rest
+        """Drop failed or malformed replies (logged, counted in `self.failures`), also count the
+        sampled nodes that did not reply at all (a dead node, the round timed out); sort the rest
         by partition id."""
-        self.failures, ok = [], []
+        self.failures, ok, answered = [], [], set()
+        dst = {m.metadata.message_id: m.metadata.dst_node_id for m in self.sent_messages if m.metadata.message_id}
         for msg in replies:
-            node = msg.metadata.src_node_id
-            pid = self.node_partitions.get(node, -1)
+            # the SuperLink itself answers for a node that stopped sending heartbeats (src = SuperLink)
+            node = dst.get(msg.metadata.reply_to_message_id or None, msg.metadata.src_node_id)
+            answered.add(node)
             reason = msg.error.reason if msg.has_error() else self.check_reply(msg.content, expected)
             if reason is None:
                 ok.append(msg)
-                continue
-            self.failures.append({"node": node, "partition": pid, "reason": str(reason)[:500]})
-            log.warning("round %d: dropped reply of node %d (partition %d): %s", server_round, node, pid, reason)
+            else:
+                self.fail(server_round, node, str(reason))
+        for node in (m.metadata.dst_node_id for m in self.sent_messages):
+            if node not in answered:
+                self.fail(server_round, node, f"no reply within round-timeout={self.cfg['round-timeout']:g} s")
         return sorted(ok, key=lambda m: int(m.content["metrics"]["partition-id"]))
+
+    def fail(self, server_round: int, node: int, reason: str) -> None:
+        pid = self.node_partitions.get(node, -1)
+        self.failures.append({"node": node, "partition": pid, "reason": reason[:500]})
+        log.warning("round %d: dropped reply of node %d (partition %d): %s", server_round, node, pid, reason)
 
     def aggregate_arrays(self, server_round: int, replies: list[Message]) -> ArrayRecord:
         """Weighted mean of the uploaded arrays (weights: num-examples, or 1 when uniform)."""
@@ -203,4 +215,5 @@ class FedAvgStrategy(FedAvg):
             "client-seconds-mean": float(np.mean(secs)),
             "client-seconds-max": float(np.max(secs)),
             "partitions": [int(m["partition-id"]) for m in ms],
+            "participations": [int(m.get("participations", 0)) for m in ms],
         }

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Start a fedskew SuperNode that connects to the SuperLink over TLS and authenticates with its key.
+#
+#   deploy/supernode.sh -s SUPERLINK:PORT -k KEY [-c CA] [-p PORT] [--insecure] -- NODE-CONFIG
+#
+#   -s ADDR     the SuperLink, as named in its certificate's SANs, e.g. superlink.example.org:8100
+#   -k KEY      this node's private key made by deploy/make-certs.sh (e.g. certs/node0); its .pub
+#               must be registered first: flwr supernode register certs/node0.pub <connection>
+#   -c CA       the CA certificate (default: ca.crt beside KEY)
+#   -p PORT     this node's local Runtime API port (default 9094; distinct per node on one host)
+#   --insecure  plain HTTP, no authentication: only when asked for explicitly
+#   NODE-CONFIG e.g. 'partition-id=0 num-partitions=2 device="cuda:0" data-root="/data" cache-dir="/var/cache/fedskew"'
+set -euo pipefail
+SUPERLINK="" KEY="" CA="" PORT=9094 INSECURE=0
+while [ $# -gt 0 ]; do
+  case $1 in
+    -s) SUPERLINK=$2; shift 2 ;; -k) KEY=$2; shift 2 ;; -c) CA=$2; shift 2 ;; -p) PORT=$2; shift 2 ;;
+    --insecure) INSECURE=1; shift ;; --) shift; break ;;
+    *) sed -n '2,14p' "$0"; exit 2 ;;
+  esac
+done
+[ $# -eq 1 ] && [ -n "$SUPERLINK" ] || { sed -n '2,14p' "$0"; exit 2; }
+NODE_CONFIG=$1
+export FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1 FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
+BIN=$(command -v flower-supernode || true)
+[ -n "$BIN" ] || BIN="$(dirname "$0")/../.venv/bin/flower-supernode"
+export PATH="$(dirname "$BIN"):$PATH"   # flower-superexec / flwr-clientapp next to it
+if [ "$INSECURE" = 1 ]; then
+  echo "supernode.sh: WARNING: --insecure: no TLS, no SuperNode authentication" >&2
+  exec "$BIN" --insecure --superlink "$SUPERLINK" --port "$PORT" --node-config "$NODE_CONFIG"
+fi
+[ -n "$KEY" ] && [ -f "$KEY" ] || { echo "supernode.sh: -k KEY (a private key from deploy/make-certs.sh) is required without --insecure" >&2; exit 1; }
+CA=${CA:-$(dirname "$KEY")/ca.crt}
+[ -f "$CA" ] || { echo "supernode.sh: CA certificate $CA missing (-c CA)" >&2; exit 1; }
+exec "$BIN" --root-certificates "$CA" --superlink "$SUPERLINK" --auth-supernode-private-key "$KEY" \
+  --port "$PORT" --node-config "$NODE_CONFIG"

@@ -1,0 +1,211 @@
+"""A SuperNode's local data, from its node config, through an on-disk cache.
+
+In deployment every message starts a fresh `flwr-clientapp` process, so nothing survives in
+memory between rounds; recomputing the partition (read the whole data set, partition it, cut the
+local test split) each round would cost seconds. The node's slice is therefore written once to
+`<cache-dir>/<key>.npz` (uint8 images and labels, train and local test) and read back on every
+later message (milliseconds). The simulation uses the same code path.
+
+Node config keys (all optional except as noted):
+
+- `partition-id`, `num-partitions`: serve client `partition-id` of the configured partition of the
+  data set (simulation always sets both).
+- `data-root`: where this node's data files are (overrides the run config's `data-root` on this
+  node). With `num-partitions` the node serves its partition of the data set found there; without
+  `num-partitions` the whole data set under `data-root` is the node's own local data (split into
+  local train/test by `local-test-fraction`), and `partition-id` (required, unique) only names it.
+- `cache-dir`: the cache folder (default `<data-root>/.fedskew-cache` when that is writable, else
+  `$FEDSKEW_CACHE`, else `~/.cache/fedskew`).
+
+The cache key hashes every setting that determines the slice (the partition keys of
+`fedskew.data.clients.PARTITION_KEYS`, the resolved data root, the node's ids, the mode) and the
+source of the partitioning code, so a changed setting or a code update never reads a stale slice.
+Changing the data files in place is not detected: delete the cache folder then. The folder is
+bounded: after a write, the least recently used slices beyond `$FEDSKEW_CACHE_MAX_MB` (default
+2048) are deleted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedskew.data import DATASET_INFO, load_dataset
+from fedskew.data.clients import PARTITION_KEYS, ClientData, client_indices, to_float
+
+log = logging.getLogger("fedskew.client")
+CACHE_FORMAT = 1
+_CODE_FILES = ("partitions/core.py", "data/clients.py", "data/readers.py", "data/node.py")
+
+
+@dataclass(frozen=True)
+class NodeData:
+    """What a node serves: its id, the partition count it reports (0 = own data) and how."""
+
+    partition_id: int
+    num_partitions: int
+    data_root: str
+    own_data: bool
+
+
+def node_data_spec(node_config: Mapping[str, Any], cfg: dict[str, Any]) -> NodeData:
+    """Read `partition-id`, `num-partitions` and `data-root` from the node config."""
+    data_root = str(node_config.get("data-root", "") or cfg["data-root"])
+    if "partition-id" not in node_config:
+        raise KeyError(
+            "node config lacks 'partition-id': start the SuperNode with "
+            "--node-config 'partition-id=0 num-partitions=2' (or 'partition-id=0 data-root=\"/my/data\"')"
+        )
+    pid = int(node_config["partition-id"])
+    if "num-partitions" in node_config:
+        num = int(node_config["num-partitions"])
+        if not 0 <= pid < num:
+            raise ValueError(f"node config partition-id={pid} must be in [0, num-partitions={num})")
+        return NodeData(pid, num, data_root, own_data=False)
+    if not node_config.get("data-root"):
+        raise KeyError(
+            "node config lacks 'num-partitions' (serve a partition) or 'data-root' (serve your own data): "
+            "--node-config 'partition-id=0 num-partitions=2'"
+        )
+    if not Path(data_root).expanduser().is_dir():
+        raise FileNotFoundError(f"node config data-root={data_root!r} is not a folder")
+    if pid < 0:
+        raise ValueError(f"node config partition-id={pid} must be >= 0")
+    return NodeData(pid, 0, data_root, own_data=True)
+
+
+def _code_digest() -> str:
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for rel in _CODE_FILES:
+        p = root / rel
+        h.update(p.read_bytes() if p.is_file() else rel.encode())
+    return h.hexdigest()[:16]
+
+
+def cache_key(cfg: dict[str, Any], spec: NodeData) -> str:
+    """A file name that changes whenever anything that determines the node's slice changes."""
+    settings = {k: cfg[k] for k in PARTITION_KEYS}
+    settings["data-root"] = str(Path(spec.data_root).expanduser().resolve()) if spec.data_root else ""
+    if spec.own_data:  # the partition scheme does not apply to a node's own data
+        settings = {k: settings[k] for k in ("dataset", "data-root", "local-test-fraction", "seed")}
+    blob = json.dumps(
+        {"format": CACHE_FORMAT, "code": _code_digest(), "settings": settings, "node": spec.__dict__}, sort_keys=True
+    )
+    digest = hashlib.sha256(blob.encode()).hexdigest()[:20]
+    tag = "own" if spec.own_data else f"p{spec.partition_id}of{spec.num_partitions}"
+    return f"{cfg['dataset']}-{tag}-{digest}"
+
+
+def _writable(folder: Path) -> bool:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        return os.access(folder, os.W_OK)
+    except OSError:
+        return False
+
+
+def cache_dir(node_config: Mapping[str, Any], spec: NodeData) -> Path | None:
+    """The first usable of: node config `cache-dir`, `<data-root>/.fedskew-cache`,
+    `$FEDSKEW_CACHE`, `~/.cache/fedskew`; None if none is writable (then nothing is cached)."""
+    candidates = []
+    if node_config.get("cache-dir"):
+        candidates.append(Path(str(node_config["cache-dir"])).expanduser())
+    if spec.data_root:
+        candidates.append(Path(spec.data_root).expanduser() / ".fedskew-cache")
+    if os.environ.get("FEDSKEW_CACHE"):
+        candidates.append(Path(os.environ["FEDSKEW_CACHE"]).expanduser())
+    candidates.append(Path.home() / ".cache" / "fedskew")
+    return next((c for c in candidates if _writable(c)), None)
+
+
+def compute_slice(cfg: dict[str, Any], spec: NodeData) -> dict[str, np.ndarray]:
+    """The node's uint8 images and labels (train and local test) from the full data set."""
+    x, y, _, _ = load_dataset(cfg["dataset"], spec.data_root)
+    if spec.own_data:
+        from fedskew.partitions import split_local_test
+
+        rng = np.random.default_rng([cfg["seed"], spec.partition_id])
+        tr, te = split_local_test(np.arange(len(y)), y, cfg["local-test-fraction"], rng)
+    else:
+        tr, te = client_indices({**cfg, "data-root": spec.data_root}, spec.num_partitions)[spec.partition_id]
+    return {"x_train": x[tr], "y_train": y[tr], "x_test": x[te], "y_test": y[te]}
+
+
+def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """Write-then-rename, so concurrent nodes sharing a cache never read half a file."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            np.savez(f, **arrays)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def prune(folder: Path, max_bytes: int, keep: Path) -> None:
+    """Delete the least recently used cached slices (never `keep`) until the folder holds at most
+    `max_bytes`."""
+    files = []
+    for p in folder.glob("*.npz"):
+        try:
+            st = p.stat()
+        except OSError:  # removed by a concurrent node
+            continue
+        files.append((st.st_mtime, st.st_size, p))
+    total = sum(size for _, size, _ in files)
+    for _, size, p in sorted(files, key=lambda f: f[0]):
+        if total <= max_bytes:
+            break
+        if p == keep:
+            continue
+        p.unlink(missing_ok=True)
+        total -= size
+
+
+def load_node_slice(cfg: dict[str, Any], node_config: Mapping[str, Any]) -> tuple[NodeData, dict[str, np.ndarray]]:
+    """The node's spec and raw slice, from the cache when present (else computed and cached)."""
+    spec = node_data_spec(node_config, cfg)
+    folder = cache_dir(node_config, spec)
+    path = folder / f"{cache_key(cfg, spec)}.npz" if folder else None
+    if path is not None and path.is_file():
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                arrays = {k: z[k] for k in ("x_train", "y_train", "x_test", "y_test")}
+            os.utime(path)  # recently used: kept by `prune`
+            return spec, arrays
+        except (OSError, ValueError, KeyError) as e:  # a damaged file: recompute and rewrite
+            log.warning("ignoring unreadable data cache %s: %s", path, e)
+    arrays = compute_slice(cfg, spec)
+    if path is not None:
+        try:
+            _save_npz(path, arrays)
+            prune(folder, int(float(os.environ.get("FEDSKEW_CACHE_MAX_MB", "2048")) * 2**20), keep=path)
+        except OSError as e:
+            log.warning("could not write the data cache %s: %s", path, e)
+    return spec, arrays
+
+
+def load_node_data(cfg: dict[str, Any], node_config: Mapping[str, Any]) -> tuple[NodeData, ClientData]:
+    """The node's local data as normalised tensors (the `ClientData` every trainer uses)."""
+    spec, a = load_node_slice(cfg, node_config)
+    ds = cfg["dataset"]
+    data = ClientData(
+        to_float(a["x_train"], ds),
+        torch.from_numpy(a["y_train"].astype(np.int64)),
+        to_float(a["x_test"], ds),
+        torch.from_numpy(a["y_test"].astype(np.int64)),
+        DATASET_INFO[ds].num_classes,
+    )
+    return spec, data
