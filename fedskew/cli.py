@@ -290,6 +290,10 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def _terminate(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fedskew", description="Label-skewed federated learning on Flower")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -315,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     conf = sub.add_parser("config", help="list every run-config key")
     conf.set_defaults(fn=cmd_config)
     args = parser.parse_args(argv)
+    signal.signal(signal.SIGTERM, _terminate)  # so a killed `fedskew run` still stops its SuperLink
     if (getattr(args, "num_supernodes", None) or 1) < 1:
         parser.error("--num-supernodes must be >= 1")
     try:
