@@ -60,6 +60,37 @@ METHODS: dict[str, MethodSpec] = {
             ),
             tau=Param(int, 1, "FedRS: a class is observed when the client has >= tau samples", low=1),
         ),
+        _m(
+            "fedmr",
+            "fedmr:FedMRStrategy",
+            "fedmr:FedMRTrainer",
+            mu1=Param(float, 0.01, "FedMR: weight of the intra-class decorrelation loss", low=0.0),
+            mu2=Param(float, 1e-4, "FedMR: weight of the inter-class prototype loss", low=0.0),
+            intra_mode=Param(
+                str,
+                "ref",
+                "FedMR intra scale: 'ref' (authors' code; paper's tuned mu1), 'paper_fro' (Eq. 3), 'paper_offdiag'",
+                choices=("ref", "paper_fro", "paper_offdiag"),
+            ),
+            negatives=Param(
+                str,
+                "all",
+                "FedMR inter loss negatives: 'all' classes with a prototype, or 'local' (Eq. 4 literally)",
+                choices=("all", "local"),
+            ),
+            margin=Param(float, 0.0, "FedMR: margin inside the inter-loss hinge (paper: 0)", low=0.0),
+            inter_form=Param(
+                str,
+                "hinge",
+                "FedMR inter loss: 'hinge' (Eq. 4) or 'pull' (margin-removed: distance to own prototype)",
+                choices=("hinge", "pull"),
+            ),
+            lite_n=Param(int, -1, "FedMR Lite: inter loss on n samples per batch (-1 all, 0 off)", low=-1),
+            share_fraction=Param(
+                float, 1.0, "FedMR privacy: share of clients (fixed, seeded) that upload prototypes", low=0.0, high=1.0
+            ),
+            private_classes=Param(str, "", "FedMR privacy: classes never uploaded, e.g. '3,7' or 'all' ('' = none)"),
+        ),
     )
 }
 
