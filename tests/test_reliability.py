@@ -110,3 +110,13 @@ def test_resume_ends_with_the_same_metrics_as_an_uninterrupted_run(job, ref, tmp
         json.loads((cut / "summary.json").read_text())["final_global_accuracy"],
         json.loads((full / "summary.json").read_text())["final_global_accuracy"],
     )
+
+
+def test_fedmr_resume_restores_the_global_prototypes(job, tmp_path) -> None:
+    over = {"method": "fedmr", "num-server-rounds": 3, "checkpoint-every": 1}
+    full = job(**over, **{"run-name": "mr-full"})
+    crash = {(p, 3): raise_error for p in sampled(full, 3)}
+    with pytest.raises(RuntimeError):
+        job(crash, **over, **{"run-name": "mr-cut", "round-retries": 0})
+    job(**over, **{"run-name": "mr-cut", "resume": True})
+    assert (tmp_path / "mr-cut" / "metrics.jsonl").read_text() == (full / "metrics.jsonl").read_text()

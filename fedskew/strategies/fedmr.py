@@ -44,6 +44,14 @@ class FedMRStrategy(FedAvgStrategy):
         self.private_classes = parse_class_list(cfg["fedmr-private-classes"], self.num_classes)
 
     # ------------------------------------------------------------------ downlink
+    def state_dict(self) -> dict[str, Any]:
+        """The global prototypes and which classes have one (for checkpoints)."""
+        return {"prototypes": torch.from_numpy(self.prototypes.copy()), "valid": torch.from_numpy(self.valid.copy())}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.prototypes = state["prototypes"].numpy().astype(np.float32)
+        self.valid = state["valid"].numpy().astype(bool)
+
     def share_mask(self) -> np.ndarray:
         """Which partitions may upload prototypes (fixed for the run: seeded by `seed`)."""
         return sharing_partitions(max(self.num_partitions, 1), self.cfg["fedmr-share-fraction"], self.cfg["seed"])
