@@ -21,10 +21,11 @@ the ACMU update w~_i needs every cluster member's update, which only the server 
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import torch
-from flwr.app import ArrayRecord, RecordDict
+from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from torch import nn
 
 from fedskew.client_app.fedavg import FedAvgTrainer
@@ -35,6 +36,7 @@ from fedskew.training import cross_entropy_loss, evaluate
 FEATURES = "mupfl-features"
 MAPS = "mupfl-map"
 GRADS = "mupfl-grads"
+TIMES = "mupfl-times"
 
 
 class MuPFLTrainer(FedAvgTrainer):
@@ -60,6 +62,7 @@ class MuPFLTrainer(FedAvgTrainer):
                 model, self.data.x_test, self.data.y_test, self.cfg["eval-batch-size"], self.device
             )
         if self.cfg["mupfl-pkcf"] and FEATURES in content:
+            t0 = time.perf_counter()
             feats = content[FEATURES].to_torch_state_dict()
             stats["finetune-loss"] = finetune_classifier(
                 model.classifier,
@@ -70,9 +73,12 @@ class MuPFLTrainer(FedAvgTrainer):
                 self.cfg["lr"],
                 self.ctx.generator,
             )
+            stats["pkcf-client-seconds"] = time.perf_counter() - t0
         self._iteration, self._prev_loss = 0, None
         self._per_epoch = max(1, math.ceil(len(self.data.y_train) / self.cfg["batch-size"]))
         stats.update(super().local_train(model, content))
+        if self.bavd:
+            stats["bavd-seconds"] = sum(layer.seconds for layer in self.bavd)
         return stats
 
     def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -115,5 +121,7 @@ class MuPFLTrainer(FedAvgTrainer):
                 )
             records[MAPS] = ArrayRecord({"map": flat_maps(self.bavd)})
         if self.cfg["mupfl-pkcf"]:
+            t0 = time.perf_counter()
             records[GRADS] = ArrayRecord(self.class_gradients(model))
+            records[TIMES] = MetricRecord({"grads-seconds": time.perf_counter() - t0})
         return records

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 from collections.abc import Mapping, Sequence
 
 import torch
@@ -89,19 +90,23 @@ class BAVD(nn.Module):
         super().__init__()
         self.map: torch.Tensor | None = None
         self.h_bar: torch.Tensor | None = None
+        self.seconds = 0.0  # wall time spent in BAVD (mask + map update), for the per-module timing
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         if not self.training:
             return h
+        t0 = time.perf_counter()
         self.h_bar = h.detach().mean(0)
-        if self.map is None:
-            return h
-        return h * bavd_mask(self.map).to(h.device)
+        out = h if self.map is None else h * bavd_mask(self.map).to(h.device)
+        self.seconds += time.perf_counter() - t0
+        return out
 
     def update(self, iteration: int, psi: float) -> None:
         if self.h_bar is not None:
+            t0 = time.perf_counter()
             self.map = bavd_update(self.map, self.h_bar, iteration, psi)
             self.h_bar = None
+            self.seconds += time.perf_counter() - t0
 
 
 def _bavd_targets(model: nn.Module) -> list[nn.Module]:

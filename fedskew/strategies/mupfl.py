@@ -53,7 +53,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
-from fedskew.client_app.mupfl import FEATURES, GRADS, MAPS
+from fedskew.client_app.mupfl import FEATURES, GRADS, MAPS, TIMES
 from fedskew.losses.mupfl import aggregate_class_gradients, synthesize_features
 from fedskew.strategies.aggregate import weighted_average
 from fedskew.strategies.clustering import cluster_update, select_clusters
@@ -188,11 +188,13 @@ class MuPFLStrategy(FedAvgStrategy):
     def aggregate_extras(self, server_round: int, replies: list[Message]) -> dict[str, Any]:
         """PKCF server part (Eqs. 17-20) on `self.device`; ACMU and PKCF metrics."""
         metrics: dict[str, Any] = dict(self.acmu_metrics)
-        start = [
-            float(m.content["metrics"]["start-accuracy"]) for m in replies if "start-accuracy" in m.content["metrics"]
-        ]
-        if start:
-            metrics["start-accuracy"] = float(np.mean(start))
+        for key in ("start-accuracy", "bavd-seconds", "pkcf-client-seconds"):
+            values = [float(m.content["metrics"][key]) for m in replies if key in m.content["metrics"]]
+            if values:
+                metrics[key] = float(np.mean(values))
+        grads = [float(m.content[TIMES]["grads-seconds"]) for m in replies if TIMES in m.content]
+        if grads:
+            metrics["pkcf-grads-seconds"] = float(np.mean(grads))
         if not self.cfg["mupfl-pkcf"]:
             return metrics
         t0 = time.perf_counter()
