@@ -205,13 +205,19 @@ class MuPFLStrategy(FedAvgStrategy):
                 shape = (self.num_classes, self.cfg["mupfl-features-per-class"], self.feature_dim)
                 self.features = torch.randn(shape, generator=g).to(self.device)
             weight = torch.from_numpy(np.asarray(self.global_arrays["classifier.weight"], dtype=np.float32))
-            self.features, losses = synthesize_features(
-                self.features,
-                weight.to(self.device),
-                targets,
-                self.cfg["mupfl-feature-lr"],
-                self.cfg["mupfl-match-iters"],
-            )
+            threads = torch.get_num_threads()
+            if self.device.type == "cpu" and self.cfg["torch-threads"] > 0:  # as the clients: no oversubscription
+                torch.set_num_threads(self.cfg["torch-threads"])
+            try:
+                self.features, losses = synthesize_features(
+                    self.features,
+                    weight.to(self.device),
+                    targets,
+                    self.cfg["mupfl-feature-lr"],
+                    self.cfg["mupfl-match-iters"],
+                )
+            finally:
+                torch.set_num_threads(threads)
             self.seen |= set(targets)
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
