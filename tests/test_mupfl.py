@@ -26,6 +26,7 @@ from fedskew.strategies.clustering import (
     cosine_matrix,
     embed,
     kmeans,
+    low_rank,
     select_clusters,
     silhouette_score,
     similarity_matrix,
@@ -99,6 +100,8 @@ def test_similarity_and_embedding_agree() -> None:
     phi = embed(u, m, 0.3)
     d2 = ((phi[:, None] - phi[None]) ** 2).sum(-1)
     assert np.allclose(d2, 2 * (1 - sim))
+    low = low_rank(phi)
+    assert low.shape == (6, 6) and np.allclose(((low[:, None] - low[None]) ** 2).sum(-1), d2)
 
 
 def test_silhouette_matches_hand_computation() -> None:

@@ -47,6 +47,13 @@ def embed(updates: np.ndarray, maps: np.ndarray | None, alpha: float) -> np.ndar
     return np.concatenate([np.sqrt(alpha) * _unit_rows(updates), np.sqrt(1.0 - alpha) * _unit_rows(maps)], axis=1)
 
 
+def low_rank(x: np.ndarray) -> np.ndarray:
+    """n points in R^P as n points in R^min(n, P) with the same pairwise distances (x = U S V^T -> U S),
+    so k-means on many-parameter updates costs O(n^2) per step instead of O(n P)."""
+    u, s, _ = np.linalg.svd(np.asarray(x, dtype=np.float64), full_matrices=False)
+    return u * s
+
+
 def kmeans(
     x: np.ndarray, k: int, rng: np.random.Generator, n_init: int = 10, max_iter: int = 100
 ) -> tuple[np.ndarray, float]:
@@ -116,7 +123,7 @@ def select_clusters(
     hi = min(k_max, n - 1)
     if n <= 2 or hi < max(k_min, 2):
         return np.zeros(n, dtype=int), 1, float("nan")
-    phi = embed(updates, maps, alpha)
+    phi = low_rank(embed(updates, maps, alpha))
     dist = np.clip(1.0 - similarity_matrix(updates, maps, alpha), 0.0, None)
     np.fill_diagonal(dist, 0.0)
     best: tuple[np.ndarray, int, float] | None = None
