@@ -91,6 +91,36 @@ METHODS: dict[str, MethodSpec] = {
             ),
             private_classes=Param(str, "", "FedMR privacy: classes never uploaded, e.g. '3,7' or 'all' ('' = none)"),
         ),
+        _m(
+            "mupfl",
+            "mupfl:MuPFLStrategy",
+            "mupfl:MuPFLTrainer",
+            bavd=Param(bool, True, "MuPFL: BAVD dropout during local training (and maps for ACMU)"),
+            acmu=Param(bool, True, "MuPFL: ACMU cluster update (off = one cluster)"),
+            pkcf=Param(bool, True, "MuPFL: PKCF class gradients, feature synthesis, classifier fine-tune"),
+            init=Param(str, "personal", "MuPFL: start from w~_i or the global model", choices=("personal", "global")),
+            alpha=Param(float, 0.5, "MuPFL ACMU: weight of the update cosine vs the map cosine", low=0.0, high=1.0),
+            k_min=Param(int, 2, "MuPFL ACMU: smallest number of clusters tried", low=2),
+            k_max=Param(int, 6, "MuPFL ACMU: largest number of clusters tried (capped at n-1)", low=2),
+            psi_sign=Param(
+                str,
+                "improvement",
+                "MuPFL BAVD: psi = prev - cur loss, or the paper's cur - prev",
+                choices=("improvement", "paper"),
+            ),
+            bavd_reset=Param(
+                str,
+                "epoch",
+                "MuPFL BAVD: map restarts each epoch, each round, or never (client state)",
+                choices=("epoch", "round", "never"),
+            ),
+            features_per_class=Param(int, 20, "MuPFL PKCF: synthetic features per class (m)", low=1),
+            tau=Param(int, 30, "MuPFL PKCF: classifier fine-tune epochs on the features", low=0),
+            feature_batch=Param(int, 64, "MuPFL PKCF: batch size of the classifier fine-tune", low=1),
+            feature_lr=Param(float, 0.1, "MuPFL PKCF: SGD lr of the feature synthesis", low=0.0, low_open=True),
+            match_iters=Param(int, 100, "MuPFL PKCF: gradient-matching iterations per round", low=0),
+            n_real=Param(int, 64, "MuPFL PKCF: samples per class for a client's class gradient", low=1),
+        ),
     )
 }
 

@@ -120,3 +120,13 @@ def test_fedmr_resume_restores_the_global_prototypes(job, tmp_path) -> None:
         job(crash, **over, **{"run-name": "mr-cut", "round-retries": 0})
     job(**over, **{"run-name": "mr-cut", "resume": True})
     assert (tmp_path / "mr-cut" / "metrics.jsonl").read_text() == (full / "metrics.jsonl").read_text()
+
+
+def test_mupfl_resume_restores_personal_models_and_features(job, tmp_path) -> None:
+    over = {"method": "mupfl", "model": "lenet", "num-server-rounds": 3, "checkpoint-every": 1, "fraction-train": 0.5}
+    full = job(**over, **{"run-name": "mu-full"})
+    crash = {(p, 3): raise_error for p in sampled(full, 3)}
+    with pytest.raises(RuntimeError):
+        job(crash, **over, **{"run-name": "mu-cut", "round-retries": 0})
+    job(**over, **{"run-name": "mu-cut", "resume": True})
+    assert (tmp_path / "mu-cut" / "metrics.jsonl").read_text() == (full / "metrics.jsonl").read_text()

@@ -13,9 +13,17 @@ from fedskew.data import DATASET_INFO, load_dataset
 from fedskew.partitions import partition, split_local_test
 
 PARTITION_KEYS = (
-    "dataset", "data-root", "partition", "classes-per-client", "classes-per-client-mode",
-    "dirichlet-alpha", "min-partition-size", "imbalance-factor", "map-sigma",
-    "local-test-fraction", "seed",
+    "dataset",
+    "data-root",
+    "partition",
+    "classes-per-client",
+    "classes-per-client-mode",
+    "dirichlet-alpha",
+    "min-partition-size",
+    "imbalance-factor",
+    "map-sigma",
+    "local-test-fraction",
+    "seed",
 )
 
 
@@ -71,8 +79,10 @@ def load_client_data(cfg: dict[str, Any], partition_id: int, num_partitions: int
     x, y, _, _ = load_dataset(cfg["dataset"], cfg["data-root"])
     tr, te = client_indices(cfg, num_partitions)[partition_id]
     return ClientData(
-        to_float(x[tr], cfg["dataset"]), torch.from_numpy(y[tr]),
-        to_float(x[te], cfg["dataset"]), torch.from_numpy(y[te]),
+        to_float(x[tr], cfg["dataset"]),
+        torch.from_numpy(y[tr]),
+        to_float(x[te], cfg["dataset"]),
+        torch.from_numpy(y[te]),
         DATASET_INFO[cfg["dataset"]].num_classes,
     )
 

@@ -108,14 +108,9 @@ def _load_idx_set(name: str, roots: list[Path]) -> Arrays:
             x_te, y_te = read_idx(paths["test-x"]), read_idx(paths["test-y"])
             return (x_tr[:, None], y_tr.astype(np.int64), x_te[:, None], y_te.astype(np.int64))
     files = ", ".join(f"{s}[.gz]" for s in IDX_FILES.values())
-    hint = (
-        " or install Debian's package: apt-get install dataset-fashion-mnist"
-        if name == "fashion-mnist"
-        else ""
-    )
+    hint = " or install Debian's package: apt-get install dataset-fashion-mnist" if name == "fashion-mnist" else ""
     raise DataMissingError(
-        f"{name} not found: put {files} in {dirs[0]}{hint} "
-        f"(searched: {', '.join(str(d) for d in dirs)})"
+        f"{name} not found: put {files} in {dirs[0]}{hint} (searched: {', '.join(str(d) for d in dirs)})"
     )
 
 
@@ -125,13 +120,15 @@ def _load_idx_set(name: str, roots: list[Path]) -> Arrays:
 class _CifarUnpickler(pickle.Unpickler):
     """Accepts only what CIFAR's python batches hold: dicts, lists, bytes and numpy arrays."""
 
-    ALLOWED: frozenset = frozenset({
-        ("numpy.core.multiarray", "_reconstruct"),
-        ("numpy._core.multiarray", "_reconstruct"),
-        ("numpy", "ndarray"),
-        ("numpy", "dtype"),
-        ("_codecs", "encode"),  # how protocol-2 pickles written by Python 3 store bytes
-    })
+    ALLOWED: frozenset = frozenset(
+        {
+            ("numpy.core.multiarray", "_reconstruct"),
+            ("numpy._core.multiarray", "_reconstruct"),
+            ("numpy", "ndarray"),
+            ("numpy", "dtype"),
+            ("_codecs", "encode"),  # how protocol-2 pickles written by Python 3 store bytes
+        }
+    )
 
     def find_class(self, module: str, name: str):
         if (module, name) in self.ALLOWED:

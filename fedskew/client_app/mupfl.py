@@ -1,0 +1,127 @@
+"""MuPFL client (Zhang et al., paper 002, Alg. 1 CLIENTUPDATE): PKCF classifier fine-tune, BAVD
+local training, per-class classifier gradients. Maths: `fedskew/losses/mupfl.py`; server:
+`fedskew/strategies/mupfl.py` (where the decisions and deviations are listed).
+
+One round on client i:
+1. load the start model the server sent (its stored personalized model w~_i, or w_glo), and report
+   its local test accuracy (`start-accuracy`: the paper's personalized model, before this round);
+2. PKCF (`mupfl-pkcf`): when the server sent synthetic features, fine-tune the classifier only on
+   them for `mupfl-tau` epochs (Eq. 21, plain SGD with `lr`, batch `mupfl-feature-batch`);
+3. local training of the whole model with BAVD layers (`mupfl-bavd`) whose maps are updated after
+   every batch with psi = loss improvement (Eq. 6); the optimiser is the common `sgd` (same as FedAvg);
+4. upload the model, the flattened BAVD maps (`mupfl-map`, for ACMU) and, for each class present
+   locally, the classifier gradient z_i^k on <= `mupfl-n-real` samples in eval mode (`mupfl-grads`).
+
+Client state (`ClientState`): with `mupfl-bavd-reset="never"` the BAVD maps persist across rounds
+(tensors "mupfl-maps"); with the default "epoch" (literal Eq. 6) or "round" they restart each round,
+so nothing is kept. The previous and personalized models live on the server (spec §3, "server state":
+the ACMU update w~_i needs every cluster member's update, which only the server has).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import torch
+from flwr.app import ArrayRecord, MetricRecord, RecordDict
+from torch import nn
+
+from fedskew.client_app.fedavg import FedAvgTrainer
+from fedskew.losses.mupfl import BAVD, attach_bavd, class_gradients, finetune_classifier, flat_maps, loss_change
+from fedskew.models import SplitNet
+from fedskew.training import cross_entropy_loss, evaluate
+
+FEATURES = "mupfl-features"
+MAPS = "mupfl-map"
+GRADS = "mupfl-grads"
+TIMES = "mupfl-times"
+
+
+class MuPFLTrainer(FedAvgTrainer):
+    """FedAvg's round with MuPFL's classifier fine-tune, BAVD training and gradient upload."""
+
+    def build_model(self) -> SplitNet:
+        model = super().build_model()
+        self.bavd: list[BAVD] = attach_bavd(model) if self.cfg["mupfl-bavd"] else []
+        return model
+
+    def load_global(self, model: nn.Module, content: RecordDict) -> None:
+        super().load_global(model, content)
+        if self.cfg["mupfl-bavd-reset"] == "never" and self.bavd:
+            saved = self.ctx.state.load_tensors("mupfl-maps") or {}
+            for i, layer in enumerate(self.bavd):
+                if f"{i}" in saved:
+                    layer.map = saved[f"{i}"].to(self.device)
+
+    def local_train(self, model: nn.Module, content: RecordDict) -> dict[str, float]:
+        stats: dict[str, float] = {}
+        if len(self.data.y_test):
+            _, stats["start-accuracy"] = evaluate(
+                model, self.data.x_test, self.data.y_test, self.cfg["eval-batch-size"], self.device
+            )
+        if self.cfg["mupfl-pkcf"] and FEATURES in content:
+            t0 = time.perf_counter()
+            feats = content[FEATURES].to_torch_state_dict()
+            stats["finetune-loss"] = finetune_classifier(
+                model.classifier,
+                feats["features"].to(self.device),
+                feats["labels"].to(self.device),
+                self.cfg["mupfl-tau"],
+                self.cfg["mupfl-feature-batch"],
+                self.cfg["lr"],
+                self.ctx.generator,
+            )
+            stats["pkcf-client-seconds"] = time.perf_counter() - t0
+        self._iteration, self._prev_loss = 0, None
+        self._per_epoch = max(1, math.ceil(len(self.data.y_train) / self.cfg["batch-size"]))
+        stats.update(super().local_train(model, content))
+        if self.bavd:
+            stats["bavd-seconds"] = sum(layer.seconds for layer in self.bavd)
+        return stats
+
+    def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy; then fold this batch's activations into the BAVD maps (Eq. 6)."""
+        loss = cross_entropy_loss(model, x, y)
+        if self.bavd:
+            reset = self.cfg["mupfl-bavd-reset"]
+            lam = self._iteration % self._per_epoch if reset == "epoch" else self._iteration
+            if reset == "never" and self._iteration == 0 and self.bavd[0].map is not None:
+                lam = 1  # a persisted map keeps accumulating (psi = 0 for the round's first batch)
+            value = float(loss.detach())
+            prev = None if lam == 0 else self._prev_loss
+            psi = loss_change(prev, value, self.cfg["mupfl-psi-sign"])
+            for layer in self.bavd:
+                layer.update(lam, psi)
+            self._prev_loss = value
+        self._iteration += 1
+        return loss
+
+    def class_gradients(self, model: SplitNet) -> dict[str, torch.Tensor]:
+        """z_i^k (Eq. 16) for every class present locally, on <= n-real random samples, eval mode."""
+        model.eval()
+        out = {}
+        y = self.data.y_train
+        for k in torch.unique(y).tolist():
+            idx = torch.nonzero(y == k).flatten()
+            idx = idx[torch.randperm(len(idx), generator=self.ctx.generator)[: self.cfg["mupfl-n-real"]]]
+            with torch.no_grad():
+                h = model.features(self.data.x_train[idx].to(self.device))
+            labels = torch.full((len(idx),), k, dtype=torch.long, device=self.device)
+            out[str(k)] = class_gradients(model.classifier.weight.detach(), h, labels)[k].cpu()
+        return out
+
+    def extra_records(self, model: nn.Module) -> dict[str, Any]:
+        records: dict[str, Any] = {}
+        if self.bavd:
+            if self.cfg["mupfl-bavd-reset"] == "never":
+                self.ctx.state.save_tensors(
+                    "mupfl-maps", {f"{i}": layer.map for i, layer in enumerate(self.bavd) if layer.map is not None}
+                )
+            records[MAPS] = ArrayRecord({"map": flat_maps(self.bavd)})
+        if self.cfg["mupfl-pkcf"]:
+            t0 = time.perf_counter()
+            records[GRADS] = ArrayRecord(self.class_gradients(model))
+            records[TIMES] = MetricRecord({"grads-seconds": time.perf_counter() - t0})
+        return records

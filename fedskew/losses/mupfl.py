@@ -1,0 +1,251 @@
+"""MuPFL's client and server maths (Zhang et al., "Multi-level personalized FL", paper 002), pure torch.
+
+Spec: ../shared/methods/mupfl.md (tags [P] paper, [R] our resolution). No public reference code exists.
+
+BAVD, biased activation value dropout (Sec. 3.3, Eq. 6). Per BAVD layer a map M, accumulated per
+iteration lambda from the batch-mean pre-mask activation h_bar (shape C x H x W, spec A2 "CHW"):
+
+    M^(0) = h_bar^(0),    M^(lambda) = M^(lambda-1) + psi^(lambda) h_bar^(lambda),
+    psi^(lambda) = l^(lambda-1) - l^(lambda)    (loss improvement; spec A1, "paper" flips the sign)
+
+and the forward pass at iteration lambda keeps the positions where the min-max normalised map of
+iteration lambda-1 is >= its per-channel mean over H x W (spec A4; the mask is invariant to any
+positive affine normalisation), h_out = h * mask, no rescaling. The zero map keeps everything,
+and BAVD is the identity in eval mode (spec §10 props 1-2).
+
+BAVD is attached by forward hooks (`attach_bavd`) after every conv-block ReLU (a ReLU preceded by a
+Conv2d/BatchNorm2d inside an nn.Sequential) and after every ResNet BasicBlock, so the model's
+state_dict is unchanged. Nets without such layers (mlp) get no BAVD layer.
+
+PKCF, prior-knowledge classifier fine-tuning (Sec. 3.5, Eqs. 16-21). The fedskew classifier is a
+bias-free linear head W in R^{K x d}, so the "real feature gradient" of class k has the closed form
+
+    z^k = d/dW mean_j CE(W h_j, k) = mean_j (softmax(W h_j) - e_k) h_j^T          (Eq. 16)
+
+(tested against autograd). The server averages z^k over the clients that uploaded class k (Eq. 17),
+then optimises synthetic features h_glo in R^{K x m x d} (labels k) by SGD on the cosine distance
+
+    L_match = 1/|K_t| sum_{k in K_t} (1 - cos(z^k_glo, z_hat^k(h_glo^k)))      (Eqs. 19-20, spec A9)
+
+with z_hat^k the same closed form on the synthetic features (differentiable in h), and the clients
+fine-tune their classifier on (h_glo, y) for tau epochs (Eq. 21, spec A11).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from collections.abc import Mapping, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# ----------------------------------------------------------------------------- BAVD
+
+
+def bavd_mask(activation_map: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
+    """{0,1} mask of the positions where the min-max normalised map is >= its mean.
+
+    A map of shape (C, *spatial) is thresholded per channel over its spatial positions, a 1-D map
+    (D,) over all D units. A constant slice (e.g. the zero initial map) keeps every position, and
+    every slice keeps at least its maximum.
+    """
+    m = activation_map.detach().float()
+    flat = m.reshape(m.shape[0], -1) if m.dim() >= 2 else m.reshape(1, -1)
+    lo, hi = flat.min(1, keepdim=True).values, flat.max(1, keepdim=True).values
+    span = hi - lo
+    norm = torch.where(span > eps, (flat - lo) / span.clamp_min(eps), torch.zeros_like(flat))
+    keep = norm >= norm.mean(1, keepdim=True) - 1e-6
+    return keep.to(activation_map.dtype).reshape(activation_map.shape)
+
+
+def loss_change(prev_loss: float | None, loss: float, sign: str = "improvement") -> float:
+    """psi^(lambda): l^(lambda-1) - l^(lambda) ('improvement', spec A1) or the literal Eq. 6 sign
+    ('paper'); 0 when there is no previous loss."""
+    if prev_loss is None:
+        return 0.0
+    diff = prev_loss - loss
+    return diff if sign == "improvement" else -diff
+
+
+def bavd_update(activation_map: torch.Tensor | None, h_bar: torch.Tensor, iteration: int, psi: float) -> torch.Tensor:
+    """Eq. 6: M = h_bar at iteration 0 (or with no map yet), else M + psi * h_bar."""
+    h_bar = h_bar.detach()
+    if iteration == 0 or activation_map is None:
+        return h_bar.clone()
+    return activation_map + psi * h_bar
+
+
+class BAVD(nn.Module):
+    """Biased activation value dropout with its activation map (not a parameter, not in state_dict).
+
+    In train mode, `forward` caches the batch mean of its input (pre-mask, detached) and masks the
+    input with `bavd_mask(self.map)`; `update(iteration, psi)` then folds the cached mean into the
+    map (Eq. 6). In eval mode it is the identity.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.map: torch.Tensor | None = None
+        self.h_bar: torch.Tensor | None = None
+        self.seconds = 0.0  # wall time spent in BAVD (mask + map update), for the per-module timing
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        if not self.training:
+            return h
+        t0 = time.perf_counter()
+        self.h_bar = h.detach().mean(0)
+        out = h if self.map is None else h * bavd_mask(self.map).to(h.device)
+        self.seconds += time.perf_counter() - t0
+        return out
+
+    def update(self, iteration: int, psi: float) -> None:
+        if self.h_bar is not None:
+            t0 = time.perf_counter()
+            self.map = bavd_update(self.map, self.h_bar, iteration, psi)
+            self.h_bar = None
+            self.seconds += time.perf_counter() - t0
+
+
+def _bavd_targets(model: nn.Module) -> list[nn.Module]:
+    from fedskew.models import BasicBlock
+
+    targets: list[nn.Module] = []
+    for module in model.modules():
+        if isinstance(module, BasicBlock):
+            targets.append(module)
+        if isinstance(module, nn.Sequential):
+            children = list(module.children())
+            for prev, cur in itertools.pairwise(children):
+                if isinstance(cur, nn.ReLU) and isinstance(prev, (nn.Conv2d, nn.BatchNorm2d)):
+                    targets.append(cur)
+    return targets
+
+
+def attach_bavd(model: nn.Module) -> list[BAVD]:
+    """Hook a BAVD layer after every conv-block ReLU and ResNet block of `model`; return the layers.
+
+    A hooked layer follows the train/eval mode of the module it is attached to.
+    """
+    layers = []
+    for target in _bavd_targets(model):
+        layer = BAVD()
+
+        def hook(module: nn.Module, _inputs: tuple, output: torch.Tensor, layer: BAVD = layer) -> torch.Tensor:
+            layer.train(module.training)
+            return layer(output)
+
+        target.register_forward_hook(hook)
+        layers.append(layer)
+    return layers
+
+
+def flat_maps(layers: Sequence[BAVD], shapes: Sequence[torch.Size] | None = None) -> torch.Tensor:
+    """The concatenated flattened maps of `layers` (zeros where a layer has no map yet and
+    `shapes` gives its shape): the M_i uploaded for ACMU."""
+    parts = []
+    for i, layer in enumerate(layers):
+        if layer.map is not None:
+            parts.append(layer.map.detach().flatten().float().cpu())
+        elif shapes is not None:
+            parts.append(torch.zeros(math.prod(shapes[i])))
+    return torch.cat(parts) if parts else torch.zeros(0)
+
+
+# ----------------------------------------------------------------------------- PKCF
+
+
+def class_gradients(weight: torch.Tensor, features: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Closed-form gradients of mean CE w.r.t. a bias-free linear head, one per class.
+
+    weight (K, d), features (n, d), labels (n,) -> (K, K, d) where slice k is
+    z^k = mean_{j: y_j = k} (softmax(W h_j) - e_k) h_j^T (zeros for classes with no sample).
+    Differentiable in `features` and `weight`.
+    """
+    k = weight.shape[0]
+    err = F.softmax(features @ weight.T, dim=1) - F.one_hot(labels, k).to(features.dtype)  # (n, K)
+    onehot = F.one_hot(labels, k).to(features.dtype)  # (n, K) class membership
+    counts = onehot.sum(0).clamp_min(1.0)  # (K,)
+    # z[c] = sum_j [y_j = c] err_j^T h_j / n_c
+    return torch.einsum("jc,jk,jd->ckd", onehot, err, features) / counts.view(-1, 1, 1)
+
+
+def aggregate_class_gradients(uploads: Sequence[Mapping[int, torch.Tensor]]) -> dict[int, torch.Tensor]:
+    """Eq. 17: z^k_glo = mean of z_i^k over exactly the clients that uploaded class k."""
+    sums: dict[int, torch.Tensor] = {}
+    counts: dict[int, int] = {}
+    for upload in uploads:
+        for k, z in upload.items():
+            sums[k] = sums[k] + z if k in sums else z.clone()
+            counts[k] = counts.get(k, 0) + 1
+    return {k: sums[k] / counts[k] for k in sorted(sums)}
+
+
+def gradient_matching_loss(
+    features: torch.Tensor, weight: torch.Tensor, targets: Mapping[int, torch.Tensor]
+) -> torch.Tensor:
+    """Eq. 20 as a cosine distance: mean over the classes k in `targets` of 1 - cos(z^k, z_hat^k),
+    z_hat^k the classifier gradient of the synthetic features features[k] (shape (K, m, d))."""
+    num_classes, m, d = features.shape
+    labels = torch.arange(num_classes, device=features.device).repeat_interleave(m)
+    z_hat = class_gradients(weight, features.reshape(-1, d), labels)
+    ks = sorted(targets)
+    real = torch.stack([targets[k].to(features.device, features.dtype).flatten() for k in ks])
+    synth = z_hat[ks].reshape(len(ks), -1)
+    return (1.0 - F.cosine_similarity(synth, real, dim=1, eps=1e-12)).mean()
+
+
+def synthesize_features(
+    features: torch.Tensor,
+    weight: torch.Tensor,
+    targets: Mapping[int, torch.Tensor],
+    lr: float = 0.1,
+    iterations: int = 100,
+) -> tuple[torch.Tensor, list[float]]:
+    """Eqs. 18-20: SGD on the synthetic features (K, m, d) to match the real per-class gradients,
+    the classifier `weight` frozen; returns the new features and the loss per iteration."""
+    if not targets or iterations == 0:
+        return features.detach().clone(), []
+    weight = weight.detach()
+    h = features.detach().clone().requires_grad_(True)
+    opt = torch.optim.SGD([h], lr=lr)
+    losses = []
+    for _ in range(iterations):
+        loss = gradient_matching_loss(h, weight, targets)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.detach()))
+    return h.detach(), losses
+
+
+def finetune_classifier(
+    classifier: nn.Linear,
+    features: torch.Tensor,
+    labels: torch.Tensor,
+    epochs: int,
+    batch_size: int,
+    lr: float,
+    generator: torch.Generator,
+) -> float:
+    """Eq. 21: `epochs` passes of plain SGD with CE on (features, labels), classifier only.
+
+    Returns the mean loss (NaN when nothing was trained)."""
+    if epochs <= 0 or len(labels) == 0:
+        return float("nan")
+    device = classifier.weight.device
+    features, labels = features.to(device), labels.to(device)
+    opt = torch.optim.SGD(classifier.parameters(), lr=lr)
+    total, steps = 0.0, 0
+    for _ in range(epochs):
+        for idx in torch.randperm(len(labels), generator=generator).split(batch_size):
+            idx = idx.to(device)
+            loss = F.cross_entropy(classifier(features[idx]), labels[idx])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            total += float(loss.detach())
+            steps += 1
+    return total / steps
