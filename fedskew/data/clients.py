@@ -1,0 +1,83 @@
+"""Each client's local train/test tensors, and the central test set, from the cached arrays."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedskew.data import DATASET_INFO, load_dataset
+from fedskew.partitions import partition, split_local_test
+
+PARTITION_KEYS = (
+    "dataset", "data-root", "partition", "classes-per-client", "classes-per-client-mode",
+    "dirichlet-alpha", "min-partition-size", "imbalance-factor", "map-sigma",
+    "local-test-fraction", "seed",
+)
+
+
+@dataclass
+class ClientData:
+    """A client's local data as normalised float tensors (on CPU)."""
+
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_test: torch.Tensor
+    y_test: torch.Tensor
+    num_classes: int
+
+    @property
+    def train_counts(self) -> np.ndarray:
+        """Samples per class in the local training split, `[num_classes]` int64."""
+        return np.bincount(self.y_train.numpy(), minlength=self.num_classes)
+
+
+def to_float(x: np.ndarray, dataset: str) -> torch.Tensor:
+    """uint8 `[N, C, H, W]` -> float32, scaled to [0, 1] and normalised per channel."""
+    info = DATASET_INFO[dataset]
+    t = torch.from_numpy(np.array(x, dtype=np.float32)).div_(255.0)
+    mean = torch.tensor(info.mean).view(1, -1, 1, 1)
+    std = torch.tensor(info.std).view(1, -1, 1, 1)
+    return t.sub_(mean).div_(std)
+
+
+def partition_key(cfg: dict[str, Any]) -> tuple:
+    return tuple(cfg[k] for k in PARTITION_KEYS)
+
+
+@functools.lru_cache(maxsize=4)
+def _client_indices(key: tuple, num_clients: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    cfg = dict(zip(PARTITION_KEYS, key, strict=True))
+    _, y_train, _, _ = load_dataset(cfg["dataset"], cfg["data-root"])
+    parts = partition(y_train, num_clients, cfg, seed=cfg["seed"])
+    return [
+        split_local_test(p, y_train, cfg["local-test-fraction"], np.random.default_rng([cfg["seed"], k]))
+        for k, p in enumerate(parts)
+    ]
+
+
+def client_indices(cfg: dict[str, Any], num_clients: int) -> list[tuple[np.ndarray, np.ndarray]]:
+    """(train, test) index arrays into the training set for every client; cached per process."""
+    return _client_indices(partition_key(cfg), num_clients)
+
+
+def load_client_data(cfg: dict[str, Any], partition_id: int, num_partitions: int) -> ClientData:
+    """The local data of client `partition_id` of `num_partitions`."""
+    if not 0 <= partition_id < num_partitions:
+        raise ValueError(f"partition-id={partition_id} must be in [0, num-partitions={num_partitions})")
+    x, y, _, _ = load_dataset(cfg["dataset"], cfg["data-root"])
+    tr, te = client_indices(cfg, num_partitions)[partition_id]
+    return ClientData(
+        to_float(x[tr], cfg["dataset"]), torch.from_numpy(y[tr]),
+        to_float(x[te], cfg["dataset"]), torch.from_numpy(y[te]),
+        DATASET_INFO[cfg["dataset"]].num_classes,
+    )
+
+
+def load_test_set(cfg: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    """The official test split (balanced, all classes) for central evaluation."""
+    _, _, x, y = load_dataset(cfg["dataset"], cfg["data-root"])
+    return to_float(x, cfg["dataset"]), torch.from_numpy(y)

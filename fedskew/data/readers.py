@@ -1,0 +1,194 @@
+"""Readers for the standard files of FMNIST, MNIST, CIFAR-10/100 and SVHN (pure numpy + scipy)."""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import os
+import pickle
+from pathlib import Path
+
+import numpy as np
+
+Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # x_train, y_train, x_test, y_test
+
+DEBIAN_FMNIST = Path("/usr/share/datasets/fashion-mnist")
+IDX_FILES = {
+    "train-x": "train-images-idx3-ubyte",
+    "train-y": "train-labels-idx1-ubyte",
+    "test-x": "t10k-images-idx3-ubyte",
+    "test-y": "t10k-labels-idx1-ubyte",
+}
+TORCHVISION_NAME = {
+    "fashion-mnist": "FashionMNIST",
+    "mnist": "MNIST",
+    "cifar10": "CIFAR10",
+    "cifar100": "CIFAR100",
+    "svhn": "SVHN",
+}
+CIFAR_FILES = {
+    "cifar10": ("cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], ["test_batch"], b"labels"),
+    "cifar100": ("cifar-100-python", ["train"], ["test"], b"fine_labels"),
+}
+
+
+class DataMissingError(FileNotFoundError):
+    """The files of a data set are not where fedskew looks; the message says what to do."""
+
+
+def default_roots(data_root: str) -> list[Path]:
+    """Where to look, in order: the configured root, then ./data and $FEDSKEW_DATA."""
+    roots = [Path(data_root).expanduser()] if data_root else []
+    roots.append(Path("data").absolute())
+    if os.environ.get("FEDSKEW_DATA"):
+        roots.append(Path(os.environ["FEDSKEW_DATA"]).expanduser())
+    return roots
+
+
+@functools.lru_cache(maxsize=2)
+def load_dataset(name: str, data_root: str = "") -> Arrays:
+    """Load `name` as uint8 images `[N, C, H, W]` and int64 labels; cached per process.
+
+    Raises `DataMissingError` naming the files to provide when nothing is found.
+    """
+    roots = default_roots(data_root)
+    if name in ("fashion-mnist", "mnist"):
+        arrays = _load_idx_set(name, roots)
+    elif name in CIFAR_FILES:
+        arrays = _load_cifar(name, roots)
+    elif name == "svhn":
+        arrays = _load_svhn(roots)
+    else:
+        raise ValueError(f"unknown dataset {name!r}")
+    for a in arrays:
+        a.setflags(write=False)  # shared by every client in this process
+    return arrays
+
+
+# ----------------------------------------------------------------------------- IDX (MNIST family)
+
+
+def read_idx(path: Path) -> np.ndarray:
+    """Read one IDX file (optionally gzipped): magic, dims, then big-endian unsigned bytes."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as f:
+        raw = f.read()
+    if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] != 0x08:
+        raise ValueError(f"{path}: not an unsigned-byte IDX file")
+    ndim = raw[3]
+    dims = np.frombuffer(raw, dtype=">u4", count=ndim, offset=4).astype(np.int64)
+    data = np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim)
+    if data.size != int(np.prod(dims)):
+        raise ValueError(f"{path}: expected {int(np.prod(dims))} values, found {data.size}")
+    return data.reshape(tuple(dims))
+
+
+def _idx_dirs(name: str, roots: list[Path]) -> list[Path]:
+    dirs = []
+    for r in roots:
+        dirs += [r / name, r / TORCHVISION_NAME[name] / "raw", r]
+    if name == "fashion-mnist":
+        dirs.append(DEBIAN_FMNIST)
+    return dirs
+
+
+def _find_idx(folder: Path, stem: str) -> Path | None:
+    for candidate in (folder / stem, folder / f"{stem}.gz"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def _load_idx_set(name: str, roots: list[Path]) -> Arrays:
+    dirs = _idx_dirs(name, roots)
+    for folder in dirs:
+        paths = {k: _find_idx(folder, stem) for k, stem in IDX_FILES.items()}
+        if all(paths.values()):
+            x_tr, y_tr = read_idx(paths["train-x"]), read_idx(paths["train-y"])
+            x_te, y_te = read_idx(paths["test-x"]), read_idx(paths["test-y"])
+            return (x_tr[:, None], y_tr.astype(np.int64), x_te[:, None], y_te.astype(np.int64))
+    files = ", ".join(f"{s}[.gz]" for s in IDX_FILES.values())
+    hint = (
+        " or install Debian's package: apt-get install dataset-fashion-mnist"
+        if name == "fashion-mnist"
+        else ""
+    )
+    raise DataMissingError(
+        f"{name} not found: put {files} in {dirs[0]}{hint} "
+        f"(searched: {', '.join(str(d) for d in dirs)})"
+    )
+
+
+# ----------------------------------------------------------------------------- CIFAR
+
+
+class _CifarUnpickler(pickle.Unpickler):
+    """Accepts only what CIFAR's python batches hold: dicts, lists, bytes and numpy arrays."""
+
+    ALLOWED = {
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+    }
+
+    def find_class(self, module: str, name: str):  # noqa: ANN201 - pickle API
+        if (module, name) in self.ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"refusing to load {module}.{name} from a CIFAR batch file")
+
+
+def read_cifar_batch(path: Path, label_key: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """One CIFAR python batch: `data` [N, 3072] uint8 and its labels."""
+    with open(path, "rb") as f:
+        batch = _CifarUnpickler(f, encoding="bytes").load()
+    if not isinstance(batch, dict) or b"data" not in batch or label_key not in batch:
+        raise ValueError(f"{path}: not a CIFAR batch (keys b'data' and {label_key!r} expected)")
+    x = np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
+    y = np.asarray(batch[label_key], dtype=np.int64)
+    return x, y
+
+
+def _load_cifar(name: str, roots: list[Path]) -> Arrays:
+    folder_name, train_files, test_files, label_key = CIFAR_FILES[name]
+    dirs = [d for r in roots for d in (r / folder_name, r / TORCHVISION_NAME[name] / folder_name)]
+    for folder in dirs:
+        if all((folder / f).is_file() for f in train_files + test_files):
+            tr = [read_cifar_batch(folder / f, label_key) for f in train_files]
+            te = [read_cifar_batch(folder / f, label_key) for f in test_files]
+            return (
+                np.concatenate([x for x, _ in tr]),
+                np.concatenate([y for _, y in tr]),
+                np.concatenate([x for x, _ in te]),
+                np.concatenate([y for _, y in te]),
+            )
+    raise DataMissingError(
+        f"{name} not found: put the python version ({folder_name}/ with "
+        f"{', '.join(train_files + test_files)}) under {roots[0]} "
+        f"(searched: {', '.join(str(d) for d in dirs)})"
+    )
+
+
+# ----------------------------------------------------------------------------- SVHN
+
+
+def read_svhn_mat(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """SVHN format 2: `X` [32, 32, 3, N] uint8, `y` [N, 1] with label 10 meaning digit 0."""
+    from scipy.io import loadmat
+
+    mat = loadmat(path)
+    x = np.ascontiguousarray(np.transpose(mat["X"], (3, 2, 0, 1)), dtype=np.uint8)
+    y = mat["y"].reshape(-1).astype(np.int64) % 10
+    return x, y
+
+
+def _load_svhn(roots: list[Path]) -> Arrays:
+    dirs = [d for r in roots for d in (r / "svhn", r / "SVHN", r)]
+    for folder in dirs:
+        tr, te = folder / "train_32x32.mat", folder / "test_32x32.mat"
+        if tr.is_file() and te.is_file():
+            return (*read_svhn_mat(tr), *read_svhn_mat(te))
+    raise DataMissingError(
+        f"svhn not found: put train_32x32.mat and test_32x32.mat in {roots[0] / 'svhn'} "
+        f"(searched: {', '.join(str(d) for d in dirs)})"
+    )
