@@ -64,7 +64,9 @@ METHODS: dict[str, MethodSpec] = {
             "map",
             "map:MAPStrategy",
             "map:MAPTrainer",
-            alpha=Param(float, 0.5, "MAP stage 1: restricted-softmax scale of missing classes' logits", low=0.0, high=1.0),
+            alpha=Param(
+                float, 0.5, "MAP stage 1: restricted-softmax scale of missing classes' logits", low=0.0, high=1.0
+            ),
             scale=Param(str, "binary", "MAP: RS rule, 'binary' (paper) or 'count'", choices=("binary", "count")),
             tau=Param(int, 1, "MAP: a class is observed when the client has >= tau samples", low=1),
             transfer=Param(str, "distill", "MAP stage 2: HPM transfer term (Eq. 11 / 12)", choices=("distill", "mmd")),
@@ -77,7 +79,9 @@ METHODS: dict[str, MethodSpec] = {
             mu_max=Param(float, 1.0, "MAP: upper clip of the HPM momentum (paper 1.0, code 0.9)", low=0.0, high=1.0),
             mmd_kernels=Param(int, 5, "MAP: number of Gaussian kernels of the MMD", low=1),
             mmd_kernel_mul=Param(float, 2.0, "MAP: bandwidth ratio between MMD kernels", low=1.0, low_open=True),
-            uniform_aggregation=Param(bool, True, "MAP: average uploads uniformly (Alg. 1); false = aggregation-weights"),
+            uniform_aggregation=Param(
+                bool, True, "MAP: average uploads uniformly (Alg. 1); false = aggregation-weights"
+            ),
         ),
     )
 }

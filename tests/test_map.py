@@ -3,6 +3,7 @@ bookkeeping, and real `flwr run` jobs (state round-trip over three rounds, end t
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
@@ -48,7 +49,7 @@ def test_hpm_momentum_schedule() -> None:
     assert hpm_momentum(2, qt) == pytest.approx(0.9 / 15)
     assert hpm_momentum(6, qt, mu_bar=0.9) == pytest.approx(0.9 * 5 / 15)
     mus = [hpm_momentum(n, qt) for n in range(1, 40)]
-    assert all(a <= b for a, b in zip(mus, mus[1:], strict=False))  # never decreases
+    assert all(a <= b for a, b in itertools.pairwise(mus))  # never decreases
     assert max(mus) == 1.0 and hpm_momentum(39, qt, mu_max=0.9) == 0.9  # clipped (paper 1, code 0.9)
     assert hpm_momentum(3, 0.2) == 1.0  # Q T floored at 1: 0.9 * 2 / 1, clipped
     assert hpm_momentum(2, 0.2, mu_bar=0.5) == 0.5
@@ -210,7 +211,7 @@ def test_uniform_aggregation_by_default(task_identity) -> None:
 # ---------------------------------------------------------------------- real flwr runs
 @pytest.mark.slow
 def test_flwr_state_round_trip_three_rounds(flwr_job) -> None:
-    summary, run_dir = flwr_job({"method": "map", "num-server-rounds": 3, "fraction-train": 1.0}, 3, "map-state")
+    _, run_dir = flwr_job({"method": "map", "num-server-rounds": 3, "fraction-train": 1.0}, 3, "map-state")
     rows = read_metrics(run_dir)
     assert [r["round"] for r in rows] == [1, 2, 3]
     for r in rows:  # every client's counter survives the rounds in context.state

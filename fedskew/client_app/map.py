@@ -73,9 +73,7 @@ class MAPTrainer(FedRSTrainer):
         z = int(values.get("participations", 0))
         hpm = self.ctx.state.load_tensors(HPM_TENSORS)
         ref = reference.state_dict()
-        if hpm is not None and (
-            z < 1 or list(hpm) != list(ref) or any(hpm[k].shape != ref[k].shape for k in ref)
-        ):
+        if hpm is not None and (z < 1 or list(hpm) != list(ref) or any(hpm[k].shape != ref[k].shape for k in ref)):
             log.warning(
                 "partition %d: MAP state inconsistent (participations=%d, HPM keys/shapes differ "
                 "from the model): discarded, treated as a first participation",
