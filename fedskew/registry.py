@@ -121,6 +121,29 @@ METHODS: dict[str, MethodSpec] = {
             match_iters=Param(int, 100, "MuPFL PKCF: gradient-matching iterations per round", low=0),
             n_real=Param(int, 64, "MuPFL PKCF: samples per class for a client's class gradient", low=1),
         ),
+        _m(
+            "map",
+            "map:MAPStrategy",
+            "map:MAPTrainer",
+            alpha=Param(
+                float, 0.5, "MAP stage 1: restricted-softmax scale of missing classes' logits", low=0.0, high=1.0
+            ),
+            scale=Param(str, "binary", "MAP: RS rule, 'binary' (paper) or 'count'", choices=("binary", "count")),
+            tau=Param(int, 1, "MAP: a class is observed when the client has >= tau samples", low=1),
+            transfer=Param(str, "distill", "MAP stage 2: HPM transfer term (Eq. 11 / 12)", choices=("distill", "mmd")),
+            transfer_weight=Param(float, 0.1, "MAP: lambda in (1-lambda) CE + lambda L_tr (Eq. 13)", low=0.0, high=1.0),
+            temperature=Param(float, 4.0, "MAP: distillation temperature tau", low=0.0, low_open=True),
+            soften_student=Param(bool, True, "MAP: divide the student's logits by tau too (paper; false = code)"),
+            personal_epochs=Param(int, 1, "MAP: stage-2 (personalization) epochs", low=0),
+            personal_lr_factor=Param(float, 1.0, "MAP: stage-2 lr = lr * factor (code: 0.2)", low=0.0, low_open=True),
+            mu_bar=Param(float, 0.9, "MAP: macro momentum; mu = mu_bar (n-1) / (Q T)", low=0.0),
+            mu_max=Param(float, 1.0, "MAP: upper clip of the HPM momentum (paper 1.0, code 0.9)", low=0.0, high=1.0),
+            mmd_kernels=Param(int, 5, "MAP: number of Gaussian kernels of the MMD", low=1),
+            mmd_kernel_mul=Param(float, 2.0, "MAP: bandwidth ratio between MMD kernels", low=1.0, low_open=True),
+            uniform_aggregation=Param(
+                bool, True, "MAP: average uploads uniformly (Alg. 1); false = aggregation-weights"
+            ),
+        ),
     )
 }
 

@@ -17,14 +17,20 @@ from fedskew.losses import fedrs_scale, restricted_softmax_cross_entropy
 
 
 class FedRSTrainer(FedAvgTrainer):
-    """Cross-entropy on `(h W^T) * s`, with s_c = 1 for observed classes and alpha for missing."""
+    """Cross-entropy on `(h W^T) * s`, with s_c = 1 for observed classes and alpha for missing.
+
+    `rs_prefix` names the run-config keys `<prefix>-alpha`, `<prefix>-tau`, `<prefix>-scale`, so a
+    method that reuses the restricted softmax (MAP) subclasses this trainer with its own keys.
+    """
+
+    rs_prefix = "fedrs"
 
     def local_train(self, model: nn.Module, content: RecordDict) -> dict[str, float]:
-        self.scale = fedrs_scale(
-            self.data.train_counts, self.cfg["fedrs-alpha"], self.cfg["fedrs-tau"], self.cfg["fedrs-scale"]
-        ).to(self.device)
+        p, tau = self.rs_prefix, self.cfg[f"{self.rs_prefix}-tau"]
+        self.scale = fedrs_scale(self.data.train_counts, self.cfg[f"{p}-alpha"], tau, self.cfg[f"{p}-scale"])
+        self.scale = self.scale.to(self.device)
         stats = super().local_train(model, content)
-        return {**stats, "observed-classes": float((self.data.train_counts >= self.cfg["fedrs-tau"]).sum())}
+        return {**stats, "observed-classes": float((self.data.train_counts >= tau).sum())}
 
     def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return restricted_softmax_cross_entropy(model(x), y, self.scale)

@@ -1,0 +1,164 @@
+"""MAP client (Li et al., "MAP: Model Aggregation and Personalization in FL with Incomplete Classes",
+TKDE'24, Alg. 1 ClientProcedure): restricted softmax for the upload, inherited private model (HPM)
+for personalization. Maths in `fedskew/losses/map.py`; server in `fedskew/strategies/map.py`.
+
+One round on client k (participation n = z^k + 1):
+1. stage 1: train the downloaded global model with the restricted softmax (FedRS Eq. 8, keys
+   `map-alpha`, `map-tau`, `map-scale`) for `local-epochs`; this model, and only this, is uploaded;
+2. stage 2: continue from a copy of it with `(1 - lam) CE + lam L_tr(HPM)` (Eq. 13), L_tr = logit
+   distillation (`map-transfer="distill"`, Eq. 11) or multi-kernel feature MMD ("mmd", Eq. 12), for
+   `map-personal-epochs`, giving theta_hat;
+3. fold theta_hat into the HPM: psi <- (1 - mu) theta_hat + mu psi, mu = clip(mu_bar (n-1)/(Q T), 0,
+   mu_max) (Eq. 10, Sec. IV-B), and count the participation. The HPM never leaves the client and is
+   the model that `personal-accuracy` measures; theta_hat's accuracy is `stage2-accuracy`.
+
+Decisions (paper vs spec vs the authors' code `lxcnju/MAP`, spec §8):
+- Stage split: Alg. 1 splits E into E/2 RS epochs + E/2 transfer epochs at one lr. Here stage 1
+  runs `local-epochs` (so the upload is comparable to FedAvg/FedRS with the same key) and stage 2
+  `map-personal-epochs` (default 1) at `lr * map-personal-lr-factor` (default 1.0; the code uses
+  0.2 and ~10% of the steps). The paper's split is local-epochs = map-personal-epochs = E/2.
+- Restricted softmax: the paper's binary rule on raw training counts (count >= `map-tau`), reusing
+  `FedRSTrainer`; NOT the code's mask on class *fractions*, which scales every logit by alpha (§8.3).
+- KD: both logits divided by tau = `map-temperature` (4.0), batch-mean KL, no tau^2 (paper);
+  `map-soften-student=false` gives the code's teacher-only softening.
+- MMD: 5 Gaussian kernels, bandwidths b0 * 2^{-2..2}, b0 the mean pairwise squared distance (code).
+- First participation: the paper skips the transfer in round 1 "because we have not stored the HPM";
+  read per client: with no HPM the stage-2 loss is plain CE and mu = 0, so the HPM becomes theta_hat.
+  The code instead starts every HPM at the initial global model.
+- mu: pre-increment count (Alg. 1 line 14 before 15), Q T = fraction-train * num-server-rounds
+  (at least 1), clipped to [0, `map-mu-max`] = [0, 1] (paper; the code clips at 0.9).
+- The HPM average covers every state-dict entry (integer buffers copied). The code's recomputation of
+  the HPM's BatchNorm statistics is not done (LeNet/MLP/TFCNN/VGG11 here have no BN).
+
+Client state and deployment. Per client, `ClientState` (`self.ctx.state`) keeps the tensors "hpm"
+(one model state dict, float32) and the values "map" = {"participations": z}. By default they live in
+Flower's `context.state`, bounded by `state-max-mb` (64 MB; a SuperNode silently drops a context of
+~200 MB): LeNet's HPM is ~0.2 MB, MLP ~0.8 MB, VGG11 ~37 MB. A model over the bound raises
+`StateTooLargeError` instead of losing the HPM silently; for such models start each SuperNode with
+`--node-config '... state-dir="/var/lib/fedskew"'`, which keeps the state on disk per run and
+partition (no bound, survives a SuperNode restart). A lost state (SuperNode restarted without
+state-dir) is handled like a first participation (logged here); the server, which counts each
+partition's accepted replies, logs it too and counts it in the metric `hpm-state-lost`.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import torch
+import torch.nn.functional as F
+from flwr.app import RecordDict
+from torch import nn
+
+from fedskew.client_app.fedrs import FedRSTrainer
+from fedskew.losses import distillation_loss, hpm_momentum, hpm_update, mmd_multi_gaussian, personalization_loss
+from fedskew.training import evaluate, sgd, train_epochs
+
+log = logging.getLogger("fedskew.client")
+
+HPM_TENSORS = "hpm"
+MAP_VALUES = "map"
+
+
+class MAPTrainer(FedRSTrainer):
+    """Stage 1 = FedRS local training (uploaded); stage 2 = CE + transfer from the HPM; HPM update."""
+
+    rs_prefix = "map"
+
+    # ------------------------------------------------------------------ state
+    def load_hpm(self, reference: nn.Module) -> tuple[dict[str, torch.Tensor] | None, int]:
+        """(HPM state dict or None, participations so far); an inconsistent state counts as lost."""
+        values = self.ctx.state.load_values(MAP_VALUES) or {}
+        z = int(values.get("participations", 0))
+        hpm = self.ctx.state.load_tensors(HPM_TENSORS)
+        ref = reference.state_dict()
+        if hpm is not None and (z < 1 or list(hpm) != list(ref) or any(hpm[k].shape != ref[k].shape for k in ref)):
+            log.warning(
+                "partition %d: MAP state inconsistent (participations=%d, HPM keys/shapes differ "
+                "from the model): discarded, treated as a first participation",
+                self.ctx.partition_id,
+                z,
+            )
+            hpm, z = None, 0
+        elif hpm is None:
+            log.info(
+                "partition %d, round %d: no HPM (first participation%s): stage 2 without transfer, mu = 0",
+                self.ctx.partition_id,
+                self.ctx.server_round,
+                f"; the counter said {z}, so the state was lost" if z else " or lost state",
+            )
+            z = 0
+        return hpm, z
+
+    def save_hpm(self, hpm: dict[str, torch.Tensor], participations: int) -> None:
+        self.ctx.state.save_tensors(HPM_TENSORS, hpm)
+        self.ctx.state.save_values(MAP_VALUES, {"participations": participations})
+
+    # ------------------------------------------------------------------ stage 2 objective
+    def transfer_loss(self, h: torch.Tensor, logits: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """L_tr of Eq. 13 against the frozen HPM (`self.teacher`)."""
+        with torch.no_grad():
+            h_p = self.teacher.features(x)
+            o_p = self.teacher.classifier(h_p)
+        if self.cfg["map-transfer"] == "distill":
+            return distillation_loss(logits, o_p, self.cfg["map-temperature"], self.cfg["map-soften-student"])
+        return mmd_multi_gaussian(h, h_p, self.cfg["map-mmd-kernel-mul"], self.cfg["map-mmd-kernels"])
+
+    def personal_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Eq. 13 `(1 - lam) CE + lam L_tr`; plain CE while the client has no HPM (or lam = 0)."""
+        h = model.features(x)
+        logits = model.classifier(h)
+        ce = F.cross_entropy(logits, y)
+        lam = self.cfg["map-transfer-weight"]
+        transfer = None if self.teacher is None or lam == 0 else self.transfer_loss(h, logits, x)
+        return personalization_loss(ce, transfer, lam)
+
+    # ------------------------------------------------------------------ hooks
+    def local_train(self, model: nn.Module, content: RecordDict) -> dict[str, float]:
+        stats = super().local_train(model, content)  # stage 1 (restricted softmax), in place: uploaded
+        hpm, z = self.load_hpm(model)
+        self.teacher = None
+        if hpm is not None:
+            self.teacher = self.build_model()
+            self.teacher.load_state_dict(hpm)
+            self.teacher.eval().requires_grad_(False)
+
+        personal = copy.deepcopy(model)  # stage 2 continues from the stage-1 weights
+        stage2 = {"train-loss": float("nan")}
+        if self.cfg["map-personal-epochs"] > 0:
+            lr = self.cfg["lr"] * self.cfg["map-personal-lr-factor"]
+            stage2 = train_epochs(
+                personal,
+                self.data.x_train,
+                self.data.y_train,
+                self.personal_loss,
+                sgd(personal.parameters(), {**self.cfg, "lr": lr}),
+                self.cfg["map-personal-epochs"],
+                self.cfg["batch-size"],
+                self.ctx.generator,
+                self.device,
+            )
+        self.stage2_model = personal
+
+        n = z + 1
+        expected = self.cfg["fraction-train"] * self.cfg["num-server-rounds"]
+        mu = hpm_momentum(n, expected, self.cfg["map-mu-bar"], self.cfg["map-mu-max"])
+        new_hpm = hpm_update(hpm, personal.state_dict(), mu)
+        self.save_hpm(new_hpm, n)
+        self.hpm = self.build_model()
+        self.hpm.load_state_dict(new_hpm)
+
+        _, s2_acc = evaluate(personal, self.data.x_test, self.data.y_test, self.cfg["eval-batch-size"], self.device)
+        return {
+            **stats,
+            "stage2-loss": stage2["train-loss"],
+            "stage2-accuracy": s2_acc,
+            "hpm-mu": mu,
+            "hpm-participations": n,
+            "hpm-transfer": int(self.teacher is not None),
+        }
+
+    def personalized_model(self, model: nn.Module) -> nn.Module:
+        """The updated HPM (what the authors' code scores; the theory bounds the HPM's error)."""
+        return self.hpm
