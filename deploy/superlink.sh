@@ -19,10 +19,8 @@ while [ $# -gt 0 ]; do
     *) sed -n '2,13p' "$0"; exit 2 ;;
   esac
 done
-export FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1 FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
-BIN=$(command -v flower-superlink || true)
-[ -n "$BIN" ] || BIN="$(dirname "$0")/../.venv/bin/flower-superlink"
-export PATH="$(dirname "$BIN"):$PATH"   # flower-superexec / flwr-serverapp next to it
+. "$(dirname "$0")/_common.sh"
+find_flower flower-superlink
 if [ "$INSECURE" = 1 ]; then
   echo "superlink.sh: WARNING: --insecure: no TLS, no SuperNode authentication" >&2
   exec "$BIN" --insecure --host "$HOST" --port "$PORT" --disable-runtime-dependency-installation "$@"

@@ -21,10 +21,8 @@ while [ $# -gt 0 ]; do
 done
 [ $# -eq 1 ] && [ -n "$SUPERLINK" ] || { sed -n '2,14p' "$0"; exit 2; }
 NODE_CONFIG=$1
-export FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1 FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
-BIN=$(command -v flower-supernode || true)
-[ -n "$BIN" ] || BIN="$(dirname "$0")/../.venv/bin/flower-supernode"
-export PATH="$(dirname "$BIN"):$PATH"   # flower-superexec / flwr-clientapp next to it
+. "$(dirname "$0")/_common.sh"
+find_flower flower-supernode
 if [ "$INSECURE" = 1 ]; then
   echo "supernode.sh: WARNING: --insecure: no TLS, no SuperNode authentication" >&2
   exec "$BIN" --insecure --superlink "$SUPERLINK" --port "$PORT" --node-config "$NODE_CONFIG"

@@ -32,6 +32,7 @@ import tomllib
 import torch
 
 from fedskew.config import validate
+from fedskew.server_app.results import read_jsonl
 from tests.multihost import NetLab, NetLabUnavailable
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -82,17 +83,6 @@ def _flwr_json(lab: NetLab, args: list[str], env: dict[str, str], cwd: Path) -> 
 
 def _tail(path: Path, n: int = 3000) -> str:
     return path.read_text(errors="replace")[-n:] if path.is_file() else f"({path} missing)"
-
-
-def _rows(path: Path) -> list[dict]:
-    rows = []
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                break
-    return rows
 
 
 @pytest.mark.slow
@@ -219,7 +209,7 @@ def test_deployment_across_namespaces(tmp_path: Path, method: str) -> None:
             assert time.monotonic() - t_start < 290, (
                 f"multi-host run {run_id} too slow (status {status!r})\nSuperLink log:\n{_tail(sl_log)}"
             )
-            if killed_at is None and _rows(run_dir / "metrics.jsonl"):
+            if killed_at is None and read_jsonl(run_dir / "metrics.jsonl"):
                 lab.kill(nodes[KILLED])
                 killed_at = time.monotonic()
             # the CLI costs a Python start: ask only every 15 s, or once the results are complete
@@ -233,12 +223,12 @@ def test_deployment_across_namespaces(tmp_path: Path, method: str) -> None:
         assert killed_at is not None, "round 1 was never logged"
 
         # the results: 3 nodes in round 1, then the two survivors; the lost reply is logged
-        rows = _rows(run_dir / "metrics.jsonl")
+        rows = read_jsonl(run_dir / "metrics.jsonl")
         assert [r["round"] for r in rows] == list(range(1, ROUNDS + 1))
         assert rows[0]["partitions"] == [0, 1, 2] and rows[0]["replies"] == 3
         for r in rows[1:]:
             assert r["partitions"] == [0, 1], r
-        failures = _rows(run_dir / "failures.jsonl")
+        failures = read_jsonl(run_dir / "failures.jsonl")
         lost = [f for f in failures if f["partition"] == KILLED]
         assert lost and all(f["round"] >= 2 for f in failures), failures
         assert "dropped reply" in (logs / "run.log").read_text()
@@ -255,7 +245,7 @@ def test_deployment_across_namespaces(tmp_path: Path, method: str) -> None:
         assert any(not torch.equal(final[k], v) for k, v in initial.to_torch_state_dict().items())
 
         # 6. client state survived between the per-message ClientApp processes
-        counts = [r["participations"] for r in _rows(run_dir / "timings.jsonl")]
+        counts = [r["participations"] for r in read_jsonl(run_dir / "timings.jsonl")]
         assert counts == [[1, 1, 1]] + [[r, r] for r in range(2, ROUNDS + 1)]
         on_disk = list((tmp_path / "node0" / "state").glob("run-*/partition-0/fedskew-participation.json"))
         assert len(on_disk) == 1 and json.loads(on_disk[0].read_text())["rounds"] == list(range(1, ROUNDS + 1))

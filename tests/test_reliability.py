@@ -112,21 +112,19 @@ def test_resume_ends_with_the_same_metrics_as_an_uninterrupted_run(job, ref, tmp
     )
 
 
-def test_fedmr_resume_restores_the_global_prototypes(job, tmp_path) -> None:
-    over = {"method": "fedmr", "num-server-rounds": 3, "checkpoint-every": 1}
-    full = job(**over, **{"run-name": "mr-full"})
+@pytest.mark.parametrize(
+    "over",
+    [
+        {"method": "fedmr"},  # server state: the global prototypes
+        {"method": "mupfl", "model": "lenet", "fraction-train": 0.5},  # personal models, synthetic features
+    ],
+    ids=["fedmr", "mupfl"],
+)
+def test_resume_restores_the_strategy_state(job, tmp_path, over: dict) -> None:
+    over = {**over, "num-server-rounds": 3, "checkpoint-every": 1}
+    full = job(**over, **{"run-name": "full"})
     crash = {(p, 3): raise_error for p in sampled(full, 3)}
     with pytest.raises(RuntimeError):
-        job(crash, **over, **{"run-name": "mr-cut", "round-retries": 0})
-    job(**over, **{"run-name": "mr-cut", "resume": True})
-    assert (tmp_path / "mr-cut" / "metrics.jsonl").read_text() == (full / "metrics.jsonl").read_text()
-
-
-def test_mupfl_resume_restores_personal_models_and_features(job, tmp_path) -> None:
-    over = {"method": "mupfl", "model": "lenet", "num-server-rounds": 3, "checkpoint-every": 1, "fraction-train": 0.5}
-    full = job(**over, **{"run-name": "mu-full"})
-    crash = {(p, 3): raise_error for p in sampled(full, 3)}
-    with pytest.raises(RuntimeError):
-        job(crash, **over, **{"run-name": "mu-cut", "round-retries": 0})
-    job(**over, **{"run-name": "mu-cut", "resume": True})
-    assert (tmp_path / "mu-cut" / "metrics.jsonl").read_text() == (full / "metrics.jsonl").read_text()
+        job(crash, **over, **{"run-name": "cut", "round-retries": 0})
+    job(**over, **{"run-name": "cut", "resume": True})
+    assert (tmp_path / "cut" / "metrics.jsonl").read_text() == (full / "metrics.jsonl").read_text()
