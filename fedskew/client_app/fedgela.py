@@ -26,7 +26,7 @@ def received_etf(content: RecordDict, feature_dim: int, num_classes: int) -> tor
     """The broadcast ETF `[d, C]`, after checking its shape and its checksum against `etf-info`."""
     if "etf" not in content or "etf-info" not in content:
         raise ValueError("FedGELA: the server message lacks the 'etf' / 'etf-info' records")
-    etf = content["etf"]["etf"].torch()
+    etf = torch.from_numpy(content["etf"]["etf"].numpy())
     if tuple(etf.shape) != (feature_dim, num_classes):
         raise ValueError(f"FedGELA: ETF has shape {tuple(etf.shape)}, the model needs ({feature_dim}, {num_classes})")
     expected = str(content["etf-info"]["sha256"])

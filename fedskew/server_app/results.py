@@ -72,9 +72,7 @@ class RunOutput:
             (self.dir / stale).unlink(missing_ok=True)
         write_json(self.dir / "config.json", cfg)
 
-    def log_round(
-        self, metrics: dict[str, Any], timings: dict[str, Any], failures: list[dict[str, Any]] = ()
-    ) -> None:
+    def log_round(self, metrics: dict[str, Any], timings: dict[str, Any], failures: list[dict[str, Any]] = ()) -> None:
         """Append the round's metrics, timings and lost replies (`failures.jsonl`)."""
         append_jsonl(self.dir / "metrics.jsonl", metrics)
         append_jsonl(self.dir / "timings.jsonl", timings)

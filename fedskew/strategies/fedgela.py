@@ -52,4 +52,3 @@ class FedGELAStrategy(FedAvgStrategy):
             "etf": ArrayRecord({"etf": self.etf}),
             "etf-info": ConfigRecord({"sha256": self.etf_sha256, "seed": self.cfg["fedgela-etf-seed"]}),
         }
-
