@@ -79,6 +79,12 @@ METHODS: dict[str, MethodSpec] = {
             ),
             adapt=Param(bool, True, "FedGELA: local adaptation phi_k (false = FedGE ablation, plain ETF)"),
             etf_seed=Param(int, 0, "FedGELA: seed of the server's random simplex ETF", low=0),
+            feature_norm=Param(
+                str,
+                "l2",
+                "FedGELA features: 'l2' (paper) or 'bn' (BatchNorm1d, authors' code) then L2",
+                choices=("l2", "bn"),
+            ),
             clip=Param(float, 20.0, "FedGELA: local gradient-norm clip (authors' code; 0 = off)", low=0.0),
         ),
     )

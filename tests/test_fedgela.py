@@ -105,12 +105,15 @@ def server_message(strategy: FedGELAStrategy) -> RecordDict:
     return RecordDict({"arrays": arrays, "config": ConfigRecord({"server-round": 1}), **strategy.broadcast(1)})
 
 
-def test_client_trains_backbone_only_and_uploads_it(task_identity) -> None:
-    cfg = validate({"method": "fedgela", "batch-size": 16, "local-epochs": 2})
+@pytest.mark.parametrize("feature_norm", ["l2", "bn"])
+def test_client_trains_backbone_only_and_uploads_it(task_identity, feature_norm: str) -> None:
+    # 70 training samples in batches of 23: the last batch has one sample (BatchNorm1d must cope)
+    cfg = validate({"method": "fedgela", "batch-size": 23, "local-epochs": 2, "fedgela-feature-norm": feature_norm})
     strategy = FedGELAStrategy(cfg)
     content = server_message(strategy)
     backbone = strategy.build_model().state_dict()
     assert backbone and all(k.startswith("features.") for k in backbone)
+    assert any("running_mean" in k for k in backbone) == (feature_norm == "bn")
     assert list(content["arrays"].keys()) == list(backbone)  # the downlink carries no classifier
 
     trainer = make_trainer(cfg, torch.tensor([1, 7] * 40))

@@ -18,7 +18,7 @@ from flwr.app import RecordDict
 from torch import nn
 
 from fedskew.client_app.fedavg import FedAvgTrainer
-from fedskew.losses.fedgela import ETFNet, etf_checksum, local_phi
+from fedskew.losses.fedgela import ETFNet, etf_backbone, etf_checksum, local_phi
 from fedskew.models import build_model
 
 
@@ -58,7 +58,8 @@ class FedGELATrainer(FedAvgTrainer):
 
     def build_model(self) -> ETFNet:
         net = build_model(self.cfg["model"], self.cfg["dataset"])
-        model = ETFNet(net.features, self.etf, self.cfg["fedgela-ew"], self.phi, self.cfg["fedgela-mode"])
+        backbone = etf_backbone(net.features, net.feature_dim, self.cfg["fedgela-feature-norm"])
+        model = ETFNet(backbone, self.etf, self.cfg["fedgela-ew"], self.phi, self.cfg["fedgela-mode"])
         return model.to(self.device)
 
     def optimizer(self, model: nn.Module) -> torch.optim.Optimizer:

@@ -22,6 +22,10 @@ Decisions where spec (`shared/methods/fedgela.md`) and paper differ or are silen
 - Scale (A5): L2-normalised features as the paper says ("we normalize features with length 1"),
   and s = sqrt(E_W) with E_W = 1e4 by default (paper: tuned in 10^3..10^6). Large s * phi gives
   large gradients, so the client clips the gradient norm (20, as the authors' code).
+- Feature normalisation (A6): "l2" (paper, default) or "bn": a trainable BatchNorm1d(d) appended
+  to the backbone (the authors' code), here followed by the same L2 normalisation so that E_W keeps
+  its meaning. Our backbones end in a ReLU, so "l2" features live in the positive orthant, where
+  they cannot reach the ETF directions (cos(h, m_c) <= ||m_c^+||); "bn" removes that restriction.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 MODES = ("all", "local")
+FEATURE_NORMS = ("l2", "bn")
 
 
 def make_etf(d: int, num_classes: int, seed: int) -> torch.Tensor:
@@ -96,6 +101,25 @@ def gela_logits(
     if mode == "local":
         z = z.masked_fill(phi.unsqueeze(0) == 0, float("-inf"))
     return z
+
+
+class _BatchNorm1dAnyBatch(nn.BatchNorm1d):
+    """BatchNorm1d that uses its running statistics for a training batch of one sample."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and x.shape[0] == 1:
+            return F.batch_norm(x, self.running_mean, self.running_var, self.weight, self.bias, False, 0.0, self.eps)
+        return super().forward(x)
+
+
+def etf_backbone(features: nn.Module, feature_dim: int, feature_norm: str = "l2") -> nn.Module:
+    """The trained backbone: `features` ("l2"), or `features` + a trainable BatchNorm1d(d) ("bn",
+    the authors' code's "etf" proxy) that centres the ReLU features before the L2 normalisation."""
+    if feature_norm == "l2":
+        return features
+    if feature_norm == "bn":
+        return nn.Sequential(features, _BatchNorm1dAnyBatch(feature_dim))
+    raise ValueError(f"feature_norm={feature_norm!r} must be one of {FEATURE_NORMS}")
 
 
 class ETFNet(nn.Module):

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from flwr.app import ArrayRecord, ConfigRecord
 
-from fedskew.losses.fedgela import ETFNet, etf_checksum, make_etf
+from fedskew.losses.fedgela import ETFNet, etf_backbone, etf_checksum, make_etf
 from fedskew.strategies.fedavg import FedAvgStrategy
 
 BACKBONE = "features."
@@ -37,7 +37,9 @@ class FedGELAStrategy(FedAvgStrategy):
         """Backbone + plain ETF: the centrally evaluated global model. Its state dict is the
         backbone only, so the base's `initial_arrays` (FedAvg's seeded backbone weights),
         `global_model` and `aggregate_arrays` all work on backbones."""
-        return ETFNet(super().build_model().features, self.etf, self.cfg["fedgela-ew"])
+        net = super().build_model()
+        backbone = etf_backbone(net.features, net.feature_dim, self.cfg["fedgela-feature-norm"])
+        return ETFNet(backbone, self.etf, self.cfg["fedgela-ew"])
 
     def expected_upload(self, arrays: ArrayRecord) -> dict[str, tuple[tuple[int, ...], str]]:
         """Exactly the backbone's tensors (from the model definition, not from what was sent)."""
