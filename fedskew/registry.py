@@ -144,6 +144,33 @@ METHODS: dict[str, MethodSpec] = {
                 bool, True, "MAP: average uploads uniformly (Alg. 1); false = aggregation-weights"
             ),
         ),
+        _m(
+            "fedgela",
+            "fedgela:FedGELAStrategy",
+            "fedgela:FedGELATrainer",
+            ew=Param(
+                float,
+                1e4,
+                "FedGELA: classifier length E_W; logits scale sqrt(E_W) (paper: 1e3..1e6)",
+                low=0.0,
+                low_open=True,
+            ),
+            mode=Param(
+                str,
+                "all",
+                "FedGELA softmax: 'all' C-way, missing logits 0 (code); 'local' over C_k (Eq. 5)",
+                choices=("all", "local"),
+            ),
+            adapt=Param(bool, True, "FedGELA: local adaptation phi_k (false = FedGE ablation, plain ETF)"),
+            etf_seed=Param(int, 0, "FedGELA: seed of the server's random simplex ETF", low=0),
+            feature_norm=Param(
+                str,
+                "bn",
+                "FedGELA features: 'bn' (BatchNorm1d, authors' code) then L2, or 'l2' only (paper text)",
+                choices=("l2", "bn"),
+            ),
+            clip=Param(float, 20.0, "FedGELA: local gradient-norm clip (authors' code; 0 = off)", low=0.0),
+        ),
     )
 }
 

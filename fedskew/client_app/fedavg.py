@@ -7,6 +7,7 @@ and metrics. Subclasses override only the hooks that differ (FL-bench style):
     build_model      the network (default: `model` from the run config)
     load_global      how the downloaded arrays enter the model
     loss             the local objective on one mini-batch (default: cross-entropy)
+    optimizer        the local optimiser (default: `sgd` from the run config, fresh each round)
     local_train      the whole local procedure (default: `train_epochs` on `loss`)
     personalized_model  what "personalized accuracy" measures (default: the trained model)
     upload           the ArrayRecord sent back (default: the whole state dict)
@@ -86,13 +87,16 @@ class FedAvgTrainer:
     def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return cross_entropy_loss(model, x, y)
 
+    def optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        return sgd(model.parameters(), self.cfg)
+
     def local_train(self, model: nn.Module, content: RecordDict) -> dict[str, float]:
         return train_epochs(
             model,
             self.data.x_train,
             self.data.y_train,
             self.loss,
-            sgd(model.parameters(), self.cfg),
+            self.optimizer(model),
             self.cfg["local-epochs"],
             self.cfg["batch-size"],
             self.ctx.generator,
