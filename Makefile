@@ -36,7 +36,7 @@ test: venv data
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
 lint: venv
-	$(VENV)/bin/ruff check fedskew tests
+	$(VENV)/bin/ruff check fedskew tests benchmarks
 
 clean:
 	rm -rf $(VENV) .flwr-home .pytest_cache

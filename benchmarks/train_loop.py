@@ -74,8 +74,10 @@ def main() -> None:
             loop(model, x, y, opt, args.epochs, args.batch_size, torch.Generator().manual_seed(0))
             best[name] = min(best[name], time.perf_counter() - t0)
     n = args.samples * args.epochs
-    print(f"model={args.model} samples={args.samples} epochs={args.epochs} batch={args.batch_size} "
-          f"threads={args.threads} (best of {args.repeats})")
+    print(
+        f"model={args.model} samples={args.samples} epochs={args.epochs} batch={args.batch_size} "
+        f"threads={args.threads} (best of {args.repeats})"
+    )
     for name, t in best.items():
         print(f"  {name:<11} {t:7.3f} s  {n / t:9.0f} samples/s  ratio to plain {t / best['plain']:.3f}")
 
