@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MessageType, MetricRecord, RecordDict
 
 from fedskew.config import validate
 from fedskew.strategies.aggregate import summarize_clients, weighted_average
@@ -101,9 +101,11 @@ def test_bad_replies_are_dropped_and_logged(setup) -> None:
     assert all(np.allclose(v.numpy(), 1.0) for v in new.values())
     reasons = " ".join(f["reason"] for f in strategy.failures)
     assert "NaN" in reasons and "expected" in reasons
-    error = Message(RecordDict(), reply_to=msgs[0])
-    new, metrics = strategy.aggregate_train(1, [error])
-    assert new is None and metrics["failures"] == 1
+    error = Message(Error(code=0, reason="ValueError: boom"), reply_to=msgs[0])
+    new, metrics = strategy.aggregate_train(1, [error])  # the other two sampled nodes sent nothing
+    assert new is None and metrics["failures"] == 3
+    reasons = sorted(f["reason"] for f in strategy.failures)
+    assert reasons[0] == "ValueError: boom" and all("no reply within round-timeout" in r for r in reasons[1:])
 
 
 def test_sampling_is_seeded_by_partition_not_node_id(task_identity) -> None:
@@ -125,6 +127,7 @@ def test_weighted_average_properties() -> None:
     same = weighted_average(models, [1, 1, 1, 1])
     assert np.allclose(same["w"], np.mean([m["w"] for m in models], axis=0), atol=1e-6)
     assert same["w"].dtype == np.float32 and same["n"].dtype == np.int64 and same["n"] == 4
+    assert same["n"].shape == () and same["w"].shape == (3, 2)  # BN's 0-d counters stay 0-d
     one = weighted_average(models, [0, 0, 3, 0])
     assert np.array_equal(one["w"], models[2]["w"])
     scaled = weighted_average(models, [2, 4, 6, 8])

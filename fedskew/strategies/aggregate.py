@@ -18,10 +18,11 @@ def weighted_average(models: Sequence[Mapping[str, np.ndarray]], weights: Sequen
     w = w / w.sum()
     out = {}
     for key, first in models[0].items():
-        acc = sum(wk * np.asarray(m[key], dtype=np.float64) for wk, m in zip(w, models, strict=True))
-        out[key] = (
-            np.rint(acc).astype(first.dtype) if np.issubdtype(first.dtype, np.integer) else acc.astype(first.dtype)
-        )
+        acc = np.asarray(sum(wk * np.asarray(m[key], dtype=np.float64) for wk, m in zip(w, models, strict=True)))
+        if np.issubdtype(first.dtype, np.integer):
+            acc = np.rint(acc)
+        out[key] = acc.astype(first.dtype).reshape(np.shape(first))  # 0-d buffers stay 0-d
+
     return out
 
 

@@ -39,7 +39,8 @@ def arrays_to_numpy(rec: ArrayRecord) -> dict[str, np.ndarray]:
 
 
 def numpy_to_arrays(arrays: dict[str, np.ndarray]) -> ArrayRecord:
-    return ArrayRecord({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()})
+    # np.array keeps 0-d arrays 0-d (np.ascontiguousarray would make them 1-d)
+    return ArrayRecord({k: torch.from_numpy(np.array(v, order="C")) for k, v in arrays.items()})
 
 
 class FedAvgStrategy(FedAvg):
