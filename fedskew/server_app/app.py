@@ -70,7 +70,7 @@ def train_round(
     """Send one round, wait up to `round-timeout`, aggregate what arrived.
 
     A node that errs, sends a bad payload or does not answer in time is a logged failure. The round
-    stands when at least `min-replies` usable replies arrived (or every sampled node answered);
+    stands when at least `min-replies` usable replies arrived (all of them when fewer nodes were sampled);
     otherwise it is tried again up to `round-retries` times, then the run stops with the reason.
     """
     for attempt in range(cfg["round-retries"] + 1):
