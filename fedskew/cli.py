@@ -98,10 +98,11 @@ def flwr_bin(name: str) -> str:
 
 
 class PrivateSuperLink:
-    """A simulation SuperLink on a free localhost port, owned (and killed) by this process."""
+    """A SuperLink on a free localhost port, owned (and killed) by this process: a simulation one,
+    or (`simulation=False`) a deployment one that SuperNodes connect to without TLS."""
 
-    def __init__(self, home: Path, env: dict[str, str]) -> None:
-        self.home, self.env = home, env
+    def __init__(self, home: Path, env: dict[str, str], simulation: bool = True) -> None:
+        self.home, self.env, self.simulation = home, env, simulation
         self.port = free_port()
         self.connection = f"fedskew-{self.port}"
         self.log_path = home / f"superlink-{self.port}.log"
@@ -121,7 +122,7 @@ class PrivateSuperLink:
             [
                 flwr_bin("flower-superlink"),
                 "--insecure",
-                "--simulation",
+                *(["--simulation"] if self.simulation else []),
                 "--host",
                 "127.0.0.1",
                 "--port",
@@ -174,17 +175,29 @@ def run_simulation(
     stream: bool = True,
 ) -> dict[str, Any]:
     """Run one simulation to its end on a private SuperLink; return the summary or raise RunFailed."""
+    env = flower_env(app_dir)
+    with PrivateSuperLink(Path(env["FLWR_HOME"]), env) as link:
+        fed = " ".join([f"num-supernodes={num_supernodes}", *federation_config])
+        return submit(app_dir, link, overrides, ["--federation-config", fed], stream)
+
+
+def flower_env(app_dir: Path) -> dict[str, str]:
+    """This environment with Flower's offline settings, its binaries on PATH and a FLWR_HOME."""
     env = {**os.environ, **FLWR_ENV}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # flower-superexec etc.
     env.setdefault("FLWR_HOME", str(app_dir / ".flwr-home"))
-    home = Path(env["FLWR_HOME"])
-    with PrivateSuperLink(home, env) as link, tempfile.TemporaryDirectory() as tmp:
+    return env
+
+
+def submit(
+    app_dir: Path, link: PrivateSuperLink, overrides: dict[str, Any], flwr_args: list[str], stream: bool = True
+) -> dict[str, Any]:
+    """`flwr run` the app on `link` (extra `flwr_args`), wait for its end; the summary or RunFailed."""
+    env = link.env
+    with tempfile.TemporaryDirectory() as tmp:
         conf = Path(tmp) / "run-config.toml"
         conf.write_text("".join(f"{json.dumps(k)} = {json.dumps(v)}\n" for k, v in overrides.items()))
-        fed = " ".join([f"num-supernodes={num_supernodes}", *federation_config])
-        started = _flwr_json(
-            ["run", str(app_dir), link.connection, "--run-config", str(conf), "--federation-config", fed], env
-        )
+        started = _flwr_json(["run", str(app_dir), link.connection, "--run-config", str(conf), *flwr_args], env)
         if not started.get("success", True) or "run-id" not in started:
             raise RunFailed(f"flwr run refused the job: {started}")
         run_id = started["run-id"]
