@@ -14,20 +14,15 @@ samples, epochs, batch size, optimiser), round by round, with the same sampled p
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from _common import simulate
 
-from fedskew.cli import prepare_config, run_simulation
 from fedskew.data.clients import load_client_data
 from fedskew.models import build_model
-
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def plain_round(cfg: dict, partitions: list[int], num_clients: int) -> float:
@@ -59,24 +54,15 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="torch threads, in the ClientApp and here")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    with tempfile.TemporaryDirectory() as out:
-        over = {
-            "method": "fedavg",
-            "model": args.model,
-            "num-server-rounds": args.rounds,
-            "fraction-train": args.per_round / args.clients,
-            "checkpoint-every": 0,
-            "torch-threads": args.threads,
-            "out-dir": out,
-            "run-name": "bench",
-        }
-        cfg, subm = prepare_config(ROOT, over, args.clients)
-        t0 = time.perf_counter()
-        run_simulation(ROOT, subm, args.clients, [], stream=False)
-        wall = time.perf_counter() - t0
-        run_dir = Path(out) / "bench"
-        timings = [json.loads(line) for line in (run_dir / "timings.jsonl").read_text().splitlines()]
-        metrics = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    over = {
+        "method": "fedavg",
+        "model": args.model,
+        "num-server-rounds": args.rounds,
+        "fraction-train": args.per_round / args.clients,
+        "checkpoint-every": 0,
+        "torch-threads": args.threads,
+    }
+    cfg, wall, _, timings, metrics = simulate(over, args.clients)
     steady = timings[1:]
     round_s = statistics.median(t["seconds"] for t in steady)
     train_s = statistics.median(t["clients-seconds"] for t in steady)  # send -> all replies in

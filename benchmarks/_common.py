@@ -1,0 +1,138 @@
+"""Helpers shared by the benchmark scripts: the checkout on `sys.path`, configs, a private data
+cache, timed in-process ClientApp calls, real `flwr run` simulations, memory of a process tree and
+ratio tables. Every benchmark prints ratios measured within one run (the machines are noisy)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # this checkout's fedskew and tests.harness, not an installed copy
+    sys.path.insert(0, str(ROOT))
+
+from flwr.app import Message  # noqa: E402
+
+from fedskew.cli import FLWR_ENV, app_defaults, prepare_config, run_simulation  # noqa: E402
+from fedskew.config import validate  # noqa: E402
+from tests.harness import InProcessGrid  # noqa: E402
+
+
+def in_process_setup() -> None:
+    """Flower's offline settings, and a task identity so that `Message`s can be built in-process."""
+    os.environ.update(FLWR_ENV)
+    logging.getLogger("flwr").setLevel(logging.ERROR)  # the in-process ServerApp's round log
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.run_id = TaskIdentity.node_id = TaskIdentity.task_id = 1
+
+
+def run_config(**overrides: Any) -> dict[str, Any]:
+    """The app's default run config with `overrides` (keys with '-', as in pyproject.toml)."""
+    return {**app_defaults(ROOT), **overrides}
+
+
+def config(**overrides: Any) -> dict[str, Any]:
+    """`run_config` validated (typed values, method keys checked)."""
+    return validate(run_config(**overrides))
+
+
+@contextlib.contextmanager
+def private_cache() -> Iterator[Path]:
+    """Node data cache in a fresh temporary folder (`$FEDSKEW_CACHE`): first loads are real misses,
+    and nothing is added to the user's cache. Child processes inherit it."""
+    old = os.environ.get("FEDSKEW_CACHE")
+    with tempfile.TemporaryDirectory(prefix="fedskew-bench-cache-") as d:
+        os.environ["FEDSKEW_CACHE"] = d
+        try:
+            yield Path(d)
+        finally:
+            if old is None:
+                os.environ.pop("FEDSKEW_CACHE", None)
+            else:
+                os.environ["FEDSKEW_CACHE"] = old
+
+
+class TimedGrid(InProcessGrid):
+    """The tests' in-process Grid (real ClientApp, per-node contexts that keep state), timing every
+    ClientApp call; `visible` limits the nodes the server sees to the first ones."""
+
+    def __init__(self, num_nodes: int, run_config: dict[str, Any], visible: int | None = None) -> None:
+        super().__init__(num_nodes, run_config)
+        self.visible = list(self.contexts)[: visible or num_nodes]
+        self.calls: list[tuple[str, int, float]] = []  # (message type, partition id, seconds)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self.visible)
+
+    def send_and_receive(self, messages: Iterable[Message], timeout: float | None = None) -> Iterable[Message]:
+        replies = []
+        for msg in messages:
+            t0 = time.perf_counter()
+            replies.extend(super().send_and_receive([msg], timeout))
+            pid = int(self.contexts[msg.metadata.dst_node_id].node_config["partition-id"])
+            self.calls.append((msg.metadata.message_type, pid, time.perf_counter() - t0))
+        return replies
+
+    def seconds(self, message_type: str) -> float:
+        return sum(s for t, _, s in self.calls if t == message_type)
+
+
+def simulate(overrides: dict[str, Any], num_clients: int) -> tuple[dict[str, Any], float, dict, list[dict], list[dict]]:
+    """One real `flwr run` simulation (private SuperLink, Ray); returns (config, wall seconds
+    (to the nearest status poll, about 5 s), summary.json, timings.jsonl rows, metrics.jsonl rows)."""
+    with tempfile.TemporaryDirectory() as out:
+        cfg, subm = prepare_config(ROOT, {**overrides, "out-dir": out, "run-name": "bench"}, num_clients)
+        t0 = time.perf_counter()
+        summary = run_simulation(ROOT, subm, num_clients, [], stream=False)
+        wall = time.perf_counter() - t0
+        run_dir = Path(out) / "bench"
+        timings, metrics = (read_jsonl(run_dir / f) for f in ("timings.jsonl", "metrics.jsonl"))
+    return cfg, wall, summary, timings, metrics
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def tree_pss(root_pid: int, include_root: bool = True) -> int:
+    """Proportional set size (bytes) of a process and all its descendants (Linux /proc): shared
+    pages are split between the processes that map them, so the sum is not double counted."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError, ValueError):
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+                children.setdefault(ppid, []).append(int(entry.name))
+    total, todo = 0, [root_pid]
+    while todo:
+        pid = todo.pop()
+        todo.extend(children.get(pid, []))
+        if pid == root_pid and not include_root:
+            continue
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total += int(line.split()[1]) * 1024
+    return total
+
+
+def median(values: Iterable[float]) -> float:
+    return statistics.median(list(values))
+
+
+def print_ratios(title: str, rows: Sequence[tuple[str, float]], unit: str = "s", base: str | None = None) -> None:
+    """One line per (name, value) with its ratio to the row `base` (default: the first)."""
+    ref = dict(rows)[base] if base is not None else rows[0][1]
+    print(title)
+    for name, value in rows:
+        print(f"  {name:<34} {value:10.4f} {unit}   ratio {value / ref:7.3f}")

@@ -1,0 +1,35 @@
+"""The benchmark scripts run (`--quick`, tiny sizes) and print their ratios."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+
+@pytest.mark.parametrize(
+    ("script", "expected"),
+    [
+        ("client_time.py", ["ratio to fedavg", "mupfl", "fedgela"]),
+        ("server_steps.py", ["t(N)/t(3)", "mupfl ACMU", "mupfl PKCF", "fedmr prototypes"]),
+        ("scale.py", ["ratio 40/20", "round - central eval s", "Python memory per extra idle node"]),
+        ("deploy_breakdown.py", ["share", "ratio first / later message", "import torch"]),
+    ],
+)
+def test_benchmark_prints_its_ratios(script: str, expected: list[str]) -> None:
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
+    res = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / script), "--quick"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    for text in expected:
+        assert text in res.stdout, res.stdout[-3000:]
