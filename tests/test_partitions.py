@@ -154,3 +154,13 @@ def test_statistics_table_and_picture(tmp_path) -> None:
     assert "1000" in text  # 500 + 500 samples of two classes
     plot_counts(counts, tmp_path / "p.png")
     assert (tmp_path / "p.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_picture_of_many_clients_stays_bounded(tmp_path) -> None:
+    """1,000 clients give a heatmap at most 16 inches (1,600 px at 100 dpi) wide, not 30,000 px."""
+    import struct
+
+    counts = np.random.default_rng(0).integers(0, 50, size=(1000, 10))
+    plot_counts(counts, tmp_path / "p.png")
+    width, height = struct.unpack(">II", (tmp_path / "p.png").read_bytes()[16:24])
+    assert width <= 1600 and height <= 1600

@@ -28,21 +28,27 @@ def format_counts(counts: np.ndarray, max_rows: int = 20) -> str:
     return "\n".join(rows)
 
 
-def plot_counts(counts: np.ndarray, path: str | Path, title: str = "") -> None:
-    """Save a bubble chart: client on x, class on y, area proportional to the count."""
+def plot_counts(counts: np.ndarray, path: str | Path, title: str = "", max_inches: float = 16.0) -> None:
+    """Save a bubble chart (client on x, class on y, area proportional to the count); with more
+    than 60 clients or classes a heatmap instead, so the figure stays at most `max_inches` wide."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     k, c = counts.shape
-    xs, ys = np.meshgrid(np.arange(k), np.arange(c), indexing="ij")
-    sizes = 400.0 * counts / max(counts.max(), 1)
-    fig, ax = plt.subplots(figsize=(max(4.0, 0.3 * k + 2), max(3.0, 0.3 * c + 1.5)))
-    ax.scatter(xs.ravel(), ys.ravel(), s=sizes.ravel(), c="tab:red", alpha=0.6)
+    size = (min(max_inches, max(4.0, 0.3 * k + 2)), min(max_inches, max(3.0, 0.3 * c + 1.5)))
+    fig, ax = plt.subplots(figsize=size)
+    if k <= 60 and c <= 60:
+        xs, ys = np.meshgrid(np.arange(k), np.arange(c), indexing="ij")
+        sizes = 400.0 * counts / max(counts.max(), 1)
+        ax.scatter(xs.ravel(), ys.ravel(), s=sizes.ravel(), c="tab:red", alpha=0.6)
+        ax.set_yticks(range(c) if c <= 20 else range(0, c, max(1, c // 10)))
+    else:
+        image = ax.imshow(counts.T, aspect="auto", origin="lower", cmap="Reds", interpolation="nearest")
+        fig.colorbar(image, ax=ax, label="samples")
     ax.set_xlabel("client")
     ax.set_ylabel("class")
-    ax.set_yticks(range(c) if c <= 20 else range(0, c, max(1, c // 10)))
     ax.set_title(title or f"{k} clients, {c} classes")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
