@@ -112,6 +112,9 @@ COMMON: dict[str, Param] = {
     "local-epochs": Param(int, 1, "local epochs per round", low=1),
     "batch-size": Param(int, 64, "local mini-batch size", low=1),
     "lr": Param(float, 0.01, "local SGD learning rate", low=0.0, low_open=True),
+    "lr-warmup-rounds": Param(
+        int, 0, "linear lr warm-up: round r trains at lr * min(r / N, 1); 0 = off (MAP/FedRS code: 5)", low=0
+    ),
     "momentum": Param(float, 0.9, "local SGD momentum", low=0.0, high=1.0, high_open=True),
     "weight-decay": Param(float, 1e-4, "local SGD weight decay", low=0.0),
     "aggregation-weights": Param(

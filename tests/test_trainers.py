@@ -129,3 +129,10 @@ def test_client_rejects_bad_server_arrays(edit, needle: str) -> None:
     content["arrays"] = ArrayRecord(arrays)
     with pytest.raises(ValueError, match=needle):
         make_trainer(FedAvgTrainer, make_data()).fit(content)
+
+
+def test_warmup_lr_ramps_linearly_then_holds() -> None:
+    from fedskew.training import warmup_lr
+
+    assert [warmup_lr(0.03, r, 5) for r in (1, 2, 5, 6, 100)] == pytest.approx([0.006, 0.012, 0.03, 0.03, 0.03])
+    assert warmup_lr(0.03, 1, 0) == 0.03  # off
