@@ -82,10 +82,13 @@ def test_bad_replies_never_reach_the_model_and_are_logged(job, ref) -> None:
     assert summary["final_global_accuracy"] > 0.5
 
 
-def test_too_few_replies_retries_then_stops_with_the_reason(job, ref) -> None:
+def test_too_few_replies_retries_then_stops_with_the_reason(job, ref, tmp_path) -> None:
     faults = {(p, 2): raise_error for p in sampled(ref, 2)}
     with pytest.raises(RuntimeError, match=r"round 2: only 0 usable replies \(min-replies=1\) after 2 attempts"):
         job(faults)
+    lost = rows(tmp_path / BASE["run-name"] / "failures.jsonl")  # written although the run stopped
+    assert sorted((f["round"], f["attempt"]) for f in lost) == [(2, 0)] * 3 + [(2, 1)] * 3
+    assert all("injected client crash" in f["reason"] for f in lost)
 
 
 def test_dropped_reply_counts_as_lost_node(job, ref) -> None:

@@ -73,14 +73,15 @@ def train_round(
     stands when at least `min-replies` usable replies arrived (all of them when fewer nodes were sampled);
     otherwise it is tried again up to `round-retries` times, then the run stops with the reason.
     """
+    lost: list[dict[str, Any]] = []  # every attempt's failures, so none is lost if the round fails
     for attempt in range(cfg["round-retries"] + 1):
         messages = list(strategy.configure_train(r, arrays, ConfigRecord({"attempt": attempt}), grid))
         replies = list(grid.send_and_receive(messages, timeout=cfg["round-timeout"]))
         new, record = strategy.aggregate_train(r, replies)  # logs and records every lost node
-        failures = list(strategy.failures)
+        lost += [{**f, "attempt": attempt} for f in strategy.failures]
         metrics = dict(record)
         if messages and metrics["replies"] >= min(cfg["min-replies"], len(messages)):
-            return new, metrics, failures
+            return new, metrics, lost
         log.warning(
             "round %d: %d usable replies of %d sent (min-replies=%d), attempt %d of %d",
             r,
@@ -90,10 +91,19 @@ def train_round(
             attempt + 1,
             cfg["round-retries"] + 1,
         )
-    raise RuntimeError(
+    raise RoundFailedError(
         f"round {r}: only {metrics['replies']} usable replies (min-replies={cfg['min-replies']}) after "
-        f"{cfg['round-retries'] + 1} attempts; the reasons are in the log and failures.jsonl"
+        f"{cfg['round-retries'] + 1} attempts; the reasons are in the log and failures.jsonl",
+        lost,
     )
+
+
+class RoundFailedError(RuntimeError):
+    """A round without enough usable replies after every retry; `failures` lists each lost reply."""
+
+    def __init__(self, message: str, failures: list[dict[str, Any]]) -> None:
+        super().__init__(message)
+        self.failures = failures
 
 
 @app.main()
@@ -130,7 +140,11 @@ def main(grid: Grid, context: Context) -> None:
     for r in range(start, rounds + 1):
         seed_everything(cfg["seed"], r)  # server randomness depends on (seed, round) only: resumable
         t0 = time.perf_counter()
-        new, metrics, failures = train_round(strategy, grid, r, arrays, cfg)
+        try:
+            new, metrics, failures = train_round(strategy, grid, r, arrays, cfg)
+        except RoundFailedError as e:
+            out.log_failures(r, e.failures)  # the run stops: keep the reasons on disk
+            raise
         t_clients = time.perf_counter() - t0
         if new is None:
             log.warning("round %d: no usable reply; the global model is unchanged", r)

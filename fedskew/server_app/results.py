@@ -99,8 +99,12 @@ class RunOutput:
         """Append the round's metrics, timings and lost replies (`failures.jsonl`)."""
         append_jsonl(self.dir / "metrics.jsonl", metrics)
         append_jsonl(self.dir / "timings.jsonl", timings)
+        self.log_failures(metrics["round"], failures)
+
+    def log_failures(self, server_round: int, failures: list[dict[str, Any]]) -> None:
+        """Append lost replies (node, partition, reason, attempt) to `failures.jsonl`."""
         for f in failures:
-            append_jsonl(self.dir / "failures.jsonl", {"round": metrics["round"], **f})
+            append_jsonl(self.dir / "failures.jsonl", {"round": server_round, **f})
 
     def finish(self, summary: dict[str, Any], state_dict: dict[str, torch.Tensor]) -> None:
         torch.save({k: v.cpu() for k, v in state_dict.items()}, self.dir / "model.pt")
