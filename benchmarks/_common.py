@@ -5,7 +5,6 @@ ratio tables. Every benchmark prints ratios measured within one run (the machine
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import statistics
@@ -24,6 +23,7 @@ from flwr.app import Message  # noqa: E402
 
 from fedskew.cli import FLWR_ENV, app_defaults, prepare_config, run_simulation  # noqa: E402
 from fedskew.config import validate  # noqa: E402
+from fedskew.server_app.results import read_jsonl  # noqa: E402
 from tests.harness import InProcessGrid  # noqa: E402
 
 
@@ -98,10 +98,6 @@ def simulate(overrides: dict[str, Any], num_clients: int) -> tuple[dict[str, Any
         run_dir = Path(out) / "bench"
         timings, metrics = (read_jsonl(run_dir / f) for f in ("timings.jsonl", "metrics.jsonl"))
     return cfg, wall, summary, timings, metrics
-
-
-def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines()]
 
 
 def tree_pss(root_pid: int, include_root: bool = True) -> int:
