@@ -21,8 +21,8 @@ if str(ROOT) not in sys.path:  # this checkout's fedskew and tests.harness, not 
 
 from flwr.app import Message  # noqa: E402
 
-from fedskew.cli import FLWR_ENV, app_defaults, prepare_config, run_simulation  # noqa: E402
 from fedskew.config import validate  # noqa: E402
+from fedskew.launcher import FLWR_ENV, app_defaults, prepare_config, run_simulation  # noqa: E402
 from fedskew.server_app.results import read_jsonl  # noqa: E402
 from tests.harness import InProcessGrid  # noqa: E402
 

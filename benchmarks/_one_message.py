@@ -31,9 +31,9 @@ def main() -> None:
 
     get_method(method).trainer_class()
     marks["import ClientApp"] = time.perf_counter()
-    from fedskew.cli import app_defaults
     from fedskew.config import validate
     from fedskew.data.node import load_node_data
+    from fedskew.launcher import app_defaults
 
     run_config = {**app_defaults(Path(__file__).resolve().parent.parent), "method": method}
     node_config = {"partition-id": pid, "num-partitions": num}

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from _common import ROOT, median, private_cache, read_jsonl
 
-from fedskew.cli import PrivateSuperLink, flower_env, flwr_bin, free_port, submit
+from fedskew.launcher import PrivateSuperLink, flower_env, flwr_bin, free_port, submit
 
 CHILD = Path(__file__).resolve().parent / "_one_message.py"
 PARTS = ("import torch", "import flwr", "import ClientApp", "data load", "train (ClientApp call)")

@@ -35,6 +35,7 @@ import yaml
 
 from fedskew.config import ConfigError, validate
 from fedskew.data.clients import client_indices
+from fedskew.launcher import RunFailed, prepare_config, run_simulation
 from fedskew.partitions import PartitionError
 
 SUITE_KEYS = {"name", "num-supernodes", "seeds", "out-dir", "base", "methods", "partitions"}
@@ -125,8 +126,6 @@ def _fmt_eta(seconds: float) -> str:
 
 def run_suite(suite: Suite, app_dir: Path, stream: bool = False) -> None:
     """Run every cell not done yet, with progress and time left; then write the report."""
-    from fedskew.cli import RunFailed, prepare_config, run_simulation
-
     suite.folder.mkdir(parents=True, exist_ok=True)
     todo = [c for c in suite.cells if not (suite.folder / c.run_name / "summary.json").is_file()]
     done_before = len(suite.cells) - len(todo)

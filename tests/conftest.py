@@ -40,7 +40,7 @@ SMALL_JOB: dict[str, Any] = {
 @pytest.fixture
 def flwr_job(tmp_path: Path):
     """Run a real simulation through `flwr run` on a private SuperLink; return (summary, run_dir)."""
-    from fedskew.cli import prepare_config, run_simulation
+    from fedskew.launcher import prepare_config, run_simulation
 
     def run(overrides: dict[str, Any], num_supernodes: int = 5, name: str = "job") -> tuple[dict, Path]:
         merged = {**SMALL_JOB, **overrides, "out-dir": str(tmp_path / "out"), "run-name": name}

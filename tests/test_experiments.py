@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from fedskew import cli
+from fedskew import experiments
 from fedskew.config import ConfigError
 from fedskew.experiments import load_suite, run_suite
 from tests.harness import ROOT, app_defaults
@@ -59,12 +59,12 @@ def test_suite_runs_resumes_and_reports(tmp_path, monkeypatch, capsys) -> None:
     suite = load_suite(write(tmp_path, SUITE.format(out=tmp_path / "out")), app_defaults())
     assert len(suite.cells) == 8
     calls: list = []
-    monkeypatch.setattr(cli, "run_simulation", fake_simulation(calls, crash_at=3))
+    monkeypatch.setattr(experiments, "run_simulation", fake_simulation(calls, crash_at=3))
     with pytest.raises(KeyboardInterrupt):
         run_suite(suite, ROOT)
     assert len(calls) == 3
     calls.clear()
-    monkeypatch.setattr(cli, "run_simulation", fake_simulation(calls))
+    monkeypatch.setattr(experiments, "run_simulation", fake_simulation(calls))
     run_suite(suite, ROOT)
     out = capsys.readouterr().out
     assert "8 cells, 2 already done" in out and "[8/8]" in out and "left" in out
