@@ -33,18 +33,22 @@ from fedskew.launcher import (
 
 def format_summary(s: dict[str, Any]) -> str:
     def pct(v: Any) -> str:
-        return "n/a" if v is None else f"{100 * v:.2f}%"
+        return "    n/a" if v is None else f"{100 * v:6.2f}%"
 
-    return "\n".join(
-        [
-            f"fedskew summary: {s['method']} on {s['dataset']} ({s['partition']}, {s['num-clients']} clients, "
-            f"{s['rounds']} rounds, seed {s['seed']})",
-            f"  global accuracy        final {pct(s['final_global_accuracy'])}   best {pct(s['best_global_accuracy'])}",
-            f"  personalized accuracy  final {pct(s['final_personalized_accuracy'])}",
-            f"  wall time              {s['wall_seconds']:.1f} s",
-            f"  results                {s['run_dir']}",
-        ]
-    )
+    lines = [
+        f"fedskew summary: {s['method']} on {s['dataset']} ({s['partition']}, {s['num-clients']} clients, "
+        f"{s['rounds']} rounds, seed {s['seed']})",
+        f"  {'':<24}" + "  ".join(f"{h:>7}" for h in ("final", "best", "last-10")),
+    ]
+    for label, key in (
+        ("global accuracy", "global_accuracy"),
+        ("client-global accuracy", "client_global_accuracy"),
+        ("personalized accuracy", "personalized_accuracy"),
+    ):
+        values = (s.get(f"final_{key}"), s.get(f"best_{key}"), s.get(f"last10_{key}"))
+        lines.append(f"  {label:<24}" + "  ".join(pct(v) for v in values))
+    lines += [f"  {'wall time':<24}{s['wall_seconds']:.1f} s", f"  {'results':<24}{s['run_dir']}"]
+    return "\n".join(lines)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -37,6 +37,7 @@ from fedskew.config import ConfigError, validate
 from fedskew.data.clients import client_indices
 from fedskew.launcher import RunFailed, prepare_config, run_simulation
 from fedskew.partitions import PartitionError
+from fedskew.server_app.results import LAST_ROUNDS, read_jsonl, round_statistics
 
 SUITE_KEYS = {"name", "num-supernodes", "seeds", "out-dir", "base", "methods", "partitions"}
 
@@ -140,7 +141,14 @@ def run_suite(suite: Suite, app_dir: Path, stream: bool = False) -> None:
         try:
             _, subm = prepare_config(app_dir, over, suite.num_supernodes)
             s = run_simulation(app_dir, subm, suite.num_supernodes, [], stream=stream)
-            result = f"global {s['final_global_accuracy']:.4f}, personalized {s['final_personalized_accuracy']:.4f}"
+            result = "last 10 rounds: " + ", ".join(
+                f"{name} {s[key]:.4f}" if s.get(key) is not None else f"{name} n/a"
+                for name, key in (
+                    ("global", "last10_global_accuracy"),
+                    ("client-global", "last10_client_global_accuracy"),
+                    ("personalized", "last10_personalized_accuracy"),
+                )
+            )
         except RunFailed as e:
             failed.append(cell)
             result = f"FAILED: {e}"
@@ -153,28 +161,39 @@ def run_suite(suite: Suite, app_dir: Path, stream: bool = False) -> None:
 
 
 def _read_rows(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    return read_jsonl(run_dir / "metrics.jsonl")
+
+
+# (column label, round_statistics key): the table's accuracy columns, the last-10-round means first
+COLUMNS = (
+    ("global, last 10", "last10_global_accuracy"),
+    ("global, final", "final_global_accuracy"),
+    ("global, best", "best_global_accuracy"),
+    ("client-global, last 10", "last10_client_global_accuracy"),
+    ("personalized, last 10", "last10_personalized_accuracy"),
+    ("personalized, final", "final_personalized_accuracy"),
+)
 
 
 def collect(suite: Suite) -> list[dict[str, Any]]:
-    """One row per (partition, method): mean and std over the finished seeds."""
+    """One row per (partition, method): mean and std over the finished seeds of every
+    `round_statistics` value (computed from each run's `metrics.jsonl`) and the wall time."""
     table = []
     for p in suite.partition_labels:
         for m in suite.method_labels:
-            sums = []
+            runs = []
             for c in suite.cells:
-                f = suite.folder / c.run_name / "summary.json"
-                if c.partition == p and c.method == m and f.is_file():
-                    sums.append(json.loads(f.read_text()))
-            if not sums:
+                run_dir = suite.folder / c.run_name
+                if c.partition == p and c.method == m and (run_dir / "summary.json").is_file():
+                    summary = json.loads((run_dir / "summary.json").read_text())
+                    runs.append({**round_statistics(_read_rows(run_dir)), "wall_seconds": summary["wall_seconds"]})
+            if not runs:
                 continue
-            row: dict[str, Any] = {"partition": p, "method": m, "seeds": len(sums)}
-            for key in ("final_global_accuracy", "best_global_accuracy", "final_personalized_accuracy"):
-                vals = np.array([s[key] for s in sums if s.get(key) is not None], dtype=float)
+            row: dict[str, Any] = {"partition": p, "method": m, "seeds": len(runs)}
+            for key in runs[0]:
+                vals = np.array([r[key] for r in runs if r[key] is not None], dtype=float)
                 row[f"{key}_mean"] = float(vals.mean()) if len(vals) else float("nan")
                 row[f"{key}_std"] = float(vals.std()) if len(vals) else float("nan")
-            row["wall_seconds_mean"] = float(np.mean([s["wall_seconds"] for s in sums]))
             table.append(row)
     return table
 
@@ -194,16 +213,20 @@ def write_report(suite: Suite) -> list[dict[str, Any]]:
         return f"{100 * row[key + '_mean']:.2f} ± {100 * row[key + '_std']:.2f}"
 
     lines = [
-        f"# {suite.name}: accuracy (%) after the last round, mean ± std over seeds",
+        f"# {suite.name}: accuracy (%), mean ± std over seeds",
         "",
-        "| partition | method | seeds | global (final) | global (best) | personalized (final) | wall s |",
-        "|---|---|---|---|---|---|---|",
+        f"Last 10 = the mean of the last {LAST_ROUNDS} rounds of each run (conclusions are drawn from it: "
+        "label-skewed FL swings several points from round to round). Global: the server's model on the "
+        "official test set. Client-global: the global model each sampled client receives, on its local "
+        "test split, averaged over clients. Personalized: each method's personalized model on the "
+        "client's local test split; for fedavg / fedprox that is the locally trained model (FedAvg-FT).",
+        "",
+        "| partition | method | seeds | " + " | ".join(label for label, _ in COLUMNS) + " | wall s |",
+        "|---|---|---|" + "---|" * (len(COLUMNS) + 1),
     ]
     for r in table:
-        lines.append(
-            f"| {r['partition']} | {r['method']} | {r['seeds']} | {pm(r, 'final_global_accuracy')} | "
-            f"{pm(r, 'best_global_accuracy')} | {pm(r, 'final_personalized_accuracy')} | {r['wall_seconds_mean']:.0f} |"
-        )
+        cells = " | ".join(pm(r, key) for _, key in COLUMNS)
+        lines.append(f"| {r['partition']} | {r['method']} | {r['seeds']} | {cells} | {r['wall_seconds_mean']:.0f} |")
     (suite.folder / "results.md").write_text("\n".join(lines) + "\n")
     for p in suite.partition_labels:
         plot_partition(suite, p)
@@ -211,7 +234,8 @@ def write_report(suite: Suite) -> list[dict[str, Any]]:
 
 
 def plot_partition(suite: Suite, partition: str) -> None:
-    """Global (solid) and personalized (dashed) accuracy per round, mean over seeds, one colour per method."""
+    """Global (solid), client-global (dotted) and personalized (dashed) accuracy per round, mean over
+    seeds, one colour per method."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -227,14 +251,14 @@ def plot_partition(suite: Suite, partition: str) -> None:
             continue
         n = min(len(r) for r in runs)
         rounds = [row["round"] for row in runs[0][:n]]
-        for key, style in (("global-accuracy", "-"), ("personalized-accuracy", "--")):
+        for key, style in (("global-accuracy", "-"), ("client-global-accuracy", ":"), ("personalized-accuracy", "--")):
             vals = np.array([[row.get(key) if row.get(key) is not None else np.nan for row in r[:n]] for r in runs])
             ax.plot(
                 rounds,
                 np.nanmean(vals, axis=0),
                 style,
                 color=f"C{i}",
-                label=f"{m} ({'global' if key.startswith('g') else 'personalized'})",
+                label=f"{m} ({key.removesuffix('-accuracy')})",
             )
     ax.set_xlabel("round")
     ax.set_ylabel("accuracy")

@@ -70,7 +70,10 @@ def test_suite_runs_resumes_and_reports(tmp_path, monkeypatch, capsys) -> None:
     assert "8 cells, 2 already done" in out and "[8/8]" in out and "left" in out
     assert len(calls) == 6  # the two finished cells were skipped, the interrupted one re-run
     md = (suite.folder / "results.md").read_text()
-    assert "| iid | rs | 2 | 75.00 ± 5.00 |" in md and "| c2 | fedavg | 2 | 55.00 ± 5.00 |" in md
+    # columns: global last-10 mean, final, best, ... (global accuracy is acc * r / 3 over rounds 1-3)
+    assert "| iid | rs | 2 | 50.00 ± 3.33 | 75.00 ± 5.00 | 75.00 ± 5.00 |" in md
+    assert "| c2 | fedavg | 2 | 36.67 ± 3.33 | 55.00 ± 5.00 | 55.00 ± 5.00 |" in md
+    assert "FedAvg-FT" in md  # fedavg's personalized model is named for what it is
     assert (suite.folder / "results.csv").read_text().count("\n") == 5
     assert (suite.folder / "accuracy-iid.png").is_file() and (suite.folder / "accuracy-c2.png").is_file()
 

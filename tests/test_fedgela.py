@@ -184,6 +184,33 @@ def test_global_model_uses_plain_etf() -> None:
     assert torch.allclose(model(x), gela_logits(model.features(x), strategy.etf, 10.0), atol=1e-5)
 
 
+def test_client_global_accuracy_is_the_servers_global_model_on_local_data(task_identity) -> None:
+    """FedGELA's received global model is the backbone with the plain ETF (the server's model), not
+    the client's adapted classifier: its logits on the local test split equal the server's."""
+    cfg = validate({"method": "fedgela", "batch-size": 20})
+    strategy = FedGELAStrategy(cfg)
+    content = server_message(strategy)
+    trainer = make_trainer(cfg, torch.tensor([1, 7, 7, 7] * 20))
+    logits: list[torch.Tensor] = []
+    evaluate_local = trainer.evaluate_local
+
+    def record(model: torch.nn.Module) -> tuple[float, float]:
+        model.eval()
+        with torch.no_grad():
+            logits.append(model(trainer.data.x_test))
+        return evaluate_local(model)
+
+    trainer.evaluate_local = record  # type: ignore[method-assign]
+    reply = trainer.fit(content)
+    global_model = strategy.global_model(content["arrays"])
+    global_model.eval()
+    with torch.no_grad():
+        expected = global_model(trainer.data.x_test)
+    assert torch.allclose(logits[0], expected, atol=1e-5)  # the first evaluation: before training
+    accuracy = float((expected.argmax(1) == trainer.data.y_test).float().mean())
+    assert reply["metrics"]["client-global-accuracy"] == pytest.approx(accuracy)
+
+
 def test_gradient_clipping_hook() -> None:
     w = torch.nn.Parameter(torch.zeros(5))
     opt = torch.optim.SGD([w], lr=1.0)

@@ -136,3 +136,18 @@ def test_warmup_lr_ramps_linearly_then_holds() -> None:
 
     assert [warmup_lr(0.03, r, 5) for r in (1, 2, 5, 6, 100)] == pytest.approx([0.006, 0.012, 0.03, 0.03, 0.03])
     assert warmup_lr(0.03, 1, 0) == 0.03  # off
+
+
+def test_client_global_accuracy_is_the_received_model_on_the_local_test_split() -> None:
+    """`client-global-accuracy` evaluates the model as received (before local training), on the same
+    local test split as the personalized model; training then moves the personalized accuracy."""
+    data, content = make_data(), global_content()
+    reply = make_trainer(FedAvgTrainer, data).fit(content)
+    received = build_model("mlp", "fashion-mnist")
+    received.load_state_dict(content["arrays"].to_torch_state_dict())
+    received.eval()
+    with torch.no_grad():
+        expected = float((received(data.x_test).argmax(1) == data.y_test).float().mean())
+    m = reply["metrics"]
+    assert m["client-global-accuracy"] == pytest.approx(expected)
+    assert m["personal-accuracy"] > m["client-global-accuracy"] + 0.3  # an untrained MLP vs a trained one

@@ -5,7 +5,9 @@ the client checks the checksum and the shape (d, C), then trains only the backbo
 cross-entropy on s * phi_k,c * cos(h, m_c), phi_k = C n_{k,c} / n_k from its own training labels
 (computed here, never sent). The ETF and phi are buffers, not parameters: no gradient, no weight
 decay, unchanged by training. The upload is the backbone's state dict only. The personalized model
-is the trained backbone with the adapted ETF (spec §2.7), evaluated right after local training.
+is the trained backbone with the adapted ETF (spec §2.7), evaluated right after local training; the
+received global model (`client-global-accuracy`, the paper's PA of a global model) is the received
+backbone with the plain, unadapted ETF.
 The gradient norm is clipped to `fedgela-clip` (authors' code: 20; 0 turns it off).
 """
 
@@ -61,6 +63,10 @@ class FedGELATrainer(FedAvgTrainer):
         backbone = etf_backbone(net.features, net.feature_dim, self.cfg["fedgela-feature-norm"])
         model = ETFNet(backbone, self.etf, self.cfg["fedgela-ew"], self.phi, self.cfg["fedgela-mode"])
         return model.to(self.device)
+
+    def received_global_model(self, model: nn.Module) -> nn.Module:
+        """The received backbone with the plain ETF (phi = None): the server's global model."""
+        return ETFNet(model.features, self.etf, self.cfg["fedgela-ew"], None, self.cfg["fedgela-mode"])
 
     def optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         opt = super().optimizer(model)
