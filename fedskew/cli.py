@@ -69,8 +69,8 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     suite = load_suite(args.suite, app_defaults(app_dir))
     if args.dry_run:
         for c in suite.cells:
-            print(f"{c.run_name}: {c.overrides}")
-        print(f"{len(suite.cells)} cells x {suite.num_supernodes} clients -> {suite.folder}")
+            print(f"{c.run_name} ({c.num_supernodes} clients): {c.overrides}")
+        print(f"{len(suite.cells)} cells -> {suite.folder}")
         return 0
     if args.report:
         write_report(suite)

@@ -12,8 +12,9 @@ Suite file::
     methods:                          # label -> overrides; `method` defaults to the label
       fedavg: {}
       fedrs-0.5: {method: fedrs, fedrs-alpha: 0.5}
-    partitions:                       # label -> overrides
+    partitions:                       # label -> overrides (may set its own num-supernodes)
       c2: {partition: classes-per-client, classes-per-client: 2}
+      p5c2: {partition: classes-per-client, classes-per-client: 2, num-supernodes: 5}
 
 Every cell's config is validated before anything runs. A cell whose `summary.json` exists is
 skipped, so an interrupted suite resumes where it stopped. At the end (and with `--report`) the
@@ -48,6 +49,7 @@ class Cell:
     partition: str  # label
     seed: int
     overrides: dict[str, Any]
+    num_supernodes: int
 
     @property
     def run_name(self) -> str:
@@ -57,7 +59,6 @@ class Cell:
 @dataclass
 class Suite:
     name: str
-    num_supernodes: int
     out_dir: Path
     cells: list[Cell]
     method_labels: list[str]
@@ -91,32 +92,36 @@ def load_suite(path: str | Path, app_defaults: dict[str, Any]) -> Suite:
     seeds = raw.get("seeds", [0])
     if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and s >= 0 for s in seeds):
         raise ConfigError(f"{path}: seeds={seeds!r} must be a non-empty list of non-negative integers")
-    n = raw.get("num-supernodes", 20)
-    if not isinstance(n, int) or n < 1:
-        raise ConfigError(f"{path}: num-supernodes={n!r} must be a positive integer")
+    n = _num_supernodes(raw.get("num-supernodes", 20), str(path))
     base = _mapping(raw.get("base"), f"{path}: base")
     methods = _mapping(raw.get("methods"), f"{path}: methods") or {"fedavg": {}}
     partitions = _mapping(raw.get("partitions"), f"{path}: partitions") or {"default": {}}
     cells = []
-    for p_label, p_over in partitions.items():
+    for p_label, p_raw in partitions.items():
+        p_over = dict(_mapping(p_raw, f"{path}: partitions.{p_label}"))
+        p_n = _num_supernodes(p_over.pop("num-supernodes", n), f"{path}: partitions.{p_label}")
         for m_label, m_over in methods.items():
             for seed in seeds:
                 over = {
                     **base,
-                    **_mapping(p_over, f"{path}: partitions.{p_label}"),
+                    **p_over,
                     "method": m_label,
                     **_mapping(m_over, f"{path}: methods.{m_label}"),
                     "seed": seed,
                 }
                 try:
-                    client_indices(validate({**app_defaults, **over}), n)  # the partition must be possible
+                    client_indices(validate({**app_defaults, **over}), p_n)  # the partition must be possible
                 except (ConfigError, PartitionError, FileNotFoundError) as e:
                     raise ConfigError(f"{path}: cell {p_label}/{m_label}/seed {seed}: {e}") from None
-                cells.append(Cell(str(m_label), str(p_label), seed, over))
+                cells.append(Cell(str(m_label), str(p_label), seed, over, p_n))
     out_dir = Path(raw.get("out-dir", "outputs/suites")).expanduser().absolute()
-    return Suite(
-        str(raw.get("name", path.stem)), n, out_dir, cells, list(map(str, methods)), list(map(str, partitions))
-    )
+    return Suite(str(raw.get("name", path.stem)), out_dir, cells, list(map(str, methods)), list(map(str, partitions)))
+
+
+def _num_supernodes(value: Any, where: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{where}: num-supernodes={value!r} must be a positive integer")
+    return value
 
 
 def _fmt_eta(seconds: float) -> str:
@@ -139,8 +144,8 @@ def run_suite(suite: Suite, app_dir: Path, stream: bool = False) -> None:
         print(f"{label} ...", flush=True)
         over = {**cell.overrides, "out-dir": str(suite.folder), "run-name": cell.run_name}
         try:
-            _, subm = prepare_config(app_dir, over, suite.num_supernodes)
-            s = run_simulation(app_dir, subm, suite.num_supernodes, [], stream=stream)
+            _, subm = prepare_config(app_dir, over, cell.num_supernodes)
+            s = run_simulation(app_dir, subm, cell.num_supernodes, [], stream=stream)
             result = "last 10 rounds: " + ", ".join(
                 f"{name} {s[key]:.4f}" if s.get(key) is not None else f"{name} n/a"
                 for name, key in (

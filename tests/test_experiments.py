@@ -90,6 +90,7 @@ def test_suite_runs_resumes_and_reports(tmp_path, monkeypatch, capsys) -> None:
         ("partitions: {p: {classes-per-client: 20}}\n", "classes-per-client=20"),
         ("num-supernodes: 0\n", "num-supernodes=0"),
         ("num-supernodes: 3\n", "some class would have no client"),
+        ("partitions: {p: {num-supernodes: 2.5}}\n", "partitions.p: num-supernodes=2.5"),
         ("a: [\n", "not valid YAML"),
     ],
 )
@@ -102,3 +103,10 @@ def test_bad_suites_fail_with_the_key(tmp_path, text: str, needle: str) -> None:
 def test_shipped_suites_validate() -> None:
     for path in sorted((ROOT / "suites").glob("*.yaml")):
         assert load_suite(path, app_defaults()).cells, path
+
+
+def test_a_partition_may_set_its_own_number_of_clients(tmp_path) -> None:
+    text = "num-supernodes: 10\npartitions:\n  p5: {num-supernodes: 5}\n  p10: {}\n"
+    suite = load_suite(write(tmp_path, text), app_defaults())
+    assert {c.partition: c.num_supernodes for c in suite.cells} == {"p5": 5, "p10": 10}
+    assert all("num-supernodes" not in c.overrides for c in suite.cells)  # not a run-config key

@@ -10,13 +10,14 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from fedskew.client_app.fedavg import TrainerContext
-from fedskew.client_app.fedgela import FedGELATrainer, clip_before_step, received_etf
+from fedskew.client_app.fedgela import FedGELATrainer, received_etf
 from fedskew.client_app.state import ClientState
 from fedskew.config import validate
 from fedskew.data.clients import ClientData
 from fedskew.losses.fedgela import ETFNet, etf_checksum, gela_logits, local_phi, make_etf
 from fedskew.partitions.core import classes_per_client_pmcn, dirichlet
 from fedskew.strategies.fedgela import FedGELAStrategy
+from fedskew.training import clip_before_step
 from tests.conftest import read_metrics
 
 

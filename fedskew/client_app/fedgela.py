@@ -13,8 +13,6 @@ The gradient norm is clipped to `fedgela-clip` (authors' code: 20; 0 turns it of
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from flwr.app import RecordDict
 from torch import nn
@@ -22,6 +20,7 @@ from torch import nn
 from fedskew.client_app.fedavg import FedAvgTrainer
 from fedskew.losses.fedgela import ETFNet, etf_backbone, etf_checksum, local_phi
 from fedskew.models import build_model
+from fedskew.training import clip_before_step
 
 
 def received_etf(content: RecordDict, feature_dim: int, num_classes: int) -> torch.Tensor:
@@ -35,18 +34,6 @@ def received_etf(content: RecordDict, feature_dim: int, num_classes: int) -> tor
     if etf_checksum(etf) != expected:
         raise ValueError(f"FedGELA: ETF checksum {etf_checksum(etf)[:12]} != broadcast {expected[:12]}")
     return etf
-
-
-def clip_before_step(optimizer: torch.optim.Optimizer, max_norm: float) -> None:
-    """Clip the gradient norm of the optimiser's parameters before every `step()`."""
-    if max_norm <= 0:
-        return
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-
-    def hook(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        torch.nn.utils.clip_grad_norm_(params, max_norm)
-
-    optimizer.register_step_pre_hook(hook)
 
 
 class FedGELATrainer(FedAvgTrainer):
