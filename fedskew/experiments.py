@@ -8,6 +8,7 @@ Suite file::
     num-supernodes: 20                # clients per run
     seeds: [0, 1, 2]
     out-dir: outputs/suites           # default
+    last-rounds: 10                   # the tables' "last k rounds" mean (FedRS reports k = 50)
     base: {num-server-rounds: 30}     # run config shared by every cell
     methods:                          # label -> overrides; `method` defaults to the label
       fedavg: {}
@@ -40,7 +41,7 @@ from fedskew.launcher import RunFailed, prepare_config, run_simulation
 from fedskew.partitions import PartitionError
 from fedskew.server_app.results import LAST_ROUNDS, read_jsonl, round_statistics
 
-SUITE_KEYS = {"name", "num-supernodes", "seeds", "out-dir", "base", "methods", "partitions"}
+SUITE_KEYS = {"name", "num-supernodes", "seeds", "out-dir", "base", "methods", "partitions", "last-rounds"}
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,7 @@ class Suite:
     cells: list[Cell]
     method_labels: list[str]
     partition_labels: list[str]
+    last_rounds: int = LAST_ROUNDS
 
     @property
     def folder(self) -> Path:
@@ -115,7 +117,12 @@ def load_suite(path: str | Path, app_defaults: dict[str, Any]) -> Suite:
                     raise ConfigError(f"{path}: cell {p_label}/{m_label}/seed {seed}: {e}") from None
                 cells.append(Cell(str(m_label), str(p_label), seed, over, p_n))
     out_dir = Path(raw.get("out-dir", "outputs/suites")).expanduser().absolute()
-    return Suite(str(raw.get("name", path.stem)), out_dir, cells, list(map(str, methods)), list(map(str, partitions)))
+    last = raw.get("last-rounds", LAST_ROUNDS)
+    if not isinstance(last, int) or isinstance(last, bool) or last < 1:
+        raise ConfigError(f"{path}: last-rounds={last!r} must be a positive integer")
+    return Suite(
+        str(raw.get("name", path.stem)), out_dir, cells, list(map(str, methods)), list(map(str, partitions)), last
+    )
 
 
 def _num_supernodes(value: Any, where: str) -> int:
@@ -169,15 +176,17 @@ def _read_rows(run_dir: Path) -> list[dict[str, Any]]:
     return read_jsonl(run_dir / "metrics.jsonl")
 
 
-# (column label, round_statistics key): the table's accuracy columns, the last-10-round means first
-COLUMNS = (
-    ("global, last 10", "last10_global_accuracy"),
-    ("global, final", "final_global_accuracy"),
-    ("global, best", "best_global_accuracy"),
-    ("client-global, last 10", "last10_client_global_accuracy"),
-    ("personalized, last 10", "last10_personalized_accuracy"),
-    ("personalized, final", "final_personalized_accuracy"),
-)
+def columns(last: int) -> list[tuple[str, str]]:
+    """(column label, `round_statistics` key) of the table's accuracy columns, last-k means first."""
+    return [
+        (f"global, last {last}", f"last{last}_global_accuracy"),
+        (f"global oscillation, last {last}", f"last{last}_global_accuracy_round_std"),
+        ("global, final", "final_global_accuracy"),
+        ("global, best", "best_global_accuracy"),
+        (f"client-global, last {last}", f"last{last}_client_global_accuracy"),
+        (f"personalized, last {last}", f"last{last}_personalized_accuracy"),
+        ("personalized, final", "final_personalized_accuracy"),
+    ]
 
 
 def collect(suite: Suite) -> list[dict[str, Any]]:
@@ -191,7 +200,8 @@ def collect(suite: Suite) -> list[dict[str, Any]]:
                 run_dir = suite.folder / c.run_name
                 if c.partition == p and c.method == m and (run_dir / "summary.json").is_file():
                     summary = json.loads((run_dir / "summary.json").read_text())
-                    runs.append({**round_statistics(_read_rows(run_dir)), "wall_seconds": summary["wall_seconds"]})
+                    stats = round_statistics(_read_rows(run_dir), suite.last_rounds)
+                    runs.append({**stats, "wall_seconds": summary["wall_seconds"]})
             if not runs:
                 continue
             row: dict[str, Any] = {"partition": p, "method": m, "seeds": len(runs)}
@@ -217,20 +227,22 @@ def write_report(suite: Suite) -> list[dict[str, Any]]:
     def pm(row: dict, key: str) -> str:
         return f"{100 * row[key + '_mean']:.2f} ± {100 * row[key + '_std']:.2f}"
 
+    cols = columns(suite.last_rounds)
     lines = [
         f"# {suite.name}: accuracy (%), mean ± std over seeds",
         "",
-        f"Last 10 = the mean of the last {LAST_ROUNDS} rounds of each run (conclusions are drawn from it: "
-        "label-skewed FL swings several points from round to round). Global: the server's model on the "
+        f"Last {suite.last_rounds} = the mean of the last {suite.last_rounds} rounds of each run (conclusions "
+        "are drawn from it: label-skewed FL swings several points from round to round); oscillation = the std "
+        "of the global accuracy over those rounds. Global: the server's model on the "
         "official test set. Client-global: the global model each sampled client receives, on its local "
         "test split, averaged over clients. Personalized: each method's personalized model on the "
         "client's local test split; for fedavg / fedprox that is the locally trained model (FedAvg-FT).",
         "",
-        "| partition | method | seeds | " + " | ".join(label for label, _ in COLUMNS) + " | wall s |",
-        "|---|---|---|" + "---|" * (len(COLUMNS) + 1),
+        "| partition | method | seeds | " + " | ".join(label for label, _ in cols) + " | wall s |",
+        "|---|---|---|" + "---|" * (len(cols) + 1),
     ]
     for r in table:
-        cells = " | ".join(pm(r, key) for _, key in COLUMNS)
+        cells = " | ".join(pm(r, key) for _, key in cols)
         lines.append(f"| {r['partition']} | {r['method']} | {r['seeds']} | {cells} | {r['wall_seconds_mean']:.0f} |")
     (suite.folder / "results.md").write_text("\n".join(lines) + "\n")
     for p in suite.partition_labels:

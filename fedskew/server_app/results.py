@@ -70,7 +70,8 @@ LAST_ROUNDS = 10
 
 def round_statistics(rows: list[dict[str, Any]], last: int = LAST_ROUNDS) -> dict[str, float | None]:
     """Final value, best and mean of the last `last` rounds of each tracked accuracy in `rows`
-    (`metrics.jsonl` lines): `final_<key>`, `best_<key>`, `last<last>_<key>` with `-` -> `_`.
+    (`metrics.jsonl` lines): `final_<key>`, `best_<key>`, `last<last>_<key>` with `-` -> `_`, and
+    for the global accuracy its std over those rounds (`last<last>_global_accuracy_round_std`).
 
     Label-skewed FL swings several points from round to round, so conclusions are drawn from the
     last-rounds mean; "final" is the last round's value (None when that round has none, e.g. no
@@ -85,6 +86,8 @@ def round_statistics(rows: list[dict[str, Any]], last: int = LAST_ROUNDS) -> dic
         out[f"final_{name}"] = points[-1][1] if points and points[-1][0] == final_round else None
         out[f"best_{name}"] = max(v for _, v in points) if points else None
         out[f"last{last}_{name}"] = float(np.mean(tail)) if tail else None
+        if key == "global-accuracy":  # the oscillation FedRS reports: std over those rounds
+            out[f"last{last}_{name}_round_std"] = float(np.std(tail)) if tail else None
     return out
 
 
