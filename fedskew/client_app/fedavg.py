@@ -25,6 +25,7 @@ from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from torch import nn
 
 from fedskew.client_app.state import ClientState
+from fedskew.data import dataset_info
 from fedskew.data.clients import ClientData
 from fedskew.models import SplitNet, build_model
 from fedskew.training import cross_entropy_loss, evaluate, sgd, train_epochs
@@ -79,7 +80,7 @@ class FedAvgTrainer:
 
     # ------------------------------------------------------------------ hooks
     def build_model(self) -> SplitNet:
-        return build_model(self.cfg["model"], self.cfg["dataset"]).to(self.device)
+        return build_model(self.cfg["model"], dataset_info(self.cfg)).to(self.device)
 
     def load_global(self, model: nn.Module, content: RecordDict) -> None:
         model.load_state_dict(checked_arrays(content, model.state_dict()), strict=True)
