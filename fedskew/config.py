@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 DATASETS = ("fashion-mnist", "mnist", "cifar10", "cifar100", "svhn")
+AUGMENTATIONS = ("auto", "none", "crop", "crop-flip")
 MODELS = ("lenet", "mlp", "tfcnn", "vgg11", "resnet8", "resnet18")
 PARTITIONS = ("iid", "dirichlet", "classes-per-client", "long-tail", "map-random")
 
@@ -106,6 +107,13 @@ COMMON: dict[str, Param] = {
         low=0.0,
         high=0.9,
         low_open=True,
+    ),
+    "augment": Param(
+        str,
+        "auto",
+        "training augmentation, on the device: 'crop' (random crop after padding 4 px at 32x32), 'crop-flip' "
+        "(+ horizontal flip), 'none'; 'auto' = crop-flip for cifar10/100, crop for svhn, else none",
+        choices=AUGMENTATIONS,
     ),
     "model": Param(str, "lenet", "the network", choices=MODELS),
     "partition": Param(str, "classes-per-client", "how labels are split", choices=PARTITIONS),

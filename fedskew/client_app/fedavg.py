@@ -8,7 +8,8 @@ and metrics. Subclasses override only the hooks that differ (FL-bench style):
     load_global      how the downloaded arrays enter the model
     loss             the local objective on one mini-batch (default: cross-entropy)
     optimizer        the local optimiser (default: `sgd` from the run config, fresh each round)
-    local_train      the whole local procedure (default: `train_epochs` on `loss`)
+    local_train      the whole local procedure (default: `train_epochs` on `loss`, batches through
+                     `self.augment`, the configured augmentation)
     personalized_model  what "personalized accuracy" measures (default: the trained model)
     upload           the ArrayRecord sent back (default: the whole state dict)
     extra_records    more records in the reply (prototypes, counts, gradients ...)
@@ -26,6 +27,7 @@ from torch import nn
 
 from fedskew.client_app.state import ClientState
 from fedskew.data import dataset_info
+from fedskew.data.augment import augmentation
 from fedskew.data.clients import ClientData
 from fedskew.models import SplitNet, build_model
 from fedskew.training import cross_entropy_loss, evaluate, sgd, train_epochs
@@ -77,6 +79,7 @@ class FedAvgTrainer:
         self.cfg = ctx.cfg
         self.data = ctx.data
         self.device = ctx.device
+        self.augment = augmentation(self.cfg, dataset_info(self.cfg))  # of training batches, per `augment`
 
     # ------------------------------------------------------------------ hooks
     def build_model(self) -> SplitNet:
@@ -102,6 +105,7 @@ class FedAvgTrainer:
             self.cfg["batch-size"],
             self.ctx.generator,
             self.device,
+            self.augment,
         )
 
     def personalized_model(self, model: nn.Module) -> nn.Module:
