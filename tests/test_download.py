@@ -159,19 +159,16 @@ def server():
     srv.server_close()
 
 
-def test_catalog(name: str, files: dict[str, bytes], hosts: list[str]) -> dict[str, dl.Source]:
+def local_catalog(name: str, files: dict[str, bytes], hosts: list[str]) -> dict[str, dl.Source]:
     """The real catalog entry of `name` with the test files' sizes and SHA-256s and local hosts."""
     remotes = tuple(dl.Remote(f, len(b), hashlib.sha256(b).hexdigest()) for f, b in files.items())
     return {name: dataclasses.replace(dl.CATALOG[name], files=remotes, hosts=tuple(hosts))}
 
 
-test_catalog.__test__ = False  # a helper, not a test
-
-
 def serve(server: FileServer, name: str, monkeypatch: pytest.MonkeyPatch, tmp: Path, hosts: list | None = None) -> dict:
     files = official_files(name, tmp)
     server.files.update(files)
-    catalog = test_catalog(name, files, hosts or [server.url()])
+    catalog = local_catalog(name, files, hosts or [server.url()])
     monkeypatch.setattr(dl, "CATALOG", catalog)  # what `fedskew data get` uses
     return files
 
@@ -257,7 +254,7 @@ def test_a_corrupted_file_is_refused_deleted_and_the_next_host_used(server, monk
     staged = sorted(p.name for p in (tmp_path / dl.STAGING).iterdir())
     assert staged == list(files)[: list(files).index(bad)]  # the bad file deleted, those verified before kept
     # with a second host that has the right bytes: the bad file comes from there, verified ones are kept
-    monkeypatch.setattr(dl, "CATALOG", test_catalog("mnist", files, [server.url("bad"), server.url("good")]))
+    monkeypatch.setattr(dl, "CATALOG", local_catalog("mnist", files, [server.url("bad"), server.url("good")]))
     n = len(server.requests)
     dl.get_dataset("mnist", str(tmp_path), out=io.StringIO())
     asked = [p for p, _ in server.requests[n:]]
@@ -279,7 +276,7 @@ def test_offline_one_line_non_zero_and_nothing_left_behind(monkeypatch, tmp_path
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     files = official_files("cifar10", tmp_path)
-    monkeypatch.setattr(dl, "CATALOG", test_catalog("cifar10", files, [f"http://127.0.0.1:{port}/x/"]))
+    monkeypatch.setattr(dl, "CATALOG", local_catalog("cifar10", files, [f"http://127.0.0.1:{port}/x/"]))
     root = tmp_path / "data"
     rc = cli.main(["data", "get", "cifar10", "--data-root", str(root)])
     err = capsys.readouterr().err.strip().splitlines()

@@ -206,3 +206,10 @@ def test_an_hf_folder_through_a_real_flwr_run(flwr_job, tmp_path: Path) -> None:
     summary, run_dir = flwr_job(job, num_supernodes=2, name="hf")
     assert summary["rounds"] == 1 and summary["dataset"] == f"hf:{folder}"
     assert (run_dir / "metrics.jsonl").is_file()
+
+
+def test_a_node_serving_its_own_data_needs_a_standard_set(tmp_path: Path) -> None:
+    from fedskew.data.node import node_data_spec
+
+    with pytest.raises(ValueError, match="serve a partition of an hf: data set with num-partitions"):
+        node_data_spec({"partition-id": 0, "data-root": str(tmp_path)}, validate({"dataset": "hf:org/x"}))
