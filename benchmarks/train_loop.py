@@ -13,6 +13,7 @@ the timing does not depend on the pixels).
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import torch
@@ -72,10 +73,11 @@ def main() -> None:
     ap.add_argument("--batch-size", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--pairs", type=int, default=40, help="paired short runs for the augmentation ratio")
     ap.add_argument("--quick", action="store_true", help="tiny sizes (a smoke test)")
     args = ap.parse_args()
     if args.quick:
-        args.samples, args.repeats = 640, 1
+        args.samples, args.repeats, args.pairs = 640, 1, 2
     torch.set_num_threads(args.threads)
     cfg = validate(
         {"model": args.model, "dataset": args.dataset, "batch-size": args.batch_size, "augment": args.augment}
@@ -107,7 +109,58 @@ def main() -> None:
     )
     for name, t in best.items():
         print(f"  {name:<11} {t:7.3f} s  {n / t:9.0f} samples/s  ratio to plain {t / best['plain']:.3f}")
-    print(f"  ratio augmented / fedskew {best['augmented'] / best['fedskew']:.3f}")
+    ratios = paired_ratios(fedskew_loop, augmented_loop, args, cfg, x[: 10 * args.batch_size], y)
+    q1, _, q3 = statistics.quantiles(ratios, n=4)
+    print(
+        f"  ratio augmented / fedskew {best['augmented'] / best['fedskew']:.3f} (best of {args.repeats}); "
+        f"median of {len(ratios)} back-to-back pairs of 10 batches {statistics.median(ratios):.3f} "
+        f"(quartiles {q1:.3f}-{q3:.3f})"
+    )
+    t_aug, t_step = per_batch_seconds(augment, args, cfg, x[: args.batch_size], y[: args.batch_size])
+    print(
+        f"  per batch, fastest of many: augmentation {1e3 * t_aug:.3f} ms, training step {1e3 * t_step:.2f} ms, "
+        f"ratio (step + augmentation) / step {(t_step + t_aug) / t_step:.3f}"
+    )
+
+
+def per_batch_seconds(augment, args, cfg: dict, x: torch.Tensor, y: torch.Tensor) -> tuple[float, float]:
+    """The fastest of many timings of one batch's augmentation and of one training step (the minimum
+    is the least disturbed by other processes)."""
+    model = build_model(args.model, dataset_info(cfg))
+    opt = sgd(model.parameters(), cfg)
+    g = torch.Generator().manual_seed(0)
+
+    def fastest(fn, n: int) -> float:
+        best = float("inf")
+        for _ in range(n):
+            t0 = time.perf_counter()
+            fn()
+            best = min(best, time.perf_counter() - t0)
+        return best
+
+    def step() -> None:
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    return fastest(lambda: augment(x, g), 10 * args.pairs), fastest(step, 2 * args.pairs)
+
+
+def paired_ratios(base, other, args, cfg: dict, x: torch.Tensor, y: torch.Tensor) -> list[float]:
+    """t(other) / t(base) over short runs timed back to back (order alternating): on a busy machine
+    the load changes slowly compared with a pair, so each ratio is fair even when the times are not."""
+    model = build_model(args.model, dataset_info(cfg))
+    opt = sgd(model.parameters(), cfg)
+    ratios = []
+    for i in range(args.pairs):
+        times = {}
+        for loop in (base, other) if i % 2 == 0 else (other, base):
+            t0 = time.perf_counter()
+            loop(model, x, y[: len(x)], opt, 1, args.batch_size, torch.Generator().manual_seed(i))
+            times[loop] = time.perf_counter() - t0
+        ratios.append(times[other] / times[base])
+    return ratios
 
 
 if __name__ == "__main__":
