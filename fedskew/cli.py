@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from fedskew.config import DATASETS, ConfigError, all_params
-from fedskew.data.download import DownloadError
+from fedskew.data.download import DownloadError, get_dataset, list_datasets
 from fedskew.experiments import load_suite, run_suite, write_report
 from fedskew.launcher import (
     RunFailed,
@@ -89,8 +89,6 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 
 def cmd_data(args: argparse.Namespace) -> int:
-    from fedskew.data.download import get_dataset, list_datasets
-
     if args.action == "get":
         get_dataset(args.name, args.data_root, args.mirror)
     else:
