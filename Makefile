@@ -21,13 +21,13 @@ $(VENV)/.installed: pyproject.toml
 	$(PIP) install -q -e ".[dev]"
 	touch $@
 
-# Fashion-MNIST from Debian (offline); elsewhere put the IDX files under ./data/fashion-mnist/.
+# Fashion-MNIST from Debian (offline); elsewhere `fedskew data get fashion-mnist` downloads it to ./data.
 data:
 	@if [ -f $(FMNIST) ] || ls data/fashion-mnist/train-images-idx3-ubyte* >/dev/null 2>&1; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		echo "installing Debian's dataset-fashion-mnist"; \
 		(apt-get install -y -qq dataset-fashion-mnist || (apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist)) >/dev/null; \
-	else echo "Fashion-MNIST missing: apt-get install dataset-fashion-mnist (as root), or put the 4 IDX files in data/fashion-mnist/"; exit 1; fi
+	else echo "Fashion-MNIST missing: apt-get install dataset-fashion-mnist (as root), or $(VENV)/bin/fedskew data get fashion-mnist"; exit 1; fi
 
 run: venv data
 	$(VENV)/bin/fedskew run $(ARGS)

@@ -8,6 +8,11 @@ fedskew experiment SUITE.yaml [--dry-run | --report]
     Run a suite of simulations (see `fedskew.experiments`).
 fedskew config
     List every run-config key with its default and meaning.
+fedskew data get NAME [--data-root DIR] [--mirror URL]
+    Download mnist, fashion-mnist, cifar10, cifar100 or svhn from its official host, verify every
+    file's SHA-256 and unpack it where `fedskew run` looks (see `fedskew.data.download`).
+fedskew data ls [--data-root DIR]
+    Which data sets are present, partly downloaded or missing.
 """
 
 from __future__ import annotations
@@ -18,7 +23,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fedskew.config import ConfigError, all_params
+from fedskew.config import DATASETS, ConfigError, all_params
+from fedskew.data.download import DownloadError, get_dataset, list_datasets
 from fedskew.experiments import load_suite, run_suite, write_report
 from fedskew.launcher import (
     RunFailed,
@@ -86,6 +92,15 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_data(args: argparse.Namespace) -> int:
+    if args.action == "get":
+        get_dataset(args.name, args.data_root, args.mirror)
+    else:
+        for name, state in list_datasets(args.data_root):
+            print(f"{name:<14} {state}")
+    return 0
+
+
 def _terminate(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -114,6 +129,15 @@ def main(argv: list[str] | None = None) -> int:
     exp.set_defaults(fn=cmd_experiment)
     conf = sub.add_parser("config", help="list every run-config key")
     conf.set_defaults(fn=cmd_config)
+    data = sub.add_parser("data", help="download the standard data sets (get) or list them (ls)")
+    data_sub = data.add_subparsers(dest="action", required=True)
+    get = data_sub.add_parser("get", help="download, verify (SHA-256) and unpack a data set")
+    get.add_argument("name", choices=DATASETS)
+    get.add_argument("--mirror", help="a base URL tried before the official hosts (or $FEDSKEW_DATA_MIRROR)")
+    ls = data_sub.add_parser("ls", help="which data sets are present, partly downloaded or missing")
+    for p in (get, ls):
+        p.add_argument("--data-root", default="data", help="where data sets go (default ./data, the run default)")
+        p.set_defaults(fn=cmd_data)
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)  # so a killed `fedskew run` still stops its SuperLink
     if (getattr(args, "num_supernodes", None) or 1) < 1:
@@ -125,6 +149,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except RunFailed as e:
         print(f"fedskew: run failed: {e}", file=sys.stderr)
+        return 1
+    except DownloadError as e:
+        print(f"fedskew: data get failed: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print("fedskew: interrupted", file=sys.stderr)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 DATASETS = ("fashion-mnist", "mnist", "cifar10", "cifar100", "svhn")
+AUGMENTATIONS = ("auto", "none", "crop", "crop-flip")
 MODELS = ("lenet", "map-lenet", "mupfl-cnn", "mlp", "tfcnn", "vgg11", "resnet8", "resnet18")
 PARTITIONS = ("iid", "dirichlet", "classes-per-client", "long-tail", "map-random")
 
@@ -89,8 +90,31 @@ def _coerce(key: str, value: Any, kind: type) -> Any:
 
 COMMON: dict[str, Param] = {
     "method": Param(str, "fedavg", "the federated method (strategy + client trainer)"),
-    "dataset": Param(str, "fashion-mnist", "the data set", choices=DATASETS),
+    "dataset": Param(
+        str,
+        "fashion-mnist",
+        "the data set: " + ", ".join(DATASETS) + " (`fedskew data get NAME`) or 'hf:<Hub repo or saved folder>'",
+    ),
     "data-root": Param(str, "", "folder holding the data files ('' = ./data, then system paths)"),
+    "hf-subset": Param(str, "", "hf: the Hub data set's configuration name ('' = its default)"),
+    "hf-image-column": Param(str, "", "hf: column of the images ('' = the Image feature, else image/img)"),
+    "hf-label-column": Param(str, "", "hf: column of the labels ('' = the first ClassLabel, else label/labels/...)"),
+    "hf-image-size": Param(int, 0, "hf: resize images to N x N (0 = keep; they must be square, one size)", low=0),
+    "hf-test-fraction": Param(
+        float,
+        0.2,
+        "hf: share of train carved off (fixed seed) as the central test set when there is no 'test' split",
+        low=0.0,
+        high=0.9,
+        low_open=True,
+    ),
+    "augment": Param(
+        str,
+        "auto",
+        "training augmentation, on the device: 'crop' (random crop after padding 4 px at 32x32), 'crop-flip' "
+        "(+ horizontal flip), 'none'; 'auto' = crop-flip for cifar10/100, crop for svhn, else none",
+        choices=AUGMENTATIONS,
+    ),
     "model": Param(str, "lenet", "the network", choices=MODELS),
     "partition": Param(str, "classes-per-client", "how labels are split", choices=PARTITIONS),
     "classes-per-client": Param(int, 2, "classes each client holds (classes-per-client)", low=1),
@@ -190,11 +214,20 @@ def all_params() -> dict[str, Param]:
 
 
 def _check_cross(cfg: dict[str, Any]) -> None:
-    from fedskew.data import DATASET_INFO
+    from fedskew.data import DATASET_INFO, HF_PREFIX, is_hf
 
     if not _device_ok(cfg["device"]):
         raise ConfigError(f"device={cfg['device']!r} is not allowed: must be 'auto', 'cpu', 'cuda' or 'cuda:N'")
-    num_classes = DATASET_INFO[cfg["dataset"]].num_classes
+    name = cfg["dataset"]
+    if is_hf(name):  # its classes are known only from the data: checked when it is partitioned
+        if not name[len(HF_PREFIX) :].strip():
+            raise ConfigError(f"dataset={name!r} is not allowed: name a Hub repo or a folder after 'hf:'")
+        return
+    if name not in DATASET_INFO:
+        raise ConfigError(
+            f"dataset={name!r} is not allowed: must be one of {', '.join(map(repr, DATASETS))} or 'hf:<repo or folder>'"
+        )
+    num_classes = DATASET_INFO[name].num_classes
     m = cfg["classes-per-client"]
     if cfg["partition"] == "classes-per-client" and m > num_classes:
         raise ConfigError(f"classes-per-client={m} is not allowed: {cfg['dataset']} has {num_classes} classes")

@@ -23,6 +23,7 @@ from typing import Any
 import tomllib
 
 from fedskew.config import ConfigError, all_params, parse_overrides, validate
+from fedskew.data import is_hf
 
 FLWR_ENV = {
     "FLWR_TELEMETRY_ENABLED": "0",
@@ -64,15 +65,19 @@ def read_overrides(items: list[str]) -> dict[str, Any]:
 
 def prepare_config(app_dir: Path, overrides: dict[str, Any], num_clients: int) -> tuple[dict, dict]:
     """Validate defaults + overrides and check data and partition; return (validated, overrides
-    to submit) with `out-dir`/`data-root` absolute and `run-name` filled in."""
+    to submit) with `out-dir`/`data-root` (and an `hf:` folder) absolute and `run-name` filled in."""
     overrides = dict(overrides)
     cfg = validate({**app_defaults(app_dir), **overrides})
     overrides["out-dir"] = str(Path(cfg["out-dir"]).expanduser().absolute())
     if cfg["data-root"]:
         overrides["data-root"] = str(Path(cfg["data-root"]).expanduser().absolute())
+    hf_folder = Path(cfg["dataset"][3:]).expanduser()
+    if is_hf(cfg["dataset"]) and hf_folder.is_dir():  # the clients run elsewhere: an absolute folder
+        overrides["dataset"] = f"hf:{hf_folder.absolute()}"
     if not cfg["run-name"]:
-        stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-        overrides["run-name"] = f"{cfg['method']}-{cfg['dataset']}-{cfg['partition']}-s{cfg['seed']}-{stamp}"
+        from fedskew.server_app.results import default_run_name
+
+        overrides["run-name"] = default_run_name(cfg, datetime.now().strftime("%Y%m%d-%H%M%S"))
     cfg = validate({**app_defaults(app_dir), **overrides})
     from fedskew.data.clients import client_indices
 

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+Augment = Callable[[torch.Tensor, torch.Generator], torch.Tensor]  # (batch, generator) -> augmented batch
 
 
 def seed_everything(*parts: int) -> torch.Generator:
@@ -93,15 +94,18 @@ def train_epochs(
     batch_size: int,
     generator: torch.Generator,
     device: torch.device,
+    augment: Augment | None = None,
 ) -> dict[str, float]:
-    """Run `epochs` passes of mini-batch SGD; return mean loss and the number of steps."""
+    """Run `epochs` passes of mini-batch SGD (each batch through `augment` when given, e.g.
+    `fedskew.data.augment.Augmentation`); return mean loss and the number of steps."""
     model.train()
     x, y = x.to(device), y.to(device)
     total, steps = torch.zeros((), device=device), 0
     for _ in range(epochs):
         for idx in minibatches(len(x), batch_size, generator):
             idx = idx.to(device)
-            loss = loss_fn(model, x[idx], y[idx])
+            xb = x[idx] if augment is None else augment(x[idx], generator)
+            loss = loss_fn(model, xb, y[idx])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()

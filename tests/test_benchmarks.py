@@ -14,6 +14,7 @@ from tests.conftest import ROOT
 @pytest.mark.parametrize(
     ("script", "expected"),
     [
+        ("train_loop.py", ["ratio to plain", "ratio augmented / fedskew"]),
         ("client_time.py", ["ratio to fedavg", "mupfl", "fedgela"]),
         ("server_steps.py", ["t(N)/t(3)", "mupfl ACMU", "mupfl PKCF", "fedmr prototypes"]),
         ("scale.py", ["ratio 40/20", "round - central eval s", "Python memory per extra idle node"]),

@@ -10,7 +10,8 @@ reply with the model, the sample count and metrics. Subclasses override only the
     load_global      how the downloaded arrays enter the model
     loss             the local objective on one mini-batch (default: cross-entropy)
     optimizer        the local optimiser (default: `sgd` from the run config, fresh each round)
-    local_train      the whole local procedure (default: `train_epochs` on `loss`)
+    local_train      the whole local procedure (default: `train_epochs` on `loss`, batches through
+                     `self.augment`, the configured augmentation)
     received_global_model  the global model as received, for `client-global-accuracy` (default: the
                        model right after `load_global`)
     personalized_model  what "personalized accuracy" measures (default: the trained model)
@@ -29,6 +30,8 @@ from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from torch import nn
 
 from fedskew.client_app.state import ClientState
+from fedskew.data import dataset_info
+from fedskew.data.augment import augmentation
 from fedskew.data.clients import ClientData
 from fedskew.models import SplitNet, build_model
 from fedskew.training import cross_entropy_loss, evaluate, sgd, train_epochs
@@ -80,10 +83,11 @@ class FedAvgTrainer:
         self.cfg = ctx.cfg
         self.data = ctx.data
         self.device = ctx.device
+        self.augment = augmentation(self.cfg, dataset_info(self.cfg))  # of training batches, per `augment`
 
     # ------------------------------------------------------------------ hooks
     def build_model(self) -> SplitNet:
-        return build_model(self.cfg["model"], self.cfg["dataset"]).to(self.device)
+        return build_model(self.cfg["model"], dataset_info(self.cfg)).to(self.device)
 
     def load_global(self, model: nn.Module, content: RecordDict) -> None:
         model.load_state_dict(checked_arrays(content, model.state_dict()), strict=True)
@@ -105,6 +109,7 @@ class FedAvgTrainer:
             self.cfg["batch-size"],
             self.ctx.generator,
             self.device,
+            self.augment,
         )
 
     def received_global_model(self, model: nn.Module) -> nn.Module:

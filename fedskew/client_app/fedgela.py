@@ -18,6 +18,7 @@ from flwr.app import RecordDict
 from torch import nn
 
 from fedskew.client_app.fedavg import FedAvgTrainer
+from fedskew.data import dataset_info
 from fedskew.losses.fedgela import ETFNet, etf_backbone, etf_checksum, local_phi
 from fedskew.models import build_model
 from fedskew.training import clip_before_step
@@ -40,13 +41,13 @@ class FedGELATrainer(FedAvgTrainer):
     """Backbone-only training against the client's adapted simplex ETF."""
 
     def fit(self, content: RecordDict) -> RecordDict:
-        info = build_model(self.cfg["model"], self.cfg["dataset"])
+        info = build_model(self.cfg["model"], dataset_info(self.cfg))
         self.etf = received_etf(content, info.feature_dim, info.num_classes)
         self.phi = local_phi(self.data.train_counts) if self.cfg["fedgela-adapt"] else None
         return super().fit(content)
 
     def build_model(self) -> ETFNet:
-        net = build_model(self.cfg["model"], self.cfg["dataset"])
+        net = build_model(self.cfg["model"], dataset_info(self.cfg))
         backbone = etf_backbone(net.features, net.feature_dim, self.cfg["fedgela-feature-norm"])
         model = ETFNet(backbone, self.etf, self.cfg["fedgela-ew"], self.phi, self.cfg["fedgela-mode"])
         return model.to(self.device)

@@ -138,6 +138,7 @@ class MAPTrainer(FedRSTrainer):
                 self.cfg["batch-size"],
                 self.ctx.generator,
                 self.device,
+                self.augment,
             )
         self.stage2_model = personal
 

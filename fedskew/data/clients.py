@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedskew.data import DATASET_INFO, load_dataset
+from fedskew.data import DATASET_INFO, DatasetInfo, dataset_info, load_arrays
 from fedskew.partitions import partition, split_local_test
 
 PARTITION_KEYS = (
@@ -24,6 +24,11 @@ PARTITION_KEYS = (
     "map-sigma",
     "local-test-fraction",
     "seed",
+    "hf-subset",
+    "hf-image-column",
+    "hf-label-column",
+    "hf-image-size",
+    "hf-test-fraction",
 )
 
 
@@ -43,9 +48,10 @@ class ClientData:
         return np.bincount(self.y_train.numpy(), minlength=self.num_classes)
 
 
-def to_float(x: np.ndarray, dataset: str) -> torch.Tensor:
-    """uint8 `[N, C, H, W]` -> float32, scaled to [0, 1] and normalised per channel."""
-    info = DATASET_INFO[dataset]
+def to_float(x: np.ndarray, info: DatasetInfo | str) -> torch.Tensor:
+    """uint8 `[N, C, H, W]` -> float32, scaled to [0, 1] and normalised per channel (`info`: the
+    data set's, or the name of a standard set)."""
+    info = DATASET_INFO[info] if isinstance(info, str) else info
     t = torch.from_numpy(np.array(x, dtype=np.float32)).div_(255.0)
     mean = torch.tensor(info.mean).view(1, -1, 1, 1)
     std = torch.tensor(info.std).view(1, -1, 1, 1)
@@ -59,7 +65,7 @@ def partition_key(cfg: dict[str, Any]) -> tuple:
 @functools.lru_cache(maxsize=4)
 def _client_indices(key: tuple, num_clients: int) -> list[tuple[np.ndarray, np.ndarray]]:
     cfg = dict(zip(PARTITION_KEYS, key, strict=True))
-    _, y_train, _, _ = load_dataset(cfg["dataset"], cfg["data-root"])
+    _, y_train, _, _ = load_arrays(cfg)
     parts = partition(y_train, num_clients, cfg, seed=cfg["seed"])
     return [
         split_local_test(p, y_train, cfg["local-test-fraction"], np.random.default_rng([cfg["seed"], k]))
@@ -76,18 +82,15 @@ def load_client_data(cfg: dict[str, Any], partition_id: int, num_partitions: int
     """The local data of client `partition_id` of `num_partitions`."""
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition-id={partition_id} must be in [0, num-partitions={num_partitions})")
-    x, y, _, _ = load_dataset(cfg["dataset"], cfg["data-root"])
+    x, y, _, _ = load_arrays(cfg)
     tr, te = client_indices(cfg, num_partitions)[partition_id]
+    info = dataset_info(cfg)
     return ClientData(
-        to_float(x[tr], cfg["dataset"]),
-        torch.from_numpy(y[tr]),
-        to_float(x[te], cfg["dataset"]),
-        torch.from_numpy(y[te]),
-        DATASET_INFO[cfg["dataset"]].num_classes,
+        to_float(x[tr], info), torch.from_numpy(y[tr]), to_float(x[te], info), torch.from_numpy(y[te]), info.num_classes
     )
 
 
 def load_test_set(cfg: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
     """The official test split (balanced, all classes) for central evaluation."""
-    _, _, x, y = load_dataset(cfg["dataset"], cfg["data-root"])
-    return to_float(x, cfg["dataset"]), torch.from_numpy(y.copy())
+    _, _, x, y = load_arrays(cfg)
+    return to_float(x, dataset_info(cfg)), torch.from_numpy(y.copy())

@@ -14,6 +14,7 @@ Node config keys (all optional except as noted):
   node). With `num-partitions` the node serves its partition of the data set found there; without
   `num-partitions` the whole data set under `data-root` is the node's own local data (split into
   local train/test by `local-test-fraction`), and `partition-id` (required, unique) only names it.
+  An `hf:` data set names its own source, so it is always served as partitions (`data-root` unused).
 - `cache-dir`: the cache folder (default `<data-root>/.fedskew-cache` when that is writable, else
   `$FEDSKEW_CACHE`, else `~/.cache/fedskew`).
 
@@ -40,12 +41,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedskew.data import DATASET_INFO, load_dataset
+from fedskew.data import dataset_info, dataset_slug, is_hf, load_arrays
 from fedskew.data.clients import PARTITION_KEYS, ClientData, client_indices, to_float
 
 log = logging.getLogger("fedskew.client")
 CACHE_FORMAT = 1
-_CODE_FILES = ("partitions/core.py", "data/clients.py", "data/readers.py", "data/node.py")
+_CODE_FILES = ("partitions/core.py", "data/clients.py", "data/readers.py", "data/node.py", "data/hf.py")
 
 
 @dataclass(frozen=True)
@@ -79,6 +80,11 @@ def node_data_spec(node_config: Mapping[str, Any], cfg: dict[str, Any]) -> NodeD
         )
     if not Path(data_root).expanduser().is_dir():
         raise FileNotFoundError(f"node config data-root={data_root!r} is not a folder")
+    if is_hf(cfg["dataset"]):
+        raise ValueError(
+            f"dataset={cfg['dataset']!r}: a node's own data (data-root without num-partitions) must be one of the "
+            "standard data sets; serve a partition of an hf: data set with num-partitions"
+        )
     if pid < 0:
         raise ValueError(f"node config partition-id={pid} must be >= 0")
     return NodeData(pid, 0, data_root, own_data=True)
@@ -99,12 +105,16 @@ def cache_key(cfg: dict[str, Any], spec: NodeData) -> str:
     settings["data-root"] = str(Path(spec.data_root).expanduser().resolve()) if spec.data_root else ""
     if spec.own_data:  # the partition scheme does not apply to a node's own data
         settings = {k: settings[k] for k in ("dataset", "data-root", "local-test-fraction", "seed")}
+    if is_hf(cfg["dataset"]):  # a changed save_to_disk folder gives new slices
+        from fedskew.data import hf
+
+        settings["hf-data"] = hf.fingerprint(hf.HFSource.from_cfg(cfg))
     blob = json.dumps(
         {"format": CACHE_FORMAT, "code": _code_digest(), "settings": settings, "node": spec.__dict__}, sort_keys=True
     )
     digest = hashlib.sha256(blob.encode()).hexdigest()[:20]
     tag = "own" if spec.own_data else f"p{spec.partition_id}of{spec.num_partitions}"
-    return f"{cfg['dataset']}-{tag}-{digest}"
+    return f"{dataset_slug(cfg['dataset'])}-{tag}-{digest}"
 
 
 def _writable(folder: Path) -> bool:
@@ -131,7 +141,7 @@ def cache_dir(node_config: Mapping[str, Any], spec: NodeData) -> Path | None:
 
 def compute_slice(cfg: dict[str, Any], spec: NodeData) -> dict[str, np.ndarray]:
     """The node's uint8 images and labels (train and local test) from the full data set."""
-    x, y, _, _ = load_dataset(cfg["dataset"], spec.data_root)
+    x, y, _, _ = load_arrays(cfg, spec.data_root)
     if spec.own_data:
         from fedskew.partitions import split_local_test
 
@@ -142,7 +152,7 @@ def compute_slice(cfg: dict[str, Any], spec: NodeData) -> dict[str, np.ndarray]:
     return {"x_train": x[tr], "y_train": y[tr], "x_test": x[te], "y_test": y[te]}
 
 
-def _save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
     """Write-then-rename, so concurrent nodes sharing a cache never read half a file."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:
@@ -190,7 +200,7 @@ def load_node_slice(cfg: dict[str, Any], node_config: Mapping[str, Any]) -> tupl
     arrays = compute_slice(cfg, spec)
     if path is not None:
         try:
-            _save_npz(path, arrays)
+            save_npz(path, arrays)
             prune(folder, int(float(os.environ.get("FEDSKEW_CACHE_MAX_MB", "2048")) * 2**20), keep=path)
         except OSError as e:
             log.warning("could not write the data cache %s: %s", path, e)
@@ -200,12 +210,12 @@ def load_node_slice(cfg: dict[str, Any], node_config: Mapping[str, Any]) -> tupl
 def load_node_data(cfg: dict[str, Any], node_config: Mapping[str, Any]) -> tuple[NodeData, ClientData]:
     """The node's local data as normalised tensors (the `ClientData` every trainer uses)."""
     spec, a = load_node_slice(cfg, node_config)
-    ds = cfg["dataset"]
+    info = dataset_info(cfg)
     data = ClientData(
-        to_float(a["x_train"], ds),
+        to_float(a["x_train"], info),
         torch.from_numpy(a["y_train"].astype(np.int64)),
-        to_float(a["x_test"], ds),
+        to_float(a["x_test"], info),
         torch.from_numpy(a["y_test"].astype(np.int64)),
-        DATASET_INFO[ds].num_classes,
+        info.num_classes,
     )
     return spec, data

@@ -30,6 +30,7 @@ CIFAR_FILES = {
     "cifar10": ("cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], ["test_batch"], b"labels"),
     "cifar100": ("cifar-100-python", ["train"], ["test"], b"fine_labels"),
 }
+SVHN_FILES = ("train_32x32.mat", "test_32x32.mat")
 
 
 class DataMissingError(FileNotFoundError):
@@ -149,7 +150,7 @@ def read_cifar_batch(path: Path, label_key: bytes) -> tuple[np.ndarray, np.ndarr
 
 def _load_cifar(name: str, roots: list[Path]) -> Arrays:
     folder_name, train_files, test_files, label_key = CIFAR_FILES[name]
-    dirs = [d for r in roots for d in (r / folder_name, r / TORCHVISION_NAME[name] / folder_name)]
+    dirs = _cifar_dirs(name, roots)
     for folder in dirs:
         if all((folder / f).is_file() for f in train_files + test_files):
             tr = [read_cifar_batch(folder / f, label_key) for f in train_files]
@@ -181,7 +182,7 @@ def read_svhn_mat(path: Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _load_svhn(roots: list[Path]) -> Arrays:
-    dirs = [d for r in roots for d in (r / "svhn", r / "SVHN", r)]
+    dirs = _svhn_dirs(roots)
     for folder in dirs:
         tr, te = folder / "train_32x32.mat", folder / "test_32x32.mat"
         if tr.is_file() and te.is_file():
@@ -190,3 +191,30 @@ def _load_svhn(roots: list[Path]) -> Arrays:
         f"svhn not found: put train_32x32.mat and test_32x32.mat in {roots[0] / 'svhn'} "
         f"(searched: {', '.join(str(d) for d in dirs)})"
     )
+
+
+# ----------------------------------------------------------------------------- where the files are
+
+
+def _cifar_dirs(name: str, roots: list[Path]) -> list[Path]:
+    folder = CIFAR_FILES[name][0]
+    return [d for r in roots for d in (r / folder, r / TORCHVISION_NAME[name] / folder)]
+
+
+def _svhn_dirs(roots: list[Path]) -> list[Path]:
+    return [d for r in roots for d in (r / "svhn", r / "SVHN", r)]
+
+
+def locate(name: str, data_root: str = "") -> Path | None:
+    """The folder `load_dataset(name, data_root)` would read, or None when the files are missing
+    (nothing is read: `fedskew data ls` / `data get` use it)."""
+    roots = default_roots(data_root)
+    if name in ("fashion-mnist", "mnist"):
+        return next((d for d in _idx_dirs(name, roots) if all(_find_idx(d, s) for s in IDX_FILES.values())), None)
+    if name in CIFAR_FILES:
+        _, train_files, test_files, _ = CIFAR_FILES[name]
+        wanted = train_files + test_files
+        return next((d for d in _cifar_dirs(name, roots) if all((d / f).is_file() for f in wanted)), None)
+    if name == "svhn":
+        return next((d for d in _svhn_dirs(roots) if all((d / f).is_file() for f in SVHN_FILES)), None)
+    raise ValueError(f"unknown dataset {name!r}")

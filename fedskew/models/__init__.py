@@ -17,10 +17,14 @@ Initialisation is PyTorch's default. Deviation: none of the classifiers has a bi
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+if TYPE_CHECKING:
+    from fedskew.data import DatasetInfo
 
 
 class SplitNet(nn.Module):
@@ -178,9 +182,10 @@ MODELS: dict[str, Callable[[int, int, int], SplitNet]] = {
 }
 
 
-def build_model(name: str, dataset: str) -> SplitNet:
-    """A fresh `name` network shaped for `dataset` (channels, image size, classes)."""
-    from fedskew.data import DATASET_INFO
+def build_model(name: str, dataset: str | DatasetInfo) -> SplitNet:
+    """A fresh `name` network shaped for `dataset` (channels, image size, classes): the data set's
+    `DatasetInfo` (`fedskew.data.dataset_info(cfg)`), or the name of a standard set."""
+    from fedskew.data import dataset_info
 
-    info = DATASET_INFO[dataset]
+    info = dataset_info(dataset) if isinstance(dataset, str) else dataset
     return MODELS[name](info.channels, info.size, info.num_classes)

@@ -15,9 +15,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
 from fedskew.config import validate
-from fedskew.data import DATASET_INFO
+from fedskew.data import dataset_info, load_arrays
 from fedskew.data.clients import client_indices, load_test_set
-from fedskew.data.readers import load_dataset
 from fedskew.partitions import class_counts, format_counts, plot_counts
 from fedskew.registry import get_method
 from fedskew.server_app.results import RunOutput, read_jsonl, round_statistics, write_json
@@ -42,9 +41,9 @@ def wait_for_nodes(grid: Grid, strategy: FedAvgStrategy, minimum: int, timeout: 
 
 def save_partition(cfg: dict[str, Any], num_partitions: int, out: RunOutput) -> None:
     """Write the class counts per client (text, JSON, picture) of the configured partition."""
-    _, y_train, _, _ = load_dataset(cfg["dataset"], cfg["data-root"])
+    _, y_train, _, _ = load_arrays(cfg)
     parts = client_indices(cfg, num_partitions)
-    c = DATASET_INFO[cfg["dataset"]].num_classes
+    c = dataset_info(cfg).num_classes
     train = class_counts(y_train, [tr for tr, _ in parts], c)
     test = class_counts(y_train, [te for _, te in parts], c)
     (out.dir / "partition.txt").write_text(format_counts(train, max_rows=10_000) + "\n")

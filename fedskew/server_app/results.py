@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedskew.data import dataset_slug
+
 
 def _clean(value: Any) -> Any:
     """JSON-safe: NaN/inf become null, numpy scalars plain numbers."""
@@ -95,11 +97,16 @@ def _finite(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
+def default_run_name(cfg: dict[str, Any], suffix: int | str) -> str:
+    """`<method>-<dataset>-<partition>-s<seed>-<suffix>`, safe as a folder name."""
+    return f"{cfg['method']}-{dataset_slug(cfg['dataset'])}-{cfg['partition']}-s{cfg['seed']}-{suffix}"
+
+
 class RunOutput:
     """The results folder of one run."""
 
     def __init__(self, cfg: dict[str, Any], run_id: int | str) -> None:
-        name = cfg["run-name"] or f"{cfg['method']}-{cfg['dataset']}-{cfg['partition']}-s{cfg['seed']}-{run_id}"
+        name = cfg["run-name"] or default_run_name(cfg, run_id)
         self.dir = Path(cfg["out-dir"]).expanduser().absolute() / name
         self.dir.mkdir(parents=True, exist_ok=True)
         if not cfg["resume"]:

@@ -28,6 +28,7 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 from torch import nn
 
+from fedskew.data import dataset_info
 from fedskew.models import SplitNet, build_model
 from fedskew.strategies.aggregate import summarize_clients, weighted_average
 
@@ -64,7 +65,7 @@ class FedAvgStrategy(FedAvg):
 
     # ------------------------------------------------------------------ model
     def build_model(self) -> SplitNet:
-        return build_model(self.cfg["model"], self.cfg["dataset"])
+        return build_model(self.cfg["model"], dataset_info(self.cfg))
 
     def initial_arrays(self) -> ArrayRecord:
         torch.manual_seed(self.cfg["seed"])
