@@ -137,7 +137,30 @@ COMMON: dict[str, Param] = {
     "state-max-mb": Param(float, 64.0, "bound on a client's persistent state kept in context.state", low=0.0),
     "out-dir": Param(str, "outputs", "results folder (made absolute by `fedskew run`)"),
     "run-name": Param(str, "", "results subfolder ('' = method-dataset-partition-seed-time)"),
+    "max-num-examples": Param(
+        int,
+        0,
+        "nodes with their own data: the most examples a reply may claim (0 = the data set's training-set size)",
+        low=0,
+    ),
 }
+
+
+def parse_class_list(text: str, num_classes: int) -> list[int]:
+    """`"3,7"` -> [3, 7]; `"all"` -> every class; `""` -> none. Raises ValueError when invalid."""
+    text = text.strip()
+    if not text:
+        return []
+    if text == "all":
+        return list(range(num_classes))
+    try:
+        out = sorted({int(t) for t in text.split(",") if t.strip()})
+    except ValueError:
+        raise ValueError(f"class list {text!r}: expected comma-separated class ids or 'all'") from None
+    bad = [c for c in out if not 0 <= c < num_classes]
+    if bad:
+        raise ValueError(f"class list {text!r}: ids {bad} are outside [0, {num_classes})")
+    return out
 
 
 def _device_ok(value: str) -> bool:

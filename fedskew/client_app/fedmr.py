@@ -29,7 +29,8 @@ from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 
 from fedskew.client_app.fedavg import FedAvgTrainer
-from fedskew.losses.fedmr import class_prototypes, inter_class_loss, intra_class_loss, parse_class_list
+from fedskew.config import parse_class_list
+from fedskew.losses.fedmr import class_prototypes, inter_class_loss, intra_class_loss
 
 PROTO_RECORD = "fedmr-prototypes"
 CONFIG_RECORD = "fedmr-config"
