@@ -10,7 +10,7 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from fedskew.client_app.fedavg import TrainerContext
-from fedskew.client_app.fedgela import FedGELATrainer, clip_before_step, received_etf
+from fedskew.client_app.fedgela import FedGELATrainer, clip_before_step
 from fedskew.client_app.state import ClientState
 from fedskew.config import validate
 from fedskew.data.clients import ClientData
@@ -169,12 +169,15 @@ def test_tampered_or_misshaped_etf_is_refused(task_identity) -> None:
     cfg = validate({"method": "fedgela"})
     content = server_message(FedGELAStrategy(cfg))
     etf = torch.from_numpy(content["etf"]["etf"].numpy())
-    assert torch.equal(received_etf(content, 84, 10), etf)
-    with pytest.raises(ValueError, match="shape"):
-        received_etf(content, 200, 10)
+    trainer = make_trainer(cfg, torch.tensor([1, 7] * 40))
+    trainer.receive(content)
+    assert torch.equal(trainer.etf, etf)
+    content["etf"] = ArrayRecord({"etf": torch.zeros(200, 10)})
+    with pytest.raises(ValueError, match="expected float32"):
+        trainer.receive(content)
     content["etf"] = ArrayRecord({"etf": etf * 1.0001})
     with pytest.raises(ValueError, match="checksum"):
-        received_etf(content, 84, 10)
+        trainer.receive(content)
 
 
 def test_global_model_uses_plain_etf() -> None:

@@ -326,3 +326,73 @@ def test_one_hostile_client_among_honest_ones_changes_nothing(tmp_path, task_ide
     assert (a / "metrics.jsonl").read_text() == (b / "metrics.jsonl").read_text()
     ma, mb = torch.load(a / "model.pt", weights_only=True), torch.load(b / "model.pt", weights_only=True)
     assert ma.keys() == mb.keys() and all(ma[k].dtype == mb[k].dtype and torch.equal(ma[k], mb[k]) for k in ma)
+
+
+# ---------------------------------------------------------------------------------------------- server -> client
+def nan_like(rec: ArrayRecord, key: str) -> ArrayRecord:
+    arrays = dict(rec.items())
+    arrays[key] = Array(np.full(rec[key].numpy().shape, np.nan, np.float32))
+    return ArrayRecord(arrays)
+
+
+def nan_etf(content: RecordDict) -> RecordDict:
+    """A NaN ETF with the checksum of its own bytes (the checksum comes from the same sender)."""
+    from fedskew.losses.fedgela import etf_checksum
+
+    etf = torch.full(tuple(content["etf"]["etf"].shape), float("nan"))
+    return with_records(content, etf=ArrayRecord({"etf": etf}), etf_info=ConfigRecord({"sha256": etf_checksum(etf)}))
+
+
+SERVER_PAYLOADS: dict[str, tuple[str, dict[str, Any], Callable[[RecordDict], RecordDict]]] = {
+    "fedmr-nan-prototypes": (
+        "fedmr",
+        {},
+        lambda c: with_records(c, **{PROTO_RECORD: nan_like(c[PROTO_RECORD], "prototypes")}),
+    ),
+    "mupfl-nan-features": (
+        "mupfl",
+        {},
+        lambda c: with_records(c, **{"mupfl-features": nan_like(c["mupfl-features"], "features")}),
+    ),
+    "mupfl-labels-out-of-range": (
+        "mupfl",
+        {},
+        lambda c: with_records(
+            c,
+            **{
+                "mupfl-features": ArrayRecord(
+                    {
+                        **dict(c["mupfl-features"].items()),
+                        "labels": Array(np.full(c["mupfl-features"]["labels"].shape, 99)),
+                    }
+                )
+            },
+        ),
+    ),
+    "fedgela-nan-etf": ("fedgela", {}, nan_etf),
+    "undeclared-record": ("fedavg", {}, lambda c: with_records(c, evil=ArrayRecord({"x": torch.zeros(2)}))),
+}
+
+
+@pytest.mark.parametrize("case", list(SERVER_PAYLOADS))
+def test_a_client_refuses_a_bad_server_payload_before_training(monkeypatch, task_identity, case: str) -> None:
+    """The trainer checks every server record (model arrays and extras) before it trains."""
+    from fedskew.client_app import fedavg as trainer_base
+    from fedskew.client_app.app import train
+
+    method, extra, edit = SERVER_PAYLOADS[case]
+    cfg = method_config(method, **extra)
+    grid = InProcessGrid(1, cfg, num_partitions=PARTITIONS)
+    strategy = get_method(method).strategy_class()(validate(cfg))
+    if method == "mupfl":  # synthetic features exist from round 2 on
+        strategy.features = torch.zeros(10, cfg["mupfl-features-per-class"], strategy.feature_dim)
+        strategy.seen = {1, 2}
+    (msg,) = strategy.configure_train(2, strategy.initial_arrays(), ConfigRecord({"attempt": 0}), grid)
+    msg.content = edit(msg.content)
+
+    def no_training(*a, **k):
+        raise AssertionError("the client trained on a bad server payload")
+
+    monkeypatch.setattr(trainer_base, "train_epochs", no_training)
+    with pytest.raises(ValueError):
+        train(msg, grid.contexts[msg.metadata.dst_node_id])
