@@ -16,11 +16,12 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
 
-MetricValue = int | float
+from fedskew.config import INT64
 
 
 class Rejected(ValueError):
@@ -69,7 +70,7 @@ class MetricsSpec:
 Spec = ArraysSpec | MetricsSpec
 
 
-def tensor_like(value: np.ndarray | object) -> Tensor:
+def tensor_like(value: Any) -> Tensor:
     """The exact form of an array (numpy array or torch tensor)."""
     dtype = str(value.dtype).removeprefix("torch.")
     return Tensor(tuple(value.shape), dtype)
@@ -118,8 +119,8 @@ def check_arrays(record: object, spec: ArraysSpec, name: str) -> dict[str, np.nd
     return out
 
 
-def check_metrics(record: object, spec: MetricsSpec, name: str) -> dict[str, MetricValue]:
-    """The metrics of `record` after checking their names, kinds and ranges against `spec`."""
+def check_metrics(record: object, spec: MetricsSpec, name: str) -> None:
+    """Check the names, kinds and ranges of the metrics in `record` against `spec`."""
     if not isinstance(record, MetricRecord):
         raise Rejected(f"{name!r} is a {type(record).__name__}, expected a MetricRecord")
     unexpected = [k for k in record.keys() if k not in spec.values]
@@ -133,11 +134,11 @@ def check_metrics(record: object, spec: MetricsSpec, name: str) -> dict[str, Met
         kinds = (int,) if form.kind is int else (int, float)
         if isinstance(value, bool) or not isinstance(value, kinds):
             raise Rejected(f"metric {key}={_short(value)} of {name!r} is not of kind {form.kind.__name__}")
-        if math.isnan(value) and form.nan:
+        if isinstance(value, float) and math.isnan(value) and form.nan:
             continue
-        if not (math.isfinite(value) and form.low <= value <= form.high):
-            raise Rejected(f"metric {key}={value!r} of {name!r} is outside [{form.low:g}, {form.high:g}]")
-    return dict(record)
+        finite = math.isfinite(value) if isinstance(value, float) else INT64[0] <= value <= INT64[1]
+        if not (finite and form.low <= value <= form.high):
+            raise Rejected(f"metric {key}={_short(value)} of {name!r} is outside [{form.low:g}, {form.high:g}]")
 
 
 def check_content(content: RecordDict, schema: Mapping[str, Spec]) -> RecordDict:

@@ -105,6 +105,7 @@ GENERIC: dict[str, Edit] = {
     "partition-10**12": metric(partition_id=10**12),
     "accuracy-1e9": metric(personal_accuracy=1e9),
     "inf-loss": metric(train_loss=float("inf")),
+    "int-beyond-float": metric(train_seconds=10**400),
     "unknown-record": record("evil", lambda c, ctx: ArrayRecord({"x": torch.zeros(2)})),
 }
 SPECIFIC: dict[str, dict[str, Edit]] = {

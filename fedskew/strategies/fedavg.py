@@ -216,13 +216,13 @@ class FedAvgStrategy(FedAvg):
         if metrics["num-examples"] > bound:
             raise Rejected(f"num-examples={metrics['num-examples']} > {bound}, the size of partition {partition}")
 
-    def screen(self, msg: Message, node: int) -> RecordDict:
+    def screen(self, msg: Message, node: int, schema: dict[str, Spec]) -> RecordDict:
         """The reply's content cut to its declared records, after every check; raises `Rejected`."""
         if msg.has_error():
             raise Rejected(msg.error.reason)
         if node not in self.node_partitions:
             raise Rejected("the node never reported its partition")
-        content = check_content(msg.content, self.reply_schema())
+        content = check_content(msg.content, schema)
         self.check_reply(content, self.node_partitions[node])
         return content
 
@@ -231,13 +231,14 @@ class FedAvgStrategy(FedAvg):
         sampled nodes that did not reply at all (a dead node, the round timed out); sort the rest
         by partition id."""
         self.failures, self.pending, ok, answered = self.pending, [], [], set()
+        schema = self.reply_schema()
         dst = {m.metadata.message_id: m.metadata.dst_node_id for m in self.sent_messages if m.metadata.message_id}
         for msg in replies:
             # the SuperLink itself answers for a node that stopped sending heartbeats (src = SuperLink)
             node = dst.get(msg.metadata.reply_to_message_id or None, msg.metadata.src_node_id)
             answered.add(node)
             try:
-                msg.content = self.screen(msg, node)
+                msg.content = self.screen(msg, node, schema)
             except Rejected as e:
                 self.fail(server_round, node, str(e))
                 continue
