@@ -84,7 +84,7 @@ def replies_and_strategy(tpl: Template, n: int, seed: int) -> tuple[FedAvgStrate
     strategy = get_method(rc["method"]).strategy_class()(config(**rc))
     base = arrays_to_numpy(arrays)
     strategy.sent_arrays = arrays
-    strategy.num_partitions = n
+    strategy.num_partitions = 0  # as nodes with their own data: num-examples bounded by the training set's size
     strategy.node_partitions = {i + 1: i for i in range(n)}
     if hasattr(strategy, "bases"):  # MuPFL: every client started from the global model
         strategy.bases = dict.fromkeys(range(n), base)

@@ -58,12 +58,13 @@ def format_summary(s: dict[str, Any]) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    if args.num_supernodes is not None and args.num_supernodes < 1:
+        raise ConfigError(f"--num-supernodes {args.num_supernodes} is not allowed: must be >= 1")
     app_dir = find_app_dir(args.app)
-    overrides, clients = {}, args.num_supernodes or 20
+    overrides, clients = read_overrides(args.run_config), args.num_supernodes or 20
     if args.resume:
-        overrides, resumed_clients = resume_overrides(Path(args.resume))
+        overrides, resumed_clients = resume_overrides(Path(args.resume), overrides)
         clients = args.num_supernodes or resumed_clients
-    overrides.update(read_overrides(args.run_config))
     _, overrides = prepare_config(app_dir, overrides, clients)
     summary = run_simulation(app_dir, overrides, clients, args.federation_config)
     print(format_summary(summary), flush=True)
@@ -140,8 +141,6 @@ def main(argv: list[str] | None = None) -> int:
         p.set_defaults(fn=cmd_data)
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)  # so a killed `fedskew run` still stops its SuperLink
-    if (getattr(args, "num_supernodes", None) or 1) < 1:
-        parser.error("--num-supernodes must be >= 1")
     try:
         return int(args.fn(args))
     except (ConfigError, FileNotFoundError, ValueError) as e:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import difflib
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,7 +28,8 @@ class ConfigError(ValueError):
 class Param:
     """One run-config key: its type, default, allowed values and a short help text.
 
-    `low`/`high` bound numbers; `low_open`/`high_open` make a bound exclusive.
+    `low`/`high` bound numbers; `low_open`/`high_open` make a bound exclusive; `rule(value, cfg)`
+    is a further check that may read the other (typed) values and raises ValueError with the reason.
     """
 
     kind: type
@@ -39,6 +40,7 @@ class Param:
     high: float | None = None
     low_open: bool = False
     high_open: bool = False
+    rule: Callable[[Any, dict[str, Any]], object] | None = None
 
     def allowed(self) -> str:
         if self.choices is not None:
@@ -67,15 +69,20 @@ class Param:
         return value
 
 
+INT64 = (-(2**63), 2**63 - 1)  # what a run config can carry (Flower sends integers as sint64)
+
+
 def _coerce(key: str, value: Any, kind: type) -> Any:
     if kind is bool:
         if isinstance(value, bool):
             return value
     elif kind is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
         if isinstance(value, float) and value.is_integer():
-            return int(value)
+            value = int(value)
+        if isinstance(value, int) and not isinstance(value, bool):
+            if not INT64[0] <= value <= INT64[1]:
+                raise ConfigError(f"{key}={value!r} is not allowed: must be a 64-bit integer")
+            return value
     elif kind is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
@@ -86,6 +93,12 @@ def _coerce(key: str, value: Any, kind: type) -> Any:
         f"{key}={value!r} has type {type(value).__name__}: must be a {kind.__name__}"
         + (' (quote strings: key="value")' if kind is str else "")
     )
+
+
+def folder_name_rule(value: str, cfg: dict[str, Any]) -> None:
+    """A `Param.rule`: one folder name, so that results stay inside out-dir."""
+    if value in (".", "..") or any(c in value for c in "/\\\0"):
+        raise ValueError("must be one folder name (no '/', '\\', '.' or '..')")
 
 
 COMMON: dict[str, Param] = {
@@ -172,8 +185,42 @@ COMMON: dict[str, Param] = {
     "resume": Param(bool, False, "continue from the run folder's checkpoint.pt (`fedskew run --resume DIR`)"),
     "state-max-mb": Param(float, 64.0, "bound on a client's persistent state kept in context.state", low=0.0),
     "out-dir": Param(str, "outputs", "results folder (made absolute by `fedskew run`)"),
-    "run-name": Param(str, "", "results subfolder ('' = method-dataset-partition-seed-time)"),
+    "run-name": Param(
+        str, "", "results subfolder of out-dir ('' = method-dataset-partition-seed-time)", rule=folder_name_rule
+    ),
+    "max-num-examples": Param(
+        int,
+        0,
+        "nodes with their own data: the most examples a reply may claim (0 = the data set's training-set size)",
+        low=0,
+    ),
 }
+
+
+def parse_class_list(text: str, num_classes: int) -> list[int]:
+    """`"3,7"` -> [3, 7]; `"all"` -> every class; `""` -> none. Raises ValueError when invalid."""
+    text = text.strip()
+    if not text:
+        return []
+    if text == "all":
+        return list(range(num_classes))
+    try:
+        out = sorted({int(t) for t in text.split(",") if t.strip()})
+    except ValueError:
+        raise ValueError(f"class list {text!r}: expected comma-separated class ids or 'all'") from None
+    bad = [c for c in out if not 0 <= c < num_classes]
+    if bad:
+        raise ValueError(f"class list {text!r}: ids {bad} are outside [0, {num_classes})")
+    return out
+
+
+def class_list_rule(text: str, cfg: dict[str, Any]) -> None:
+    """A `Param.rule`: `text` is a class list of the configured data set (for an `hf:` data set,
+    whose classes are known only from the data, the ids are checked when the strategy starts)."""
+    from fedskew.data import DATASET_INFO
+
+    info = DATASET_INFO.get(cfg["dataset"])
+    parse_class_list(text, info.num_classes if info else 2**31)
 
 
 def _device_ok(value: str) -> bool:
@@ -216,6 +263,12 @@ def all_params() -> dict[str, Param]:
 def _check_cross(cfg: dict[str, Any]) -> None:
     from fedskew.data import DATASET_INFO, HF_PREFIX, is_hf
 
+    for key, p in all_params().items():
+        if p.rule is not None:
+            try:
+                p.rule(cfg[key], cfg)
+            except ValueError as e:
+                raise ConfigError(f"{key}={cfg[key]!r} is not allowed: {e}") from None
     if not _device_ok(cfg["device"]):
         raise ConfigError(f"device={cfg['device']!r} is not allowed: must be 'auto', 'cpu', 'cuda' or 'cuda:N'")
     name = cfg["dataset"]

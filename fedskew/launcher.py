@@ -80,7 +80,9 @@ def prepare_config(app_dir: Path, overrides: dict[str, Any], num_clients: int) -
         overrides["run-name"] = default_run_name(cfg, datetime.now().strftime("%Y%m%d-%H%M%S"))
     cfg = validate({**app_defaults(app_dir), **overrides})
     from fedskew.data.clients import client_indices
+    from fedskew.training import pick_device
 
+    pick_device(cfg["device"])  # the simulated clients run here
     client_indices(cfg, num_clients)  # raises DataMissingError / PartitionError early
     return cfg, overrides
 
@@ -235,15 +237,38 @@ def _wait(run_id: int, connection: str, env: dict[str, str], logger: subprocess.
             return status
 
 
-def resume_overrides(run_dir: Path) -> tuple[dict[str, Any], int]:
-    """The config of an earlier run (with resume=true) and its number of clients."""
+RESUME_FIXED = ("method", "model", "dataset")  # what the checkpoint's arrays and state belong to
+
+
+def resume_overrides(run_dir: Path, changes: dict[str, Any]) -> tuple[dict[str, Any], int]:
+    """The config of an earlier run with `changes` applied (and resume=true), and its number of
+    clients. Raises ConfigError for a folder that is not a stopped fedskew run, or for `changes`
+    to what the checkpoint holds (`RESUME_FIXED`)."""
     run_dir = run_dir.expanduser().absolute()
-    if not (run_dir / "config.json").is_file():
-        raise ConfigError(f"--resume {run_dir}: no config.json there (not a fedskew run folder)")
     if not (run_dir / "checkpoint.pt").is_file():
         raise ConfigError(f"--resume {run_dir}: no checkpoint.pt yet (checkpoint-every rounds must have passed)")
+    saved = _read_json(run_dir / "config.json", dict)
+    train = _read_json(run_dir / "partition.json", dict).get("train")
+    if not isinstance(train, list) or not train:
+        raise ConfigError(f"--resume {run_dir / 'partition.json'}: no list of clients under 'train'")
+    for key in RESUME_FIXED:
+        if key in changes and key in saved and changes[key] != saved[key]:
+            raise ConfigError(
+                f"--resume: {key}={changes[key]!r} does not match the checkpoint's {key}={saved[key]!r} "
+                f"({run_dir / 'config.json'})"
+            )
     schema = all_params()
-    cfg = {k: v for k, v in json.loads((run_dir / "config.json").read_text()).items() if k in schema}
-    cfg.update({"resume": True, "out-dir": str(run_dir.parent), "run-name": run_dir.name})
-    clients = len(json.loads((run_dir / "partition.json").read_text())["train"])
-    return cfg, clients
+    cfg = {k: v for k, v in saved.items() if k in schema}
+    cfg.update({**changes, "resume": True, "out-dir": str(run_dir.parent), "run-name": run_dir.name})
+    return cfg, len(train)
+
+
+def _read_json(path: Path, kind: type) -> Any:
+    """The JSON value in `path`, which must be a `kind`; ConfigError naming the file otherwise."""
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"--resume {path}: not readable as JSON ({e})") from None
+    if not isinstance(value, kind):
+        raise ConfigError(f"--resume {path}: holds a {type(value).__name__}, expected a JSON {kind.__name__}")
+    return value

@@ -11,7 +11,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedskew.config import Param
+from fedskew.config import Param, class_list_rule
 
 
 @dataclass(frozen=True)
@@ -89,7 +89,9 @@ METHODS: dict[str, MethodSpec] = {
             share_fraction=Param(
                 float, 1.0, "FedMR privacy: share of clients (fixed, seeded) that upload prototypes", low=0.0, high=1.0
             ),
-            private_classes=Param(str, "", "FedMR privacy: classes never uploaded, e.g. '3,7' or 'all' ('' = none)"),
+            private_classes=Param(
+                str, "", "FedMR privacy: classes never uploaded, e.g. '3,7' or 'all' ('' = none)", rule=class_list_rule
+            ),
         ),
         _m(
             "mupfl",

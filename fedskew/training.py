@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedskew.config import ConfigError
+
 LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
 Augment = Callable[[torch.Tensor, torch.Generator], torch.Tensor]  # (batch, generator) -> augmented batch
 
@@ -30,12 +32,15 @@ def seed_everything(*parts: int) -> torch.Generator:
 
 
 def pick_device(name: str = "auto") -> torch.device:
-    """`auto` gives cuda when present, else cpu."""
+    """`auto` gives cuda when present, else cpu; a CUDA device that is not here raises ConfigError."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise RuntimeError(f"device={name!r} asked for but CUDA is not available here")
-    return torch.device(name)
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device={name!r} is not allowed: CUDA is not available here")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise ConfigError(f"device={name!r} is not allowed: this machine has {torch.cuda.device_count()} CUDA devices")
+    return device
 
 
 def minibatches(n: int, batch_size: int, generator: torch.Generator) -> Iterator[torch.Tensor]:

@@ -26,7 +26,14 @@ def app_defaults() -> dict[str, Any]:
 class InProcessGrid:
     """`get_node_ids` / `send_and_receive` over `num_nodes` ClientApp contexts that keep state."""
 
-    def __init__(self, num_nodes: int, run_config: dict[str, Any], faults: dict[tuple[int, int], Fault] | None = None):
+    def __init__(
+        self,
+        num_nodes: int,
+        run_config: dict[str, Any],
+        faults: dict[tuple[int, int], Fault] | None = None,
+        num_partitions: int | None = None,
+    ):
+        """Node i serves partition i of `num_partitions` (default: one partition per node)."""
         self.run_config = run_config
         self.faults = faults or {}
         ids = [1000 + 17 * i for i in range(num_nodes)]
@@ -34,7 +41,7 @@ class InProcessGrid:
             nid: Context(
                 run_id=1,
                 node_id=nid,
-                node_config={"partition-id": i, "num-partitions": num_nodes},
+                node_config={"partition-id": i, "num-partitions": num_partitions or num_nodes},
                 state=RecordDict(),
                 run_config=run_config,
             )
@@ -65,9 +72,11 @@ class InProcessGrid:
         return replies
 
 
-def run_in_process(overrides: dict[str, Any], num_nodes: int, faults: dict | None = None) -> InProcessGrid:
+def run_in_process(
+    overrides: dict[str, Any], num_nodes: int, faults: dict | None = None, num_partitions: int | None = None
+) -> InProcessGrid:
     """Run the whole ServerApp main in this process; returns the grid (its contexts hold client state)."""
     cfg = {**app_defaults(), **overrides}
-    grid = InProcessGrid(num_nodes, cfg, faults)
+    grid = InProcessGrid(num_nodes, cfg, faults, num_partitions)
     server_main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=cfg))
     return grid

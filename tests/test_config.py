@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import subprocess
 import sys
@@ -106,3 +107,73 @@ def test_cli_rejects_impossible_partition_before_starting_flower() -> None:
         [sys.executable, "-m", "fedskew.cli", "run", "-n", "3"], capture_output=True, text=True, cwd=ROOT
     )
     assert res.returncode == 2 and "no client" in res.stderr
+
+
+# ---------------------------------------------------------------------- up front, before any SuperLink (issue 15)
+def write_run_dir(folder, config: str, partition: str | None = json.dumps({"train": [[1]] * 20})):
+    """A stopped run's folder as `fedskew run --resume` reads it."""
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(config)
+    (folder / "checkpoint.pt").write_bytes(b"")
+    if partition is not None:
+        (folder / "partition.json").write_text(partition)
+    return folder
+
+
+def write_evil_cifar(root):
+    import pickle
+
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        (folder / name).write_bytes(pickle.dumps({b"data": print, b"labels": [1]}))
+    return root
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["-n", "0"], "--num-supernodes"),
+        (["-c", "seed=9223372036854775808"], "seed=9223372036854775808"),
+        (["-c", "num-server-rounds=1e20"], "num-server-rounds="),
+        (["-c", 'method="fedmr" fedmr-private-classes="abc"'], "fedmr-private-classes='abc'"),
+        (["-c", 'device="cuda"'], "CUDA"),
+        (["-c", 'device="cuda:0"'], "CUDA"),
+        (["-c", 'run-name="../x"'], "run-name='../x'"),
+        (["-c", 'run-name="/tmp/x"'], "run-name='/tmp/x'"),
+        (["-c", 'data-root="{tmp}/missing"'], "missing"),
+        (["-c", 'data-root="{tmp}/file"'], "not a folder"),
+        (["-c", 'dataset="cifar10" data-root="{tmp}/evil"'], "refusing"),
+        (["--resume", "{tmp}/notjson"], "config.json"),
+        (["--resume", "{tmp}/list"], "config.json"),
+        (["--resume", "{tmp}/badtype"], "seed='x'"),
+        (["--resume", "{tmp}/nopartition"], "partition.json"),
+        (["--resume", "{tmp}/badpartition"], "partition.json"),
+        (["--resume", "{tmp}/lenet", "-c", 'model="mlp"'], "model='mlp'"),
+        (["--resume", "{tmp}/lenet", "-c", 'method="fedrs"'], "method='fedrs'"),
+    ],
+)
+def test_cli_refuses_up_front_with_one_line(tmp_path, monkeypatch, capsys, args: list[str], needle: str) -> None:
+    """Each fails in about a second with one line and exit 2, before any SuperLink starts."""
+    import torch
+
+    from fedskew import cli
+
+    def no_superlink(*a, **k):
+        raise AssertionError("a SuperLink was started")
+
+    monkeypatch.setattr(cli, "run_simulation", no_superlink)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    (tmp_path / "file").write_text("x")
+    write_evil_cifar(tmp_path / "evil")
+    write_run_dir(tmp_path / "notjson", "{not json")
+    write_run_dir(tmp_path / "list", "[1, 2]")
+    write_run_dir(tmp_path / "badtype", '{"seed": "x"}')
+    write_run_dir(tmp_path / "nopartition", "{}", partition=None)
+    write_run_dir(tmp_path / "badpartition", "{}", partition='{"train": 5}')
+    write_run_dir(tmp_path / "lenet", '{"model": "lenet", "method": "fedavg"}')
+    t0 = time.monotonic()
+    code = cli.main(["run", *[a.replace("{tmp}", str(tmp_path)) for a in args]])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert time.monotonic() - t0 < 10
+    assert code == 2 and len(err) == 1 and needle in err[0], err

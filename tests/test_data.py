@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import pickle
+import re
 import struct
 from pathlib import Path
 
@@ -99,7 +100,7 @@ def test_cifar_unpickler_refuses_anything_else(tmp_path: Path) -> None:
     path = tmp_path / "data_batch_1"
     with open(path, "wb") as f:
         pickle.dump({b"data": Evil(), b"labels": [1]}, f)
-    with pytest.raises(pickle.UnpicklingError, match="refusing"):
+    with pytest.raises(ValueError, match="refusing"):
         read_cifar_batch(path, b"labels")
 
 
@@ -155,3 +156,54 @@ def test_real_fashion_mnist_is_complete() -> None:
     x, y, x2, y2 = load_dataset("fashion-mnist", "")
     assert x.shape == (60000, 1, 28, 28) and x2.shape == (10000, 1, 28, 28)
     assert (np.bincount(y) == 6000).all() and (np.bincount(y2) == 1000).all()
+
+
+# ---------------------------------------------------------------------- damaged files are refused (issue 15)
+def _mnist_with(tmp_path: Path, n_images: int, labels: np.ndarray) -> Path:
+    folder = tmp_path / "mnist"
+    write_mnist(folder)
+    write_idx(folder / "train-images-idx3-ubyte", RNG.integers(0, 256, (n_images, 28, 28)), gz=True)
+    write_idx(folder / "train-labels-idx1-ubyte", labels, gz=True)
+    return tmp_path
+
+
+def _cifar_with(tmp_path: Path, data: np.ndarray, labels: list[int]) -> Path:
+    folder = tmp_path / "cifar-10-batches-py"
+    folder.mkdir()
+    for i in range(1, 6):
+        _cifar_batch(folder / f"data_batch_{i}", 4, b"labels")
+    _cifar_batch(folder / "test_batch", 3, b"labels")
+    with open(folder / "data_batch_3", "wb") as f:
+        pickle.dump({b"data": data, b"labels": labels}, f, protocol=2)
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    ("make", "name", "needle"),
+    [
+        (lambda p: _mnist_with(p, 10, np.arange(7)), "mnist", "10 images but 7 labels"),
+        (lambda p: _mnist_with(p, 10, np.full(10, 77)), "mnist", "labels in [77, 77]"),
+        (lambda p: _cifar_with(p, np.zeros((10, 3072), np.uint8), [1] * 7), "cifar10", "images but"),
+        (lambda p: _cifar_with(p, np.zeros((4, 3072), np.uint8), [1, 2, 3, 10]), "cifar10", "labels"),
+        (lambda p: _cifar_with(p, np.zeros(3000, np.uint8), [1]), "cifar10", "not a CIFAR batch"),
+    ],
+    ids=["idx-misaligned", "idx-label-77", "cifar-misaligned", "cifar-label-10", "cifar-truncated"],
+)
+def test_damaged_data_files_are_refused_naming_the_folder(tmp_path: Path, make, name: str, needle: str) -> None:
+    root = make(tmp_path)
+    load_dataset.cache_clear()
+    with pytest.raises(ValueError, match=re.escape(needle)) as info:
+        load_dataset(name, str(root))
+    assert str(root) in str(info.value)
+    load_dataset.cache_clear()
+
+
+@pytest.mark.parametrize("kind", ["missing", "file"])
+def test_a_data_root_that_is_not_a_folder_is_refused(tmp_path: Path, kind: str) -> None:
+    """No silent fall-back to ./data or the system's data set."""
+    root = tmp_path / "root"
+    if kind == "file":
+        root.write_text("x")
+    load_dataset.cache_clear()
+    with pytest.raises(DataMissingError, match="not a folder"):
+        load_dataset("fashion-mnist", str(root))

@@ -10,12 +10,13 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from fedskew.client_app.fedavg import TrainerContext
-from fedskew.client_app.fedgela import FedGELATrainer, received_etf
+from fedskew.client_app.fedgela import FedGELATrainer
 from fedskew.client_app.state import ClientState
 from fedskew.config import validate
 from fedskew.data.clients import ClientData
 from fedskew.losses.fedgela import ETFNet, etf_checksum, gela_logits, local_phi, make_etf
 from fedskew.partitions.core import classes_per_client_pmcn, dirichlet
+from fedskew.records import Rejected, check_content
 from fedskew.strategies.fedgela import FedGELAStrategy
 from fedskew.training import clip_before_step
 from tests.conftest import read_metrics
@@ -129,7 +130,7 @@ def test_client_trains_backbone_only_and_uploads_it(task_identity, feature_norm:
     assert torch.equal(model.phi, local_phi(trainer.data.train_counts))
     # the payload is exactly the backbone, and training changed it
     arrays = reply["arrays"]
-    assert strategy.check_reply(reply, strategy.expected_upload(content["arrays"])) is None
+    check_content(reply, strategy.reply_schema())  # passes the server's screen
     changed = [k for k in arrays if not np.array_equal(arrays[k].numpy(), content["arrays"][k].numpy())]
     assert changed
     assert 0.0 <= reply["metrics"]["personal-accuracy"] <= 1.0
@@ -142,7 +143,8 @@ def test_client_trains_backbone_only_and_uploads_it(task_identity, feature_norm:
             "metrics": reply["metrics"],
         }
     )
-    assert "unexpected" in strategy.check_reply(bad, strategy.expected_upload(content["arrays"]))
+    with pytest.raises(Rejected, match="unexpected"):
+        check_content(bad, strategy.reply_schema())
 
 
 def test_single_class_client_learns_in_default_mode_only(task_identity) -> None:
@@ -168,12 +170,15 @@ def test_tampered_or_misshaped_etf_is_refused(task_identity) -> None:
     cfg = validate({"method": "fedgela"})
     content = server_message(FedGELAStrategy(cfg))
     etf = torch.from_numpy(content["etf"]["etf"].numpy())
-    assert torch.equal(received_etf(content, 84, 10), etf)
-    with pytest.raises(ValueError, match="shape"):
-        received_etf(content, 200, 10)
+    trainer = make_trainer(cfg, torch.tensor([1, 7] * 40))
+    trainer.receive(content)
+    assert torch.equal(trainer.etf, etf)
+    content["etf"] = ArrayRecord({"etf": torch.zeros(200, 10)})
+    with pytest.raises(ValueError, match="expected float32"):
+        trainer.receive(content)
     content["etf"] = ArrayRecord({"etf": etf * 1.0001})
     with pytest.raises(ValueError, match="checksum"):
-        received_etf(content, 84, 10)
+        trainer.receive(content)
 
 
 def test_global_model_uses_plain_etf() -> None:

@@ -10,12 +10,12 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 
+from fedskew.config import parse_class_list
 from fedskew.losses.fedmr import (
     aggregate_prototypes,
     class_prototypes,
     inter_class_loss,
     intra_class_loss,
-    parse_class_list,
     sharing_partitions,
 )
 from tests.conftest import read_metrics
@@ -266,22 +266,24 @@ def test_strategy_screens_replies_and_aggregates_prototypes(task_identity) -> No
     cfg = validate({"method": "fedmr", "fedmr-private-classes": "9"})
     s = FedMRStrategy(cfg)
     s.sent_arrays = s.initial_arrays()
-    s.num_partitions = 6
+    s.num_partitions = 7
+    s.node_partitions = {10 + p: p for p in range(7)}
     c, d = 10, s.feature_dim
     ones, n = np.ones((c, d), np.float32), np.zeros(c, np.int64)
     good0 = reply(s, 0, ones, np.where(np.arange(c) < 2, 30, 0))
-    good1 = reply(s, 1, 4 * ones, np.where(np.arange(c) == 1, 10, 0) + np.where(np.arange(c) == 9, 5, 0))
+    good1 = reply(s, 1, 4 * ones, np.where(np.arange(c) == 1, 10, 0))
     bad = [
         reply(s, 2, ones, np.where(np.arange(c) == 3, -1, 0)),  # negative count
         reply(s, 3, np.ones((c, d + 1), np.float32), n),  # wrong shape
         reply(s, 4, np.full((c, d), np.nan, np.float32), n),  # NaN
         reply(s, 5, ones, n, drop="record"),  # no prototype record
         reply(s, 5, ones, np.full(c, 50), num=100),  # counts exceed num-examples
+        reply(s, 6, ones, np.where(np.arange(c) == 9, 5, 0)),  # a private class
     ]
     new, metrics = s.aggregate_train(1, [bad[0], good1, bad[1], good0, *bad[2:]])
-    assert new is not None and metrics["replies"] == 2 and metrics["failures"] == 5
+    assert new is not None and metrics["replies"] == 2 and metrics["failures"] == 6
     reasons = " | ".join(f["reason"] for f in s.failures)
-    for word in ("negative", "expected float", "NaN", "lacks", "> num-examples"):
+    for word in ("holds -1 < 0", "expected float32", "NaN", "missing", "> num-examples", "private"):
         assert word in reasons, word
     assert s.valid.tolist() == [True, True] + [False] * 8  # class 9 private: never valid
     np.testing.assert_allclose(s.prototypes[0], 1.0)

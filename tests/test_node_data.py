@@ -186,7 +186,7 @@ def test_server_logs_dead_and_silent_nodes(task_identity: None) -> None:
 
     from fedskew.strategies.fedavg import FedAvgStrategy
 
-    strategy = FedAvgStrategy(validate({"fraction-train": 1.0}))
+    strategy = FedAvgStrategy(validate({"fraction-train": 1.0, "partition": "iid"}))
     grid = FakeGrid({101: 0, 202: 1, 303: 2})
     arrays = strategy.initial_arrays()
     sent = list(strategy.configure_train(1, arrays, ConfigRecord(), grid))

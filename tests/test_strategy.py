@@ -42,7 +42,7 @@ def make_reply(request: Message, arrays: dict[str, np.ndarray], n: int, pid: int
 
 @pytest.fixture
 def setup(task_identity):
-    cfg = validate({"model": "mlp", "fraction-train": 1.0})
+    cfg = validate({"model": "mlp", "fraction-train": 1.0, "partition": "iid"})
     strategy = FedAvgStrategy(cfg)
     grid = FakeGrid({111: 2, 222: 0, 333: 1})
     arrays = strategy.initial_arrays()

@@ -7,7 +7,10 @@ split (`personal-accuracy`; FedAvg's is its locally trained model, "FedAvg-FT" i
 reply with the model, the sample count and metrics. Subclasses override only the hooks that differ (FL-bench style):
 
     build_model      the network (default: `model` from the run config)
-    load_global      how the downloaded arrays enter the model
+    server_records   the extra ArrayRecords the server sends (ETF, prototypes, features ...)
+    receive          checks them (names, shapes, dtypes, finite values, ranges) before anything
+                     else; a method reads its extras from `self.received`, never unchecked
+    load_global      how the downloaded arrays enter the model (checked by `checked_arrays`)
     loss             the local objective on one mini-batch (default: cross-entropy)
     optimizer        the local optimiser (default: `sgd` from the run config, fresh each round)
     local_train      the whole local procedure (default: `train_epochs` on `loss`, batches through
@@ -25,6 +28,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from torch import nn
@@ -34,6 +38,7 @@ from fedskew.data import dataset_info
 from fedskew.data.augment import augmentation
 from fedskew.data.clients import ClientData
 from fedskew.models import SplitNet, build_model
+from fedskew.records import ArraysSpec, Rejected, check_arrays, tensor_like
 from fedskew.training import cross_entropy_loss, evaluate, sgd, train_epochs
 
 
@@ -42,24 +47,14 @@ def checked_arrays(
 ) -> dict[str, torch.Tensor]:
     """The server's arrays as tensors, after checking names, shapes, dtypes and finiteness against
     `expected`; raises ValueError naming the first problem (the server logs it as this node's failure)."""
-    record = content.get(key)
-    if not isinstance(record, ArrayRecord):
-        raise ValueError(f"server message lacks the {key!r} ArrayRecord")
-    arrays = record.to_torch_state_dict()
-    if list(arrays) != list(expected):
-        missing, extra = set(expected) - set(arrays), set(arrays) - set(expected)
-        raise ValueError(
-            f"server arrays differ from the model: missing {sorted(missing)[:3]}, extra {sorted(extra)[:3]}"
-        )
-    for name, t in arrays.items():
-        want = expected[name]
-        if t.shape != want.shape or t.dtype != want.dtype:
-            raise ValueError(
-                f"server array {name!r} is {t.dtype}{list(t.shape)}, expected {want.dtype}{list(want.shape)}"
-            )
-        if t.is_floating_point() and not torch.isfinite(t).all():
-            raise ValueError(f"server array {name!r} holds NaN or inf")
-    return arrays
+    if key not in content:
+        raise Rejected(f"server message lacks the {key!r} ArrayRecord")
+    spec = ArraysSpec({name: tensor_like(t) for name, t in expected.items()})
+    return as_tensors(check_arrays(content[key], spec, f"server {key}"))
+
+
+def as_tensors(arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    return {k: torch.from_numpy(v.copy()) for k, v in arrays.items()}  # decoded arrays are read-only
 
 
 @dataclass
@@ -88,6 +83,24 @@ class FedAvgTrainer:
     # ------------------------------------------------------------------ hooks
     def build_model(self) -> SplitNet:
         return build_model(self.cfg["model"], dataset_info(self.cfg)).to(self.device)
+
+    def server_records(self) -> dict[str, ArraysSpec]:
+        """The extra ArrayRecords the server sends this method, by record name (none for FedAvg)."""
+        return {}
+
+    def receive(self, content: RecordDict) -> dict[str, dict[str, torch.Tensor]]:
+        """The server's extra records as tensors, each checked against `server_records`; an
+        ArrayRecord the method does not declare is refused (raises ValueError)."""
+        declared = self.server_records()
+        unknown = [k for k, v in content.items() if isinstance(v, ArrayRecord) and k != "arrays" and k not in declared]
+        if unknown:
+            raise Rejected(f"server message holds undeclared records {unknown[:3]}")
+        missing = [k for k, spec in declared.items() if spec.required and k not in content]
+        if missing:
+            raise Rejected(f"server message lacks the records {missing}")
+        return {
+            k: as_tensors(check_arrays(content[k], spec, f"server {k}")) for k, spec in declared.items() if k in content
+        }
 
     def load_global(self, model: nn.Module, content: RecordDict) -> None:
         model.load_state_dict(checked_arrays(content, model.state_dict()), strict=True)
@@ -133,6 +146,7 @@ class FedAvgTrainer:
     def fit(self, content: RecordDict) -> RecordDict:
         """One round: returns the reply content (arrays, metrics and any extra records)."""
         t0 = time.perf_counter()
+        self.received = self.receive(content)
         model = self.build_model()
         self.load_global(model, content)
         g_loss, g_acc = self.evaluate_local(self.received_global_model(model))

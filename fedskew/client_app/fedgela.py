@@ -1,9 +1,10 @@
 """FedGELA client (Fan et al., NeurIPS'23, Alg. 1; maths in `fedskew/losses/fedgela.py`).
 
 The server's ETF arrives as the `etf` ArrayRecord with its SHA-256 in the `etf-info` ConfigRecord;
-the client checks the checksum and the shape (d, C), then trains only the backbone with
-cross-entropy on s * phi_k,c * cos(h, m_c), phi_k = C n_{k,c} / n_k from its own training labels
-(computed here, never sent). The ETF and phi are buffers, not parameters: no gradient, no weight
+the client checks its shape (d, C), dtype and finite values (`server_records`, as every server
+record) and the checksum, then trains only the backbone with cross-entropy on
+s * phi_k,c * cos(h, m_c), phi_k = C n_{k,c} / n_k from its own training labels (computed here,
+never sent). The ETF and phi are buffers, not parameters: no gradient, no weight
 decay, unchanged by training. The upload is the backbone's state dict only. The personalized model
 is the trained backbone with the adapted ETF (spec §2.7), evaluated right after local training; the
 received global model (`client-global-accuracy`, the paper's PA of a global model) is the received
@@ -14,37 +15,40 @@ The gradient norm is clipped to `fedgela-clip` (authors' code: 20; 0 turns it of
 from __future__ import annotations
 
 import torch
-from flwr.app import RecordDict
+from flwr.app import ConfigRecord, RecordDict
 from torch import nn
 
 from fedskew.client_app.fedavg import FedAvgTrainer
 from fedskew.data import dataset_info
 from fedskew.losses.fedgela import ETFNet, etf_backbone, etf_checksum, local_phi
 from fedskew.models import build_model
+from fedskew.records import ArraysSpec, Tensor
 from fedskew.training import clip_before_step
 
 
-def received_etf(content: RecordDict, feature_dim: int, num_classes: int) -> torch.Tensor:
-    """The broadcast ETF `[d, C]`, after checking its shape and its checksum against `etf-info`."""
-    if "etf" not in content or "etf-info" not in content:
-        raise ValueError("FedGELA: the server message lacks the 'etf' / 'etf-info' records")
-    etf = torch.from_numpy(content["etf"]["etf"].numpy())
-    if tuple(etf.shape) != (feature_dim, num_classes):
-        raise ValueError(f"FedGELA: ETF has shape {tuple(etf.shape)}, the model needs ({feature_dim}, {num_classes})")
-    expected = str(content["etf-info"]["sha256"])
-    if etf_checksum(etf) != expected:
-        raise ValueError(f"FedGELA: ETF checksum {etf_checksum(etf)[:12]} != broadcast {expected[:12]}")
+def verified_etf(etf: torch.Tensor, content: RecordDict) -> torch.Tensor:
+    """`etf` (already checked: shape, dtype, finite values) after checking its checksum against
+    the `etf-info` record of the same message."""
+    info = content.get("etf-info")
+    if not isinstance(info, ConfigRecord) or not isinstance(info.get("sha256"), str):
+        raise ValueError("FedGELA: the server message lacks the 'etf-info' record with the ETF's sha256")
+    if etf_checksum(etf) != info["sha256"]:
+        raise ValueError(f"FedGELA: ETF checksum {etf_checksum(etf)[:12]} != broadcast {info['sha256'][:12]}")
     return etf
 
 
 class FedGELATrainer(FedAvgTrainer):
     """Backbone-only training against the client's adapted simplex ETF."""
 
-    def fit(self, content: RecordDict) -> RecordDict:
-        info = build_model(self.cfg["model"], dataset_info(self.cfg))
-        self.etf = received_etf(content, info.feature_dim, info.num_classes)
+    def server_records(self) -> dict[str, ArraysSpec]:
+        net = build_model(self.cfg["model"], dataset_info(self.cfg))
+        return {"etf": ArraysSpec({"etf": Tensor((net.feature_dim, net.num_classes), "float32")})}
+
+    def receive(self, content: RecordDict) -> dict[str, dict[str, torch.Tensor]]:
+        received = super().receive(content)
+        self.etf = verified_etf(received["etf"]["etf"], content)
         self.phi = local_phi(self.data.train_counts) if self.cfg["fedgela-adapt"] else None
-        return super().fit(content)
+        return received
 
     def build_model(self) -> ETFNet:
         net = build_model(self.cfg["model"], dataset_info(self.cfg))

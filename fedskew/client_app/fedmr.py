@@ -29,7 +29,10 @@ from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 
 from fedskew.client_app.fedavg import FedAvgTrainer
-from fedskew.losses.fedmr import class_prototypes, inter_class_loss, intra_class_loss, parse_class_list
+from fedskew.config import parse_class_list
+from fedskew.losses.fedmr import class_prototypes, inter_class_loss, intra_class_loss
+from fedskew.models import build_model
+from fedskew.records import ArraysSpec, Tensor
 
 PROTO_RECORD = "fedmr-prototypes"
 CONFIG_RECORD = "fedmr-config"
@@ -38,21 +41,20 @@ CONFIG_RECORD = "fedmr-config"
 class FedMRTrainer(FedAvgTrainer):
     """FedAvg local training plus the intra-class and inter-class (prototype) losses."""
 
+    def server_records(self) -> dict[str, ArraysSpec]:
+        net = build_model(self.cfg["model"], self.cfg["dataset"])
+        c, d = net.num_classes, net.feature_dim
+        protos = {"prototypes": Tensor((c, d), "float32"), "valid": Tensor((c,), "bool")}
+        return {PROTO_RECORD: ArraysSpec(protos, required=False)}
+
     def load_global(self, model: nn.Module, content: RecordDict) -> None:
         super().load_global(model, content)
         c, d = model.num_classes, model.feature_dim
-        rec = content.get(PROTO_RECORD)
-        if isinstance(rec, ArrayRecord) and "prototypes" in rec and "valid" in rec:
-            protos = torch.from_numpy(rec["prototypes"].numpy().astype(np.float32))
-            valid = torch.from_numpy(rec["valid"].numpy().astype(bool))
-            if tuple(protos.shape) != (c, d) or tuple(valid.shape) != (c,):
-                raise ValueError(
-                    f"global prototypes {list(protos.shape)}/{list(valid.shape)}, expected [{c}, {d}]/[{c}]"
-                )
-        else:
-            protos, valid = torch.zeros(c, d), torch.zeros(c, dtype=torch.bool)
-        self.prototypes = protos.to(self.device)
-        self.valid = valid.to(self.device)
+        rec = self.received.get(
+            PROTO_RECORD, {"prototypes": torch.zeros(c, d), "valid": torch.zeros(c, dtype=torch.bool)}
+        )
+        self.prototypes = rec["prototypes"].to(self.device)
+        self.valid = rec["valid"].to(self.device)
         self.local_mask = torch.from_numpy(self.data.train_counts > 0).to(self.device)
         conf = content.get(CONFIG_RECORD)
         mask = list(conf["share-mask"]) if conf is not None and "share-mask" in conf else None

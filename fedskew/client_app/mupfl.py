@@ -30,7 +30,8 @@ from torch import nn
 
 from fedskew.client_app.fedavg import FedAvgTrainer
 from fedskew.losses.mupfl import BAVD, attach_bavd, class_gradients, finetune_classifier, flat_maps, loss_change
-from fedskew.models import SplitNet
+from fedskew.models import SplitNet, build_model
+from fedskew.records import ArraysSpec, Tensor
 from fedskew.training import cross_entropy_loss, evaluate
 
 FEATURES = "mupfl-features"
@@ -47,6 +48,15 @@ class MuPFLTrainer(FedAvgTrainer):
         self.bavd: list[BAVD] = attach_bavd(model) if self.cfg["mupfl-bavd"] else []
         return model
 
+    def server_records(self) -> dict[str, ArraysSpec]:
+        """The synthetic features h_glo with their labels (PKCF; from round 2 on)."""
+        net = build_model(self.cfg["model"], self.cfg["dataset"])
+        feats = {
+            "features": Tensor((None, net.feature_dim), "float32"),
+            "labels": Tensor((None,), "int64", low=0, high=net.num_classes - 1),
+        }
+        return {FEATURES: ArraysSpec(feats, required=False)}
+
     def load_global(self, model: nn.Module, content: RecordDict) -> None:
         super().load_global(model, content)
         if self.cfg["mupfl-bavd-reset"] == "never" and self.bavd:
@@ -61,9 +71,9 @@ class MuPFLTrainer(FedAvgTrainer):
             _, stats["start-accuracy"] = evaluate(
                 model, self.data.x_test, self.data.y_test, self.cfg["eval-batch-size"], self.device
             )
-        if self.cfg["mupfl-pkcf"] and FEATURES in content:
+        if self.cfg["mupfl-pkcf"] and FEATURES in self.received:
             t0 = time.perf_counter()
-            feats = content[FEATURES].to_torch_state_dict()
+            feats = self.received[FEATURES]
             stats["finetune-loss"] = finetune_classifier(
                 model.classifier,
                 feats["features"].to(self.device),

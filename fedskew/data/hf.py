@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from fedskew.data import HF_PREFIX, DataMissingError, DatasetInfo, dataset_slug
+from fedskew.files import atomic_write
 
 log = logging.getLogger("fedskew.data")
 CACHE_FORMAT = 1
@@ -133,10 +134,8 @@ def _load(src: HFSource) -> tuple[tuple[np.ndarray, ...], DatasetInfo]:
     if cached is None:
         cached = convert(src)
         if path is not None:
-            from fedskew.data.node import save_npz
-
             try:
-                save_npz(path, cached)
+                atomic_write(path, lambda f: np.savez(f, **cached))
             except OSError as e:
                 log.warning("could not write the hf cache %s: %s", path, e)
     arrays = tuple(cached[k] for k in ARRAY_KEYS)

@@ -21,9 +21,12 @@ Node config keys (all optional except as noted):
 The cache key hashes every setting that determines the slice (the partition keys of
 `fedskew.data.clients.PARTITION_KEYS`, the resolved data root, the node's ids, the mode) and the
 source of the partitioning code, so a changed setting or a code update never reads a stale slice.
+The file is `<key>-<digest>.npz`, the digest a SHA-256 of the slice's arrays: a slice that does
+not match it (damaged, or edited), or whose labels are not class ids, is deleted and recomputed.
 Changing the data files in place is not detected: delete the cache folder then. The folder is
 bounded: after a write, the least recently used slices beyond `$FEDSKEW_CACHE_MAX_MB` (default
-2048) are deleted.
+2048) are deleted. Only fedskew's own slices (`CACHE_FILE`) are ever deleted: the cache folder may
+be shared with other files.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ import hashlib
 import json
 import logging
 import os
-import tempfile
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,12 +44,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedskew.data import dataset_info, dataset_slug, is_hf, load_arrays
+from fedskew.data import DATASET_INFO, DatasetInfo, dataset_info, dataset_slug, is_hf, load_arrays
 from fedskew.data.clients import PARTITION_KEYS, ClientData, client_indices, to_float
+from fedskew.data.readers import checked_split
+from fedskew.files import atomic_write
 
 log = logging.getLogger("fedskew.client")
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2
 _CODE_FILES = ("partitions/core.py", "data/clients.py", "data/readers.py", "data/node.py", "data/hf.py")
+SLICE_ARRAYS = ("x_train", "y_train", "x_test", "y_test")
+# fedskew's own cached slices (format 1 had no digest): the only files `prune` ever deletes
+_DATASET_SLUG = "|".join([*map(re.escape, DATASET_INFO), r"hf-[A-Za-z0-9._-]+"])
+CACHE_FILE = re.compile(rf"(?:{_DATASET_SLUG})-(?:own|p\d+of\d+)-[0-9a-f]{{20}}(?:-[0-9a-f]{{16}})?\.npz")
 
 
 @dataclass(frozen=True)
@@ -152,23 +161,51 @@ def compute_slice(cfg: dict[str, Any], spec: NodeData) -> dict[str, np.ndarray]:
     return {"x_train": x[tr], "y_train": y[tr], "x_test": x[te], "y_test": y[te]}
 
 
-def save_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """Write-then-rename, so concurrent nodes sharing a cache never read half a file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+def slice_digest(arrays: dict[str, np.ndarray]) -> str:
+    """SHA-256 (16 hex digits) of a slice: every array's name, dtype, shape and bytes."""
+    h = hashlib.sha256()
+    for key in SLICE_ARRAYS:
+        a = np.ascontiguousarray(arrays[key])
+        h.update(f"{key}:{a.dtype.str}:{a.shape};".encode())
+        h.update(a.data)
+    return h.hexdigest()[:16]
+
+
+def read_cached(folder: Path, key: str, info: DatasetInfo) -> dict[str, np.ndarray] | None:
+    """The cached slice `key` after checking it against the digest in its name and its labels; a
+    cached slice that fails is deleted (it is ours: its name says so), with a warning."""
+    for path in sorted(folder.glob(f"{key}-*.npz")):
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                arrays = {k: z[k] for k in SLICE_ARRAYS}
+            if path.stem.rsplit("-", 1)[-1] != slice_digest(arrays):
+                raise ValueError("its arrays do not match the digest in its name")
+            checked_split(key, path, "train", arrays["x_train"], arrays["y_train"], info)
+            checked_split(key, path, "test", arrays["x_test"], arrays["y_test"], info)
+        except (OSError, ValueError, KeyError) as e:  # damaged or edited: recompute and rewrite
+            log.warning("data cache %s refused (%s): recomputing the slice", path, e)
+            if CACHE_FILE.fullmatch(path.name):
+                path.unlink(missing_ok=True)
+            continue
+        os.utime(path)  # recently used: kept by `prune`
+        return arrays
+    return None
+
+
+def write_cached(folder: Path, key: str, arrays: dict[str, np.ndarray]) -> Path:
+    """Cache a slice as `<key>-<digest>.npz`, atomically (nodes sharing the folder never read half a file)."""
+    path = folder / f"{key}-{slice_digest(arrays)}.npz"
+    atomic_write(path, lambda f: np.savez(f, **arrays))
+    return path
 
 
 def prune(folder: Path, max_bytes: int, keep: Path) -> None:
-    """Delete the least recently used cached slices (never `keep`) until the folder holds at most
-    `max_bytes`."""
+    """Delete the least recently used of fedskew's cached slices (never `keep`, never another
+    file) until they hold at most `max_bytes`."""
     files = []
     for p in folder.glob("*.npz"):
+        if not CACHE_FILE.fullmatch(p.name):
+            continue
         try:
             st = p.stat()
         except OSError:  # removed by a concurrent node
@@ -187,23 +224,17 @@ def prune(folder: Path, max_bytes: int, keep: Path) -> None:
 def load_node_slice(cfg: dict[str, Any], node_config: Mapping[str, Any]) -> tuple[NodeData, dict[str, np.ndarray]]:
     """The node's spec and raw slice, from the cache when present (else computed and cached)."""
     spec = node_data_spec(node_config, cfg)
-    folder = cache_dir(node_config, spec)
-    path = folder / f"{cache_key(cfg, spec)}.npz" if folder else None
-    if path is not None and path.is_file():
-        try:
-            with np.load(path, allow_pickle=False) as z:
-                arrays = {k: z[k] for k in ("x_train", "y_train", "x_test", "y_test")}
-            os.utime(path)  # recently used: kept by `prune`
-            return spec, arrays
-        except (OSError, ValueError, KeyError) as e:  # a damaged file: recompute and rewrite
-            log.warning("ignoring unreadable data cache %s: %s", path, e)
+    folder, key = cache_dir(node_config, spec), cache_key(cfg, spec)
+    cached = read_cached(folder, key, dataset_info(cfg)) if folder else None
+    if cached is not None:
+        return spec, cached
     arrays = compute_slice(cfg, spec)
-    if path is not None:
+    if folder is not None:
         try:
-            save_npz(path, arrays)
+            path = write_cached(folder, key, arrays)
             prune(folder, int(float(os.environ.get("FEDSKEW_CACHE_MAX_MB", "2048")) * 2**20), keep=path)
         except OSError as e:
-            log.warning("could not write the data cache %s: %s", path, e)
+            log.warning("could not write the data cache in %s: %s", folder, e)
     return spec, arrays
 
 

@@ -7,8 +7,12 @@ import gzip
 import os
 import pickle
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from fedskew.data import DatasetInfo
 
 Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # x_train, y_train, x_test, y_test
 
@@ -38,8 +42,11 @@ class DataMissingError(FileNotFoundError):
 
 
 def default_roots(data_root: str) -> list[Path]:
-    """Where to look, in order: the configured root, then ./data and $FEDSKEW_DATA."""
+    """Where to look, in order: the configured root (which must be a folder), then ./data and
+    $FEDSKEW_DATA."""
     roots = [Path(data_root).expanduser()] if data_root else []
+    if roots and not roots[0].is_dir():
+        raise DataMissingError(f"data-root={data_root!r} is not a folder (missing, or a file)")
     roots.append(Path("data").absolute())
     if os.environ.get("FEDSKEW_DATA"):
         roots.append(Path(os.environ["FEDSKEW_DATA"]).expanduser())
@@ -64,6 +71,25 @@ def load_dataset(name: str, data_root: str = "") -> Arrays:
     for a in arrays:
         a.setflags(write=False)  # shared by every client in this process
     return arrays
+
+
+def checked_split(
+    name: str, folder: Path, split: str, x: np.ndarray, y: np.ndarray, info: DatasetInfo | None = None
+) -> None:
+    """One split's images and labels agree in number, images have the data set's shape and labels
+    are its class ids (`info`, default: the standard set `name`'s); else ValueError naming the folder."""
+    from fedskew.data import DATASET_INFO  # late: that package imports this module
+
+    info = info or DATASET_INFO[name]
+    where = f"{name} in {folder}, {split} split"
+    if len(x) != len(y):
+        raise ValueError(f"{where}: {len(x)} images but {len(y)} labels (truncated or mismatched files)")
+    if x.shape[1:] != (info.channels, info.size, info.size):
+        raise ValueError(
+            f"{where}: images of shape {list(x.shape[1:])}, expected {[info.channels, info.size, info.size]}"
+        )
+    if len(y) and not (0 <= y.min() and y.max() < info.num_classes):
+        raise ValueError(f"{where}: labels in [{y.min()}, {y.max()}], expected class ids in [0, {info.num_classes})")
 
 
 # ----------------------------------------------------------------------------- IDX (MNIST family)
@@ -107,7 +133,10 @@ def _load_idx_set(name: str, roots: list[Path]) -> Arrays:
         if all(paths.values()):
             x_tr, y_tr = read_idx(paths["train-x"]), read_idx(paths["train-y"])
             x_te, y_te = read_idx(paths["test-x"]), read_idx(paths["test-y"])
-            return (x_tr[:, None], y_tr.astype(np.int64), x_te[:, None], y_te.astype(np.int64))
+            arrays = (x_tr[:, None], y_tr.astype(np.int64), x_te[:, None], y_te.astype(np.int64))
+            checked_split(name, folder, "train", *arrays[:2])
+            checked_split(name, folder, "test", *arrays[2:])
+            return arrays
     files = ", ".join(f"{s}[.gz]" for s in IDX_FILES.values())
     hint = " or install Debian's package: apt-get install dataset-fashion-mnist" if name == "fashion-mnist" else ""
     raise DataMissingError(
@@ -138,13 +167,16 @@ class _CifarUnpickler(pickle.Unpickler):
 
 
 def read_cifar_batch(path: Path, label_key: bytes) -> tuple[np.ndarray, np.ndarray]:
-    """One CIFAR python batch: `data` [N, 3072] uint8 and its labels."""
-    with open(path, "rb") as f:
-        batch = _CifarUnpickler(f, encoding="bytes").load()
-    if not isinstance(batch, dict) or b"data" not in batch or label_key not in batch:
-        raise ValueError(f"{path}: not a CIFAR batch (keys b'data' and {label_key!r} expected)")
-    x = np.asarray(batch[b"data"], dtype=np.uint8).reshape(-1, 3, 32, 32)
-    y = np.asarray(batch[label_key], dtype=np.int64)
+    """One CIFAR python batch: `data` [N, 3072] uint8 and its labels; ValueError naming the file
+    for anything else (including what the restricted unpickler refuses)."""
+    try:
+        with open(path, "rb") as f:
+            batch = _CifarUnpickler(f, encoding="bytes").load()
+        data, labels = batch[b"data"], batch[label_key]
+        x = np.asarray(data, dtype=np.uint8).reshape(-1, 3, 32, 32)
+        y = np.asarray(labels, dtype=np.int64).reshape(-1)
+    except Exception as e:  # a damaged or hostile pickle can raise almost anything
+        raise ValueError(f"{path}: not a CIFAR batch ({type(e).__name__}: {e})") from None
     return x, y
 
 
@@ -155,12 +187,15 @@ def _load_cifar(name: str, roots: list[Path]) -> Arrays:
         if all((folder / f).is_file() for f in train_files + test_files):
             tr = [read_cifar_batch(folder / f, label_key) for f in train_files]
             te = [read_cifar_batch(folder / f, label_key) for f in test_files]
-            return (
+            arrays = (
                 np.concatenate([x for x, _ in tr]),
                 np.concatenate([y for _, y in tr]),
                 np.concatenate([x for x, _ in te]),
                 np.concatenate([y for _, y in te]),
             )
+            checked_split(name, folder, "train", *arrays[:2])
+            checked_split(name, folder, "test", *arrays[2:])
+            return arrays
     raise DataMissingError(
         f"{name} not found: put the python version ({folder_name}/ with "
         f"{', '.join(train_files + test_files)}) under {roots[0]} "
@@ -186,7 +221,10 @@ def _load_svhn(roots: list[Path]) -> Arrays:
     for folder in dirs:
         tr, te = folder / "train_32x32.mat", folder / "test_32x32.mat"
         if tr.is_file() and te.is_file():
-            return (*read_svhn_mat(tr), *read_svhn_mat(te))
+            arrays = (*read_svhn_mat(tr), *read_svhn_mat(te))
+            checked_split("svhn", folder, "train", *arrays[:2])
+            checked_split("svhn", folder, "test", *arrays[2:])
+            return arrays
     raise DataMissingError(
         f"svhn not found: put train_32x32.mat and test_32x32.mat in {roots[0] / 'svhn'} "
         f"(searched: {', '.join(str(d) for d in dirs)})"
@@ -207,7 +245,10 @@ def _svhn_dirs(roots: list[Path]) -> list[Path]:
 
 def locate(name: str, data_root: str = "") -> Path | None:
     """The folder `load_dataset(name, data_root)` would read, or None when the files are missing
-    (nothing is read: `fedskew data ls` / `data get` use it)."""
+    (nothing is read: `fedskew data ls` / `data get` use it; a `data_root` that does not exist yet
+    holds nothing)."""
+    if data_root and not Path(data_root).expanduser().is_dir():
+        return None
     roots = default_roots(data_root)
     if name in ("fashion-mnist", "mnist"):
         return next((d for d in _idx_dirs(name, roots) if all(_find_idx(d, s) for s in IDX_FILES.values())), None)

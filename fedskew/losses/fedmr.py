@@ -178,23 +178,6 @@ def aggregate_prototypes(
     return out.astype(np.float32), valid
 
 
-def parse_class_list(text: str, num_classes: int) -> list[int]:
-    """`"3,7"` -> [3, 7]; `"all"` -> every class; `""` -> none. Raises ValueError when invalid."""
-    text = text.strip()
-    if not text:
-        return []
-    if text == "all":
-        return list(range(num_classes))
-    try:
-        out = sorted({int(t) for t in text.split(",") if t.strip()})
-    except ValueError:
-        raise ValueError(f"class list {text!r}: expected comma-separated class ids or 'all'") from None
-    bad = [c for c in out if not 0 <= c < num_classes]
-    if bad:
-        raise ValueError(f"class list {text!r}: ids {bad} are outside [0, {num_classes})")
-    return out
-
-
 def sharing_partitions(num_partitions: int, fraction: float, seed: int) -> np.ndarray:
     """Bool mask [num_partitions]: the fixed, seeded subset of round(fraction * K) clients allowed
     to upload prototypes (paper Table 5, chosen once before training)."""

@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from fedskew.data import dataset_slug
+from fedskew.files import atomic_write
 
 
 def _clean(value: Any) -> Any:
@@ -41,10 +42,9 @@ def _clean(value: Any) -> Any:
 
 
 def write_json(path: Path, obj: Any) -> None:
-    """Write atomically (temp file then rename), so a crash never leaves half a file."""
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(_clean(obj), indent=1, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    """Write atomically and durably, so a crash never leaves half a file."""
+    text = json.dumps(_clean(obj), indent=1, sort_keys=True) + "\n"
+    atomic_write(path, lambda f: f.write(text.encode()))
 
 
 def append_jsonl(path: Path, row: dict[str, Any]) -> None:
@@ -115,10 +115,8 @@ class RunOutput:
         write_json(self.dir / "config.json", {**cfg, "resume": False})
 
     def save_checkpoint(self, state: dict[str, Any]) -> None:
-        """Write `checkpoint.pt` atomically (tensors and plain values only)."""
-        tmp = self.dir / "checkpoint.pt.tmp"
-        torch.save(state, tmp)
-        os.replace(tmp, self.dir / "checkpoint.pt")
+        """Write `checkpoint.pt` atomically and durably (tensors and plain values only)."""
+        atomic_write(self.dir / "checkpoint.pt", lambda f: torch.save(state, f))
 
     def load_checkpoint(self) -> dict[str, Any] | None:
         """The last checkpoint, with the per-round files cut back to its round; None if there is none."""
@@ -129,9 +127,8 @@ class RunOutput:
         (self.dir / "summary.json").unlink(missing_ok=True)
         for name in ("metrics.jsonl", "timings.jsonl", "failures.jsonl"):
             rows = [row for row in read_jsonl(self.dir / name) if row["round"] <= state["round"]]
-            tmp = self.dir / f"{name}.tmp"
-            tmp.write_text("".join(json.dumps(_clean(row), sort_keys=True) + "\n" for row in rows))
-            os.replace(tmp, self.dir / name)
+            text = "".join(json.dumps(_clean(row), sort_keys=True) + "\n" for row in rows)
+            atomic_write(self.dir / name, lambda f, text=text: f.write(text.encode()))
         return state
 
     def log_round(self, metrics: dict[str, Any], timings: dict[str, Any], failures: list[dict[str, Any]] = ()) -> None:
@@ -146,7 +143,8 @@ class RunOutput:
             append_jsonl(self.dir / "failures.jsonl", {"round": server_round, **f})
 
     def finish(self, summary: dict[str, Any], state_dict: dict[str, torch.Tensor]) -> None:
-        torch.save({k: v.cpu() for k, v in state_dict.items()}, self.dir / "model.pt")
+        model = {k: v.cpu() for k, v in state_dict.items()}
+        atomic_write(self.dir / "model.pt", lambda f: torch.save(model, f))
         plot_accuracy(read_jsonl(self.dir / "metrics.jsonl"), self.dir / "accuracy.png", summary.get("method", ""))
         write_json(self.dir / "summary.json", summary)
 

@@ -6,10 +6,18 @@ Client side: `fedskew/client_app/fedavg.py`. What the base adds to Flower's FedA
   message, asked once per node), and each round samples max(1, floor(fraction-train * K))
   partitions with a numpy generator seeded by (seed, round), so a run (and a resumed run) samples
   the same clients whatever the random node IDs;
-- reply screening before anything is aggregated: errors are logged with node and partition, and a
-  reply whose arrays have unexpected names, shapes or dtypes or are not finite is dropped and logged;
+- node discovery that trusts no report: a node whose `query.info` lacks an integer partition id
+  and partition count, reports another count than the other nodes or more partitions than the data
+  set has examples, or claims a partition another connected node serves is refused (logged, and
+  counted with the next round's failures);
+- reply screening before any method sees a reply (`screen`): every record is checked against the
+  method's `reply_schema` (`fedskew.records`: arrays decoded from their bytes and checked, metrics
+  typed and in range, no undeclared record), then `check_reply` ties the reply to its node's
+  partition and bounds `num-examples` by that partition's size. A reply that fails is dropped,
+  logged with node, partition and reason, and counted in `self.failures` (failures.jsonl);
 - replies sorted by partition id before aggregation (bit-exact runs);
 - hooks for subclasses: `broadcast` (extra records sent to every client), `expected_upload`,
+  `reply_metrics` / `reply_schema` / `check_reply` (the form and rules of the method's replies),
   `aggregate_arrays`, `aggregate_extras`, `global_model` (the model evaluated centrally).
 """
 
@@ -19,7 +27,7 @@ import logging
 import math
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -28,11 +36,31 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
 from torch import nn
 
-from fedskew.data import dataset_info
+from fedskew.data import dataset_info, load_arrays
+from fedskew.data.clients import client_indices
 from fedskew.models import SplitNet, build_model
+from fedskew.records import ArraysSpec, MetricsSpec, Number, Rejected, Spec, Tensor, check_content
 from fedskew.strategies.aggregate import summarize_clients, weighted_average
 
 log = logging.getLogger("fedskew.server")
+
+FRACTION = Number(float, 0.0, 1.0)
+NON_NEGATIVE = Number(float, 0.0)
+# What every client reports (client_app/fedavg.py and app.py). num-examples is bounded above by the
+# size of the reply's partition (`check_reply`).
+CLIENT_METRICS: dict[str, Number] = {
+    "num-examples": Number(int, 1, required=True),
+    "partition-id": Number(int, 0, required=True),
+    "personal-num-test": Number(int, 0),
+    "personal-accuracy": FRACTION,
+    "personal-loss": NON_NEGATIVE,
+    "client-global-accuracy": FRACTION,
+    "client-global-loss": NON_NEGATIVE,
+    "train-loss": NON_NEGATIVE,
+    "train-steps": NON_NEGATIVE,
+    "train-seconds": NON_NEGATIVE,
+    "participations": Number(int, 0),
+}
 
 
 def arrays_to_numpy(rec: ArrayRecord) -> dict[str, np.ndarray]:
@@ -58,8 +86,10 @@ class FedAvgStrategy(FedAvg):
         self.cfg = cfg
         self.device = device or torch.device("cpu")
         self.node_partitions: dict[int, int] = {}
-        self.num_partitions = 0  # as the nodes report it
+        self.num_partitions: int | None = None  # as the first accepted node reports it (0: own data)
+        self.refused: set[int] = set()  # nodes whose report was refused (never asked again)
         self.failures: list[dict[str, Any]] = []  # of the last aggregated round
+        self.pending: list[dict[str, Any]] = []  # refusals at discovery, counted with the next round
         self.sent_arrays = ArrayRecord()  # the global arrays of the current round
         self.sent_messages: list[Message] = []  # this round's train messages (ids are set when pushed)
 
@@ -96,7 +126,7 @@ class FedAvgStrategy(FedAvg):
     def discover(self, grid: Grid) -> dict[int, int]:
         """node id -> partition id for every connected node, asking only new nodes."""
         node_ids = sorted(grid.get_node_ids())
-        new = [n for n in node_ids if n not in self.node_partitions]
+        new = [n for n in node_ids if n not in self.node_partitions and n not in self.refused]
         if new:
             msgs = [Message(RecordDict(), dst_node_id=n, message_type=f"{MessageType.QUERY}.info") for n in new]
             for reply in grid.send_and_receive(msgs, timeout=self.cfg["round-timeout"]):
@@ -104,9 +134,49 @@ class FedAvgStrategy(FedAvg):
                 if reply.has_error():
                     log.warning("node %d did not say its partition: %s", src, reply.error.reason)
                     continue
-                self.node_partitions[src] = int(reply.content["info"]["partition-id"])
-                self.num_partitions = int(reply.content["info"]["num-partitions"])
+                try:
+                    pid, num = self.node_report(reply.content, node_ids)
+                except Rejected as e:
+                    self.refused.add(src)
+                    self.pending.append({"node": src, "partition": -1, "reason": f"refused at discovery: {e}"})
+                    log.warning("node %d refused: %s", src, e)
+                    continue
+                self.node_partitions[src], self.num_partitions = pid, num
         return {n: self.node_partitions[n] for n in node_ids if n in self.node_partitions}
+
+    def node_report(self, content: RecordDict, connected: list[int]) -> tuple[int, int]:
+        """(partition-id, num-partitions) of a `query.info` reply; raises `Rejected` unless both are
+        integers, the count equals the other nodes' and is at most the data set's size, and the
+        partition is in range and not served by another connected node."""
+        info = content.get("info")
+        if not isinstance(info, ConfigRecord):
+            raise Rejected("the reply lacks the 'info' ConfigRecord")
+        pid, num = info.get("partition-id"), info.get("num-partitions")
+        for key, value in (("partition-id", pid), ("num-partitions", num)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise Rejected(f"{key}={value!r} is not an integer")
+        if not 0 <= num <= self.train_size():
+            raise Rejected(f"num-partitions={num} is outside [0, {self.train_size()}] (the training set's size)")
+        if self.num_partitions is not None and num != self.num_partitions:
+            raise Rejected(f"num-partitions={num}, but the other nodes report {self.num_partitions}")
+        if pid < 0 or (num and pid >= num):
+            raise Rejected(f"partition-id={pid} is outside [0, {num or 'inf'})")
+        owner = next((n for n in connected if self.node_partitions.get(n) == pid), None)
+        if owner is not None:
+            raise Rejected(f"partition {pid} is already served by node {owner}")
+        return pid, num
+
+    def train_size(self) -> int:
+        """Examples in the configured data set's training split."""
+        return len(load_arrays(self.cfg)[1])
+
+    def example_bound(self, partition: int) -> int:
+        """The most training examples a reply of `partition` may claim: that partition's size when
+        the nodes serve partitions of the data set (the server computes the same partition), else
+        (nodes with their own data) `max-num-examples`, or the data set's training-set size."""
+        if self.num_partitions:
+            return len(client_indices(self.cfg, self.num_partitions)[partition][0])
+        return self.cfg["max-num-examples"] or self.train_size()
 
     def sample(self, server_round: int, grid: Grid) -> list[int]:
         """Seeded sample of max(1, floor(fraction * K)) nodes, chosen by partition id."""
@@ -129,46 +199,55 @@ class FedAvgStrategy(FedAvg):
         return self.sent_messages
 
     # ------------------------------------------------------------------ uplink
-    def check_reply(self, content: RecordDict, expected: dict[str, tuple[tuple[int, ...], str]]) -> str | None:
-        """Why a reply must be dropped, or None if it is fine."""
-        arrays, metrics = content.get("arrays"), content.get("metrics")
-        if not isinstance(arrays, ArrayRecord) or not isinstance(metrics, MetricRecord):
-            return "reply lacks the 'arrays' ArrayRecord or the 'metrics' MetricRecord"
-        for key in ("num-examples", "partition-id"):
-            if not isinstance(metrics.get(key), int) or metrics[key] < 0:
-                return f"metric {key!r} missing or not a non-negative int"
-        if list(arrays.keys()) != list(expected):
-            missing = set(expected) - set(arrays.keys())
-            extra = set(arrays.keys()) - set(expected)
-            return f"array names differ (missing {sorted(missing)[:3]}, unexpected {sorted(extra)[:3]})"
-        for key, (shape, dtype) in expected.items():
-            a = arrays[key]
-            if tuple(a.shape) != shape or a.dtype != dtype:
-                return f"array {key!r} is {a.dtype}{list(a.shape)}, expected {dtype}{list(shape)}"
-            v = a.numpy()
-            if v.dtype.kind == "f" and not np.isfinite(v).all():
-                return f"array {key!r} holds NaN or inf"
-        return None
+    reply_metrics: ClassVar[dict[str, Number]] = {}  # the method's own metrics, beside CLIENT_METRICS
 
-    def accept(self, server_round: int, replies: Iterable[Message], expected: dict) -> list[Message]:
-        """Drop failed or malformed replies (logged, counted in `self.failures`), also count the
+    def reply_schema(self) -> dict[str, Spec]:
+        """The records a reply holds: the uploaded arrays (`expected_upload` of this round's arrays)
+        and the metrics; methods add their extra records."""
+        upload = {k: Tensor(shape, dtype) for k, (shape, dtype) in self.expected_upload(self.sent_arrays).items()}
+        return {"arrays": ArraysSpec(upload), "metrics": MetricsSpec({**CLIENT_METRICS, **self.reply_metrics})}
+
+    def check_reply(self, content: RecordDict, partition: int) -> None:
+        """The method's rules for a reply whose records have their declared form (raise `Rejected`):
+        it is for the partition its node reported, and claims no more examples than it holds."""
+        metrics = content["metrics"]
+        if metrics["partition-id"] != partition:
+            raise Rejected(f"the reply claims partition {metrics['partition-id']}, its node serves {partition}")
+        bound = self.example_bound(partition)
+        if metrics["num-examples"] > bound:
+            raise Rejected(f"num-examples={metrics['num-examples']} > {bound}, the size of partition {partition}")
+
+    def screen(self, msg: Message, node: int, schema: dict[str, Spec]) -> RecordDict:
+        """The reply's content cut to its declared records, after every check; raises `Rejected`."""
+        if msg.has_error():
+            raise Rejected(msg.error.reason)
+        if node not in self.node_partitions:
+            raise Rejected("the node never reported its partition")
+        content = check_content(msg.content, schema)
+        self.check_reply(content, self.node_partitions[node])
+        return content
+
+    def accept(self, server_round: int, replies: Iterable[Message]) -> list[Message]:
+        """Screen every reply (a failure is logged and counted in `self.failures`), also count the
         sampled nodes that did not reply at all (a dead node, the round timed out); sort the rest
         by partition id."""
-        self.failures, ok, answered = [], [], set()
+        self.failures, self.pending, ok, answered = self.pending, [], [], set()
+        schema = self.reply_schema()
         dst = {m.metadata.message_id: m.metadata.dst_node_id for m in self.sent_messages if m.metadata.message_id}
         for msg in replies:
             # the SuperLink itself answers for a node that stopped sending heartbeats (src = SuperLink)
             node = dst.get(msg.metadata.reply_to_message_id or None, msg.metadata.src_node_id)
             answered.add(node)
-            reason = msg.error.reason if msg.has_error() else self.check_reply(msg.content, expected)
-            if reason is None:
-                ok.append(msg)
-            else:
-                self.fail(server_round, node, str(reason))
+            try:
+                msg.content = self.screen(msg, node, schema)
+            except Rejected as e:
+                self.fail(server_round, node, str(e))
+                continue
+            ok.append(msg)
         for node in (m.metadata.dst_node_id for m in self.sent_messages):
             if node not in answered:
                 self.fail(server_round, node, f"no reply within round-timeout={self.cfg['round-timeout']:g} s")
-        return sorted(ok, key=lambda m: int(m.content["metrics"]["partition-id"]))
+        return sorted(ok, key=lambda m: m.content["metrics"]["partition-id"])
 
     def fail(self, server_round: int, node: int, reason: str) -> None:
         pid = self.node_partitions.get(node, -1)
@@ -190,7 +269,7 @@ class FedAvgStrategy(FedAvg):
 
         Returns the new global arrays (None when no reply is usable) and the round's metrics.
         """
-        ok = self.accept(server_round, replies, self.expected_upload(self.sent_arrays))
+        ok = self.accept(server_round, replies)
         metrics: dict[str, Any] = {"replies": len(ok), "failures": len(self.failures)}
         if not ok:
             return None, MetricRecord(metrics)

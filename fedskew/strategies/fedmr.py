@@ -7,33 +7,43 @@
   spec A6 [rec]); a class never held yet stays invalid and is masked by the clients.
 - Downlink (`broadcast`): `fedmr-prototypes` {prototypes [C, d] float32, valid [C] bool} and
   `fedmr-config` {share-mask: bool per partition}. Round 1 sends all-invalid prototypes.
-- Reply screening (on top of FedAvg's): a reply is dropped, with the reason logged, when its
-  `fedmr-prototypes` record is missing, has other names, shapes or dtypes, holds NaN/inf, negative
-  counts, or counts summing to more than its `num-examples`.
+- Reply screening (on top of FedAvg's, `fedskew.records`): a reply is dropped, and counted as a
+  failure, when its `fedmr-prototypes` record is missing, has other names, shapes or dtypes, holds
+  NaN/inf or negative counts, or counts summing to more than its `num-examples`.
 - Privacy (paper Sec. 4.4, Table 5): `fedmr-share-fraction` picks once, seeded, the subset of
   partitions allowed to upload prototypes (0: none, i.e. FedMR without prototypes = intra only);
   `fedmr-private-classes` ("3,7" or "all") are never uploaded nor broadcast. The server enforces both
-  too (it zeroes such counts) so a misbehaving client cannot leak them into G.
+  too: a reply with counts for a private class, or from a node outside the sharing subset with any
+  count, is dropped (the partition a reply claims is its node's, so no node can pose as a sharer).
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.app import ConfigRecord, Message, RecordDict
 
 from fedskew.client_app.fedmr import CONFIG_RECORD, PROTO_RECORD
-from fedskew.losses.fedmr import aggregate_prototypes, parse_class_list, sharing_partitions
-from fedskew.strategies.fedavg import FedAvgStrategy, numpy_to_arrays
+from fedskew.config import parse_class_list
+from fedskew.losses.fedmr import aggregate_prototypes, sharing_partitions
+from fedskew.records import ArraysSpec, Number, Rejected, Spec, Tensor
+from fedskew.strategies.fedavg import FRACTION, NON_NEGATIVE, FedAvgStrategy, numpy_to_arrays
 
 log = logging.getLogger("fedskew.server")
 
 
 class FedMRStrategy(FedAvgStrategy):
     """FedAvg model aggregation plus count-weighted per-class prototype aggregation."""
+
+    reply_metrics: ClassVar[dict[str, Number]] = {
+        "intra-loss": NON_NEGATIVE,
+        "inter-loss": NON_NEGATIVE,
+        "inter-active": FRACTION,
+        "prototypes-shared": FRACTION,
+    }
 
     def __init__(self, cfg: dict[str, Any], device: torch.device | None = None) -> None:
         super().__init__(cfg, device)
@@ -54,7 +64,7 @@ class FedMRStrategy(FedAvgStrategy):
 
     def share_mask(self) -> np.ndarray:
         """Which partitions may upload prototypes (fixed for the run: seeded by `seed`)."""
-        return sharing_partitions(max(self.num_partitions, 1), self.cfg["fedmr-share-fraction"], self.cfg["seed"])
+        return sharing_partitions(max(self.num_partitions or 0, 1), self.cfg["fedmr-share-fraction"], self.cfg["seed"])
 
     def broadcast(self, server_round: int) -> dict[str, Any]:
         protos = {"prototypes": self.prototypes, "valid": self.valid}
@@ -62,46 +72,27 @@ class FedMRStrategy(FedAvgStrategy):
         return {PROTO_RECORD: numpy_to_arrays(protos), CONFIG_RECORD: ConfigRecord({"share-mask": mask})}
 
     # ------------------------------------------------------------------ uplink
-    def check_reply(self, content: RecordDict, expected: dict[str, tuple[tuple[int, ...], str]]) -> str | None:
-        reason = super().check_reply(content, expected)
-        if reason is not None:
-            return reason
-        rec = content.get(PROTO_RECORD)
-        if not isinstance(rec, ArrayRecord):
-            return f"reply lacks the {PROTO_RECORD!r} ArrayRecord"
-        if sorted(rec.keys()) != ["counts", "prototypes"]:
-            return f"{PROTO_RECORD!r} holds {sorted(rec.keys())}, expected ['counts', 'prototypes']"
-        p, n = rec["prototypes"].numpy(), rec["counts"].numpy()
+    def reply_schema(self) -> dict[str, Spec]:
         c, d = self.num_classes, self.feature_dim
-        if p.shape != (c, d) or p.dtype.kind != "f":
-            return f"prototypes are {p.dtype}{list(p.shape)}, expected float[{c}, {d}]"
-        if n.shape != (c,) or n.dtype.kind not in "iuf":
-            return f"prototype counts are {n.dtype}{list(n.shape)}, expected a number per class [{c}]"
-        if not (np.isfinite(p).all() and np.isfinite(n).all()):
-            return "prototypes or counts hold NaN or inf"
-        if (n < 0).any():
-            return f"negative prototype counts for classes {np.flatnonzero(n < 0).tolist()}"
-        if n.sum() > content["metrics"]["num-examples"]:
-            return f"prototype counts sum to {n.sum()} > num-examples {content['metrics']['num-examples']}"
-        return None
+        protos = {"prototypes": Tensor((c, d), "float32"), "counts": Tensor((c,), "int64", low=0)}
+        return {**super().reply_schema(), PROTO_RECORD: ArraysSpec(protos)}
+
+    def check_reply(self, content: RecordDict, partition: int) -> None:
+        super().check_reply(content, partition)
+        counts, n = content[PROTO_RECORD]["counts"].numpy(), content["metrics"]["num-examples"]
+        total = counts.sum(dtype=np.float64)  # int64 would wrap around for hostile counts
+        if total > n:
+            raise Rejected(f"prototype counts sum to {total:.0f} > num-examples {n}")
+        if counts[self.private_classes].any():
+            raise Rejected(f"prototype counts for the private classes {self.private_classes}")
+        share = self.share_mask()
+        shares = self.cfg["fedmr-share-fraction"] == 1.0 or (partition < len(share) and share[partition])
+        if counts.any() and not shares:
+            raise Rejected(f"prototypes from partition {partition}, which is not in the sharing subset")
 
     def aggregate_extras(self, server_round: int, replies: list[Message]) -> dict[str, float]:
-        share = self.share_mask()
-        protos, counts = [], []
-        for m in replies:
-            rec, pid = m.content[PROTO_RECORD], int(m.content["metrics"]["partition-id"])
-            n = rec["counts"].numpy().astype(np.float64).copy()
-            n[self.private_classes] = 0.0
-            if self.cfg["fedmr-share-fraction"] < 1.0 and (pid >= len(share) or not share[pid]):
-                if n.any():
-                    log.warning(
-                        "round %d: partition %d is not in the sharing subset; its prototypes are ignored",
-                        server_round,
-                        pid,
-                    )
-                n[:] = 0.0
-            protos.append(rec["prototypes"].numpy())
-            counts.append(n)
+        protos = [m.content[PROTO_RECORD]["prototypes"].numpy() for m in replies]
+        counts = [m.content[PROTO_RECORD]["counts"].numpy().astype(np.float64) for m in replies]
         updated = int((np.stack(counts).sum(0) > 0).sum())
         self.prototypes, self.valid = aggregate_prototypes(protos, counts, self.prototypes, self.valid)
         out = {"prototype-classes": int(self.valid.sum()), "prototype-classes-updated": updated}

@@ -5,8 +5,13 @@ FedAvg's. The paper averages uniformly, the authors' code by sample count; they 
 shard partitions. Set `aggregation-weights="uniform"` for the paper's rule (spec §8 A11).
 """
 
-from fedskew.strategies.fedavg import FedAvgStrategy
+from typing import ClassVar
+
+from fedskew.records import Number
+from fedskew.strategies.fedavg import NON_NEGATIVE, FedAvgStrategy
 
 
 class FedRSStrategy(FedAvgStrategy):
     """FedAvg aggregation of models trained with the restricted softmax."""
+
+    reply_metrics: ClassVar[dict[str, Number]] = {"observed-classes": NON_NEGATIVE}

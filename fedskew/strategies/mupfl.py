@@ -47,21 +47,25 @@ Decisions / deviations (spec §9 references):
 
 from __future__ import annotations
 
+import copy
 import logging
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
+from torch import nn
 
 from fedskew.client_app.mupfl import FEATURES, GRADS, MAPS, TIMES
-from fedskew.losses.mupfl import aggregate_class_gradients, synthesize_features
+from fedskew.data import DatasetInfo, dataset_info
+from fedskew.losses.mupfl import aggregate_class_gradients, attach_bavd, synthesize_features
+from fedskew.records import ArraysSpec, MetricsSpec, Number, Spec, Tensor
 from fedskew.strategies.aggregate import weighted_average
 from fedskew.strategies.clustering import cluster_update, select_clusters
-from fedskew.strategies.fedavg import FedAvgStrategy, arrays_to_numpy, numpy_to_arrays
+from fedskew.strategies.fedavg import FRACTION, NON_NEGATIVE, FedAvgStrategy, arrays_to_numpy, numpy_to_arrays
 
 log = logging.getLogger("fedskew.server")
 
@@ -69,11 +73,19 @@ log = logging.getLogger("fedskew.server")
 class MuPFLStrategy(FedAvgStrategy):
     """Per-client start models, ACMU cluster updates and PKCF feature synthesis."""
 
+    reply_metrics: ClassVar[dict[str, Number]] = {
+        "start-accuracy": FRACTION,
+        "finetune-loss": NON_NEGATIVE,
+        "pkcf-client-seconds": NON_NEGATIVE,
+        "bavd-seconds": NON_NEGATIVE,
+    }
+
     def __init__(self, cfg: dict[str, Any], device: torch.device | None = None) -> None:
         super().__init__(cfg, device)
         model = self.build_model()
         self.trainable = [name for name, _ in model.named_parameters()]
         self.num_classes, self.feature_dim = model.num_classes, model.feature_dim
+        self.map_size = bavd_map_size(model, dataset_info(cfg)) if cfg["mupfl-bavd"] else 0
         self.personal: dict[int, dict[str, np.ndarray]] = {}  # w~_i by partition id
         self.bases: dict[int, dict[str, np.ndarray]] = {}  # start models sent this round
         self.features: torch.Tensor | None = None  # h_glo (K, m, d) on self.device
@@ -132,6 +144,18 @@ class MuPFLStrategy(FedAvgStrategy):
         return out
 
     # ------------------------------------------------------------------ uplink
+    def reply_schema(self) -> dict[str, Spec]:
+        """FedAvg's records, the flattened BAVD maps (BAVD on and layers to hook) and, with PKCF,
+        one classifier gradient per class the client holds and its timing."""
+        schema = super().reply_schema()
+        if self.map_size:
+            schema[MAPS] = ArraysSpec({"map": Tensor((self.map_size,), "float32")})
+        if self.cfg["mupfl-pkcf"]:
+            grad = Tensor((self.num_classes, self.feature_dim), "float32")
+            schema[GRADS] = ArraysSpec({str(k): grad for k in range(self.num_classes)}, partial=True)
+            schema[TIMES] = MetricsSpec({"grads-seconds": Number(float, 0.0, required=True)})
+        return schema
+
     def flat(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
         return np.concatenate([np.asarray(arrays[k], dtype=np.float64).ravel() for k in self.trainable])
 
@@ -191,23 +215,15 @@ class MuPFLStrategy(FedAvgStrategy):
             self.acmu_metrics["acmu-silhouette"] = float(score)
         return numpy_to_arrays(self.global_arrays)
 
-    def class_uploads(self, replies: list[Message]) -> list[dict[int, torch.Tensor]]:
-        """Every reply's {class: z_i^k}; malformed entries are dropped and logged."""
-        shape = (self.num_classes, self.feature_dim)
-        uploads = []
-        for msg in replies:
-            rec = msg.content.get(GRADS)
-            if not isinstance(rec, ArrayRecord):
-                continue
-            good = {}
-            for key, arr in rec.items():
-                z = torch.from_numpy(arr.numpy().copy())
-                if key.isdigit() and int(key) < self.num_classes and tuple(z.shape) == shape and z.isfinite().all():
-                    good[int(key)] = z.float()
-                else:
-                    log.warning("mupfl: dropped class gradient %r of shape %s", key, tuple(z.shape))
-            uploads.append(good)
-        return uploads
+    @staticmethod
+    def class_uploads(replies: list[Message]) -> list[dict[int, torch.Tensor]]:
+        """Every reply's {class: z_i^k} (screened: class ids, shapes and values are valid)."""
+        return [
+            {int(k): torch.from_numpy(a.numpy().copy()) for k, a in m.content[GRADS].items()}
+            if GRADS in m.content
+            else {}
+            for m in replies
+        ]
 
     def aggregate_extras(self, server_round: int, replies: list[Message]) -> dict[str, Any]:
         """PKCF server part (Eqs. 17-20) on `self.device`; ACMU and PKCF metrics."""
@@ -250,3 +266,13 @@ class MuPFLStrategy(FedAvgStrategy):
         metrics["pkcf-seconds"] = time.perf_counter() - t0
         metrics["pkcf-classes"] = len(targets)
         return metrics
+
+
+def bavd_map_size(model: nn.Module, info: DatasetInfo) -> int:
+    """Length of a client's flattened BAVD maps: the activations (channels x positions) of every
+    layer `attach_bavd` hooks in `model`, measured on one blank batch; 0 when it hooks none."""
+    model = copy.deepcopy(model).train()
+    layers = attach_bavd(model)
+    with torch.no_grad():
+        model(torch.zeros(2, info.channels, info.size, info.size))
+    return sum(layer.h_bar.numel() for layer in layers)

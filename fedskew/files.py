@@ -1,0 +1,45 @@
+"""Files written whole or not at all.
+
+`atomic_write` writes a hidden temporary file beside the target, flushes it to the disk (fsync),
+renames it over the target and flushes the folder, so that a crash or a power loss leaves the old
+file or the new one, never half of one (and concurrent writers of the same file never mix).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+
+def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
+    """Replace `path` by what `write(file)` writes, durably."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:12]}.tmp")
+    try:
+        with open(tmp, "xb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+    _fsync_folder(path.parent)
+
+
+def _fsync_folder(folder: Path) -> None:
+    """Make a rename in `folder` durable (where the platform allows opening a folder)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

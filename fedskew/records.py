@@ -1,0 +1,166 @@
+"""The records that cross the network: their declared form, and the one checker both sides use.
+
+A client's reply and the extras of a server message are `RecordDict`s of named `ArrayRecord`s
+and `MetricRecord`s. Each method declares their form once (`ArraysSpec`, `MetricsSpec`); the
+server's base strategy screens every reply with `check_content` and the client's base trainer
+checks every server record with `check_arrays`, so no method reads an unchecked payload.
+
+An array is decoded from its bytes and the decoded array is what is checked: its dtype and shape
+(which must also equal what the array declares), finite values and value range. A metric must be
+a number of its declared kind (never a list or a bool) in its range. The first problem raises
+`Rejected` with one line naming the record, the entry and what was expected.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
+
+from fedskew.config import INT64
+
+
+class Rejected(ValueError):
+    """A record does not have its declared form."""
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One array: its shape (None: any length on that axis), numpy dtype name and value range."""
+
+    shape: tuple[int | None, ...]
+    dtype: str
+    low: float | None = None
+    high: float | None = None
+
+
+@dataclass(frozen=True)
+class ArraysSpec:
+    """An ArrayRecord: its arrays by name (in order); `partial`: any subset of them may be sent."""
+
+    arrays: Mapping[str, Tensor]
+    required: bool = True
+    partial: bool = False
+
+
+@dataclass(frozen=True)
+class Number:
+    """One metric: int or float, its closed range, whether it must be present, whether NaN
+    (a value the client could not measure) is allowed. Infinite values never are."""
+
+    kind: type = float
+    low: float = -math.inf
+    high: float = math.inf
+    required: bool = False
+    nan: bool = False
+
+
+@dataclass(frozen=True)
+class MetricsSpec:
+    """A MetricRecord: its metrics by name; any other name is refused."""
+
+    values: Mapping[str, Number] = field(default_factory=dict)
+    required: bool = True
+
+
+Spec = ArraysSpec | MetricsSpec
+
+
+def tensor_like(value: Any) -> Tensor:
+    """The exact form of an array (numpy array or torch tensor)."""
+    dtype = str(value.dtype).removeprefix("torch.")
+    return Tensor(tuple(value.shape), dtype)
+
+
+def decode(array: Array, where: str) -> np.ndarray:
+    """The array held by `array`'s bytes; it must be the dtype and shape the array declares."""
+    try:
+        value = array.numpy()
+    except Exception as e:  # np.load on hostile bytes can raise almost anything
+        raise Rejected(f"{where} does not decode: {type(e).__name__}: {e}") from None
+    if str(value.dtype) != array.dtype or list(value.shape) != list(array.shape):
+        raise Rejected(f"{where} declares {array.dtype}{list(array.shape)} but holds {value.dtype}{list(value.shape)}")
+    return value
+
+
+def check_tensor(value: np.ndarray, form: Tensor, where: str) -> None:
+    """dtype, shape, finite values and range of one decoded array."""
+    shape_ok = len(value.shape) == len(form.shape) and all(
+        want is None or got == want for got, want in zip(value.shape, form.shape, strict=True)
+    )
+    if value.dtype != np.dtype(form.dtype) or not shape_ok:
+        want = [("*" if d is None else d) for d in form.shape]
+        raise Rejected(f"{where} is {value.dtype}{list(value.shape)}, expected {form.dtype}{want}")
+    if value.dtype.kind == "f" and not np.isfinite(value).all():
+        raise Rejected(f"{where} holds NaN or inf")
+    if value.size and form.low is not None and value.min() < form.low:
+        raise Rejected(f"{where} holds {value.min()} < {form.low:g}")
+    if value.size and form.high is not None and value.max() > form.high:
+        raise Rejected(f"{where} holds {value.max()} > {form.high:g}")
+
+
+def check_arrays(record: object, spec: ArraysSpec, name: str) -> dict[str, np.ndarray]:
+    """The decoded arrays of `record` after checking them against `spec`."""
+    if not isinstance(record, ArrayRecord):
+        raise Rejected(f"{name!r} is a {type(record).__name__}, expected an ArrayRecord")
+    keys, wanted = list(record.keys()), list(spec.arrays)
+    unexpected = [k for k in keys if k not in spec.arrays]
+    if unexpected or (not spec.partial and keys != wanted):
+        missing = [k for k in wanted if k not in keys]
+        raise Rejected(f"{name!r} array names differ (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    out = {}
+    for key in keys:
+        out[key] = decode(record[key], f"array {key!r} of {name!r}")
+        check_tensor(out[key], spec.arrays[key], f"array {key!r} of {name!r}")
+    return out
+
+
+def check_metrics(record: object, spec: MetricsSpec, name: str) -> None:
+    """Check the names, kinds and ranges of the metrics in `record` against `spec`."""
+    if not isinstance(record, MetricRecord):
+        raise Rejected(f"{name!r} is a {type(record).__name__}, expected a MetricRecord")
+    unexpected = [k for k in record.keys() if k not in spec.values]
+    if unexpected:
+        raise Rejected(f"{name!r} holds unexpected metrics {unexpected[:3]}")
+    missing = [k for k, n in spec.values.items() if n.required and k not in record]
+    if missing:
+        raise Rejected(f"{name!r} lacks the metrics {missing[:3]}")
+    for key, value in record.items():
+        form = spec.values[key]
+        kinds = (int,) if form.kind is int else (int, float)
+        if isinstance(value, bool) or not isinstance(value, kinds):
+            raise Rejected(f"metric {key}={_short(value)} of {name!r} is not of kind {form.kind.__name__}")
+        if isinstance(value, float) and math.isnan(value) and form.nan:
+            continue
+        finite = math.isfinite(value) if isinstance(value, float) else INT64[0] <= value <= INT64[1]
+        if not (finite and form.low <= value <= form.high):
+            raise Rejected(f"metric {key}={_short(value)} of {name!r} is outside [{form.low:g}, {form.high:g}]")
+
+
+def check_content(content: RecordDict, schema: Mapping[str, Spec]) -> RecordDict:
+    """`content` cut to its declared records, after checking each: a required record missing or
+    a record the schema does not declare is refused."""
+    unexpected = [k for k in content.keys() if k not in schema]
+    if unexpected:
+        raise Rejected(f"unexpected records {unexpected[:3]}")
+    clean = RecordDict()
+    for name, spec in schema.items():
+        if name not in content:
+            if spec.required:
+                raise Rejected(f"the {name!r} record is missing")
+            continue
+        if isinstance(spec, ArraysSpec):
+            check_arrays(content[name], spec, name)
+        else:
+            check_metrics(content[name], spec, name)
+        clean[name] = content[name]
+    return clean
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."

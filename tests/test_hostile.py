@@ -1,0 +1,399 @@
+"""Hostile clients (issue 15): a malformed or lying reply or node report is a logged failure that is
+counted in failures.jsonl, never an exception, and never reaches the model or the method's state.
+
+Honest replies come from the real ClientApp (tests/harness.py: 4 nodes serving partitions 0-3 of
+20); one node's reply is then replaced by a hostile one. The result must equal the round in which
+that node sent nothing at all.
+"""
+
+from __future__ import annotations
+
+import copy
+import io
+import json
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+
+from fedskew.client_app.fedmr import PROTO_RECORD
+from fedskew.client_app.mupfl import GRADS, MAPS, TIMES
+from fedskew.config import validate
+from fedskew.registry import get_method
+from tests.harness import InProcessGrid, app_defaults, run_in_process
+
+NODES, PARTITIONS = 4, 50
+COMMON = {"model": "mlp", "partition": "iid", "fraction-train": 1.0, "num-server-rounds": 1, "eval-every": 100}
+METHODS: dict[str, dict[str, Any]] = {
+    "fedavg": {},
+    "map": {},
+    "fedmr": {"fedmr-share-fraction": 0.5, "fedmr-private-classes": "0"},
+    "mupfl": {"model": "lenet", "mupfl-match-iters": 3, "mupfl-tau": 1},
+    "fedgela": {},
+}
+Edit = Callable[[RecordDict, dict[str, Any]], RecordDict]
+
+
+# ---------------------------------------------------------------------------------------------- edits
+def with_records(content: RecordDict, **records: Any) -> RecordDict:
+    out = RecordDict(dict(content.items()))
+    for name, rec in records.items():
+        out[name.replace("_", "-")] = rec
+    return out
+
+
+def metric(**values: Any) -> Edit:
+    """Set (or add) reply metrics; names use '_' for '-'."""
+
+    def edit(content: RecordDict, ctx: dict[str, Any]) -> RecordDict:
+        m = dict(content["metrics"])
+        m.update({k.replace("_", "-"): (v(ctx) if callable(v) else v) for k, v in values.items()})
+        return with_records(content, metrics=MetricRecord(m))
+
+    return edit
+
+
+def npy(value: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, value, allow_pickle=False)
+    return buf.getvalue()
+
+
+def first_array_bytes(make: Callable[[tuple[int, ...]], bytes]) -> Edit:
+    """The first model array keeps its declared float32 dtype and shape; its bytes are `make(shape)`."""
+
+    def edit(content: RecordDict, ctx: dict[str, Any]) -> RecordDict:
+        arrays = dict(content["arrays"].items())
+        key = next(iter(arrays))
+        a = arrays[key]
+        arrays[key] = Array(dtype=a.dtype, shape=tuple(a.shape), stype=a.stype, data=make(tuple(a.shape)))
+        return with_records(content, arrays=ArrayRecord(arrays))
+
+    return edit
+
+
+def record(name: str, make: Callable[[RecordDict, dict[str, Any]], Any]) -> Edit:
+    return lambda content, ctx: with_records(content, **{name: make(content, ctx)})
+
+
+def extra_gradient_key(content: RecordDict, ctx: dict[str, Any]) -> ArrayRecord:
+    grads = dict(content[GRADS].items())
+    grads["²"] = next(iter(grads.values()))  # str.isdigit() is True, int() fails
+    return ArrayRecord(grads)
+
+
+def prototypes_with_counts(content: RecordDict, ctx: dict[str, Any]) -> ArrayRecord:
+    protos = content[PROTO_RECORD]["prototypes"].numpy().copy()
+    counts = np.zeros(protos.shape[0], dtype=np.int64)
+    counts[ctx["class"]] = 5
+    protos[ctx["class"]] = 3.0
+    return ArrayRecord({"prototypes": torch.from_numpy(protos), "counts": torch.from_numpy(counts)})
+
+
+GENERIC: dict[str, Edit] = {
+    "list-metric": metric(train_loss=[1.0, 2.0]),
+    "list-num-examples": metric(num_examples=[100]),
+    "undecodable-bytes": first_array_bytes(lambda shape: b"\x93NUMPY not an array"),
+    "complex64-bytes": first_array_bytes(lambda shape: npy(np.ones(shape, np.complex64))),
+    "int64-bytes": first_array_bytes(lambda shape: npy(np.ones(shape, np.int64))),
+    "num-examples-2**62": metric(num_examples=2**62),
+    "num-examples-0": metric(num_examples=0),
+    "other-partition": metric(partition_id=lambda ctx: ctx["other"]),
+    "partition-10**12": metric(partition_id=10**12),
+    "accuracy-1e9": metric(personal_accuracy=1e9),
+    "inf-loss": metric(train_loss=float("inf")),
+    "int-beyond-float": metric(train_seconds=10**400),
+    "unknown-record": record("evil", lambda c, ctx: ArrayRecord({"x": torch.zeros(2)})),
+}
+SPECIFIC: dict[str, dict[str, Edit]] = {
+    "map": {"list-hpm-participations": metric(hpm_participations=[1, 2])},
+    "fedmr": {
+        "list-intra-loss": metric(intra_loss=[0.5]),
+        "prototypes-outside-sharing": record(PROTO_RECORD, prototypes_with_counts),
+        "private-class-counts": record(PROTO_RECORD, lambda c, ctx: prototypes_with_counts(c, {"class": 0})),
+        "nan-prototypes": record(
+            PROTO_RECORD,
+            lambda c, ctx: ArrayRecord(
+                {
+                    "prototypes": Array(np.full(c[PROTO_RECORD]["prototypes"].shape, np.nan, np.float32)),
+                    "counts": c[PROTO_RECORD]["counts"],
+                }
+            ),
+        ),
+    },
+    "mupfl": {
+        "gradient-key-²": record(GRADS, extra_gradient_key),
+        "times-list": record(TIMES, lambda c, ctx: MetricRecord({"grads-seconds": [1.0, 2.0]})),
+        "times-missing-key": record(TIMES, lambda c, ctx: MetricRecord({"other": 1.0})),
+        "nan-gradient": record(
+            GRADS,
+            lambda c, ctx: ArrayRecord({k: Array(np.full(v.shape, np.nan, np.float32)) for k, v in c[GRADS].items()}),
+        ),
+        "map-wrong-size": record(MAPS, lambda c, ctx: ArrayRecord({"map": Array(np.zeros(3, np.float32))})),
+        "list-start-accuracy": metric(start_accuracy=[0.5]),
+    },
+    "fedgela": {
+        "classifier-uploaded": lambda c, ctx: with_records(
+            c,
+            arrays=ArrayRecord(
+                {**dict(c["arrays"].items()), "classifier.weight": Array(np.zeros((10, 84), np.float32))}
+            ),
+        ),
+    },
+}
+CASES = (
+    [(m, k) for m in METHODS for k in ("list-metric", "num-examples-2**62", "other-partition")]
+    + [("fedavg", k) for k in GENERIC if k not in ("list-metric", "num-examples-2**62", "other-partition")]
+    + [(m, k) for m, kinds in SPECIFIC.items() for k in kinds]
+)
+
+
+def edit_for(method: str, kind: str) -> Edit:
+    return SPECIFIC.get(method, {}).get(kind) or GENERIC[kind]
+
+
+# ---------------------------------------------------------------------------------------------- one round
+def method_config(method: str, **extra: Any) -> dict[str, Any]:
+    return {**app_defaults(), **COMMON, "method": method, **METHODS[method], **extra}
+
+
+@pytest.fixture(scope="module")
+def honest_round():
+    """method -> (strategy before aggregation, {node: request}, {node: honest reply content})."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    TaskIdentity.run_id = TaskIdentity.node_id = TaskIdentity.task_id = 1
+    cache: dict[str, tuple] = {}
+
+    def make(method: str):
+        if method not in cache:
+            cfg = method_config(method)
+            grid = InProcessGrid(NODES, cfg, num_partitions=PARTITIONS)
+            strategy = get_method(method).strategy_class()(validate(cfg))
+            requests = list(strategy.configure_train(1, strategy.initial_arrays(), ConfigRecord({"attempt": 0}), grid))
+            replies = grid.send_and_receive(requests)
+            assert all(not r.has_error() for r in replies), [r.error.reason for r in replies if r.has_error()]
+            cache[method] = (
+                strategy,
+                {m.metadata.dst_node_id: m for m in requests},
+                {r.metadata.src_node_id: r.content for r in replies},
+            )
+        return cache[method]
+
+    return make
+
+
+def hostile_node(strategy, nodes: list[int], kind: str) -> int:
+    if kind == "prototypes-outside-sharing":  # a node outside FedMR's sharing subset
+        share = strategy.share_mask()
+        return next(n for n in nodes if not share[strategy.node_partitions[n]])
+    return nodes[1]
+
+
+@pytest.mark.parametrize(("method", "kind"), CASES, ids=[f"{m}-{k}" for m, k in CASES])
+def test_a_hostile_reply_is_a_counted_failure_and_changes_nothing(honest_round, method: str, kind: str) -> None:
+    strategy, requests, contents = honest_round(method)
+    nodes = sorted(requests)
+    bad = hostile_node(strategy, nodes, kind)
+    ctx = {"other": strategy.node_partitions[next(n for n in nodes if n != bad)], "class": 1}
+    with_hostile, honest_only = copy.deepcopy(strategy), copy.deepcopy(strategy)
+
+    def replies(include_hostile: bool) -> list[Message]:
+        out = []
+        for n in nodes:
+            if n != bad:
+                out.append(Message(RecordDict(dict(contents[n].items())), reply_to=requests[n]))
+            elif include_hostile:
+                out.append(Message(edit_for(method, kind)(contents[n], ctx), reply_to=requests[n]))
+        return out
+
+    got, got_metrics = with_hostile.aggregate_train(1, replies(True))
+    want, want_metrics = honest_only.aggregate_train(1, replies(False))
+    assert [(f["node"], f["partition"]) for f in with_hostile.failures] == [(bad, strategy.node_partitions[bad])]
+    assert "no reply" not in with_hostile.failures[0]["reason"]
+    assert list(got.keys()) == list(want.keys())
+    for k in want.keys():
+        a, b = got[k].numpy(), want[k].numpy()
+        assert a.dtype == b.dtype and np.array_equal(a, b), k
+    drop = lambda m: {k: v for k, v in m.items() if "seconds" not in k}  # noqa: E731
+    assert json.dumps(drop(got_metrics), default=str) == json.dumps(drop(want_metrics), default=str)
+    sa, sb = with_hostile.state_dict(), honest_only.state_dict()
+    assert sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_every_reply_with_zero_examples_is_a_failure_not_a_crash(honest_round) -> None:
+    strategy, requests, contents = honest_round("fedavg")
+    strategy = copy.deepcopy(strategy)
+    replies = [Message(metric(num_examples=0)(contents[n], {}), reply_to=r) for n, r in requests.items()]
+    new, metrics = strategy.aggregate_train(1, replies)
+    assert new is None and metrics["failures"] == NODES and metrics["replies"] == 0
+
+
+# ---------------------------------------------------------------------------------------------- discovery
+class InfoGrid:
+    """Answers `query.info` with a given ConfigRecord content per node (None: no 'info' record)."""
+
+    def __init__(self, infos: dict[int, dict | None]) -> None:
+        self.infos = infos
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.infos)
+
+    def send_and_receive(self, messages, timeout=None):
+        out = []
+        for m in messages:
+            info = self.infos[m.metadata.dst_node_id]
+            content = RecordDict() if info is None else RecordDict({"info": ConfigRecord(info)})
+            out.append(Message(content, reply_to=m))
+        return out
+
+
+HONEST = {n: {"partition-id": n - 1, "num-partitions": 10} for n in (1, 2, 3)}
+
+
+@pytest.mark.parametrize(
+    "info",
+    [
+        None,
+        {"num-partitions": 10},
+        {"partition-id": "abc", "num-partitions": 10},
+        {"partition-id": 1.5, "num-partitions": 10},
+        {"partition-id": True, "num-partitions": 10},
+        {"partition-id": 5},
+        {"partition-id": 5, "num-partitions": 3e9},
+        {"partition-id": 5, "num-partitions": 3_000_000_000},
+        {"partition-id": 5, "num-partitions": 12},  # not what the other nodes report
+        {"partition-id": 10, "num-partitions": 10},
+        {"partition-id": -1, "num-partitions": 10},
+        {"partition-id": 0, "num-partitions": 10},  # partition 0 is node 1's
+    ],
+    ids=lambda i: "no-info" if i is None else ",".join(f"{k}={v}" for k, v in i.items()),
+)
+def test_discovery_refuses_a_bad_node_report(task_identity, info: dict | None) -> None:
+    strategy = get_method("fedmr").strategy_class()(validate({"method": "fedmr", "partition": "iid"}))
+    nodes = strategy.discover(InfoGrid({**HONEST, 9: info}))
+    assert nodes == {1: 0, 2: 1, 3: 2} and strategy.num_partitions == 10
+    assert strategy.share_mask().shape == (10,)
+    assert strategy.discover(InfoGrid({**HONEST, 9: info})) == nodes  # asked once, refused once
+    # the refusal is counted with the next round's failures
+    strategy.sent_messages = []
+    strategy.aggregate_train(1, [])
+    assert [(f["node"], f["partition"]) for f in strategy.failures] == [(9, -1)]
+    assert "refused" in strategy.failures[0]["reason"]
+
+
+# ---------------------------------------------------------------------------------------------- end to end
+E2E: dict[str, list[str]] = {
+    "fedavg": list(GENERIC),
+    "fedmr": ["list-metric", *SPECIFIC["fedmr"]],
+    "mupfl": ["num-examples-2**62", *SPECIFIC["mupfl"]],
+    "map": ["other-partition", *SPECIFIC["map"]],
+    "fedgela": ["complex64-bytes", *SPECIFIC["fedgela"]],
+}
+
+
+def rows(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+
+
+@pytest.mark.parametrize("method", list(E2E))
+def test_one_hostile_client_among_honest_ones_changes_nothing(tmp_path, task_identity, method: str) -> None:
+    """The real ServerApp: a hostile client sends one bad payload kind per round; every round
+    completes, names it in failures.jsonl, and the run equals one in which it sent nothing."""
+    kinds = E2E[method]
+    bad = 1
+    if method == "fedmr":  # outside the sharing subset, so that its prototypes must be refused
+        strategy = get_method("fedmr").strategy_class()(validate(method_config("fedmr")))
+        strategy.num_partitions = PARTITIONS
+        bad = int(np.flatnonzero(~strategy.share_mask()[:NODES])[0])
+    ctx = {"other": (bad + 1) % NODES, "class": 1}
+    cfg = {**COMMON, "method": method, **METHODS[method], "num-server-rounds": len(kinds), "out-dir": str(tmp_path)}
+
+    def hostile(kind: str):
+        return lambda msg, reply: Message(edit_for(method, kind)(reply.content, ctx), reply_to=msg)
+
+    silent = {(bad, r): (lambda msg, reply: None) for r in range(1, len(kinds) + 1)}
+    faults = {(bad, r): hostile(kind) for r, kind in enumerate(kinds, start=1)}
+    run_in_process({**cfg, "run-name": "hostile"}, NODES, faults, PARTITIONS)
+    run_in_process({**cfg, "run-name": "silent"}, NODES, silent, PARTITIONS)
+    a, b = tmp_path / "hostile", tmp_path / "silent"
+    assert len(rows(a / "metrics.jsonl")) == len(kinds) and (a / "summary.json").is_file()
+    lost = rows(a / "failures.jsonl")
+    assert [(f["round"], f["partition"]) for f in lost] == [(r, bad) for r in range(1, len(kinds) + 1)]
+    assert not any("no reply" in f["reason"] for f in lost)
+    assert (a / "metrics.jsonl").read_text() == (b / "metrics.jsonl").read_text()
+    ma, mb = torch.load(a / "model.pt", weights_only=True), torch.load(b / "model.pt", weights_only=True)
+    assert ma.keys() == mb.keys() and all(ma[k].dtype == mb[k].dtype and torch.equal(ma[k], mb[k]) for k in ma)
+
+
+# ---------------------------------------------------------------------------------------------- server -> client
+def nan_like(rec: ArrayRecord, key: str) -> ArrayRecord:
+    arrays = dict(rec.items())
+    arrays[key] = Array(np.full(rec[key].numpy().shape, np.nan, np.float32))
+    return ArrayRecord(arrays)
+
+
+def nan_etf(content: RecordDict) -> RecordDict:
+    """A NaN ETF with the checksum of its own bytes (the checksum comes from the same sender)."""
+    from fedskew.losses.fedgela import etf_checksum
+
+    etf = torch.full(tuple(content["etf"]["etf"].shape), float("nan"))
+    return with_records(content, etf=ArrayRecord({"etf": etf}), etf_info=ConfigRecord({"sha256": etf_checksum(etf)}))
+
+
+SERVER_PAYLOADS: dict[str, tuple[str, dict[str, Any], Callable[[RecordDict], RecordDict]]] = {
+    "fedmr-nan-prototypes": (
+        "fedmr",
+        {},
+        lambda c: with_records(c, **{PROTO_RECORD: nan_like(c[PROTO_RECORD], "prototypes")}),
+    ),
+    "mupfl-nan-features": (
+        "mupfl",
+        {},
+        lambda c: with_records(c, **{"mupfl-features": nan_like(c["mupfl-features"], "features")}),
+    ),
+    "mupfl-labels-out-of-range": (
+        "mupfl",
+        {},
+        lambda c: with_records(
+            c,
+            **{
+                "mupfl-features": ArrayRecord(
+                    {
+                        **dict(c["mupfl-features"].items()),
+                        "labels": Array(np.full(c["mupfl-features"]["labels"].shape, 99)),
+                    }
+                )
+            },
+        ),
+    ),
+    "fedgela-nan-etf": ("fedgela", {}, nan_etf),
+    "undeclared-record": ("fedavg", {}, lambda c: with_records(c, evil=ArrayRecord({"x": torch.zeros(2)}))),
+}
+
+
+@pytest.mark.parametrize("case", list(SERVER_PAYLOADS))
+def test_a_client_refuses_a_bad_server_payload_before_training(monkeypatch, task_identity, case: str) -> None:
+    """The trainer checks every server record (model arrays and extras) before it trains."""
+    from fedskew.client_app import fedavg as trainer_base
+    from fedskew.client_app.app import train
+
+    method, extra, edit = SERVER_PAYLOADS[case]
+    cfg = method_config(method, **extra)
+    grid = InProcessGrid(1, cfg, num_partitions=PARTITIONS)
+    strategy = get_method(method).strategy_class()(validate(cfg))
+    if method == "mupfl":  # synthetic features exist from round 2 on
+        strategy.features = torch.zeros(10, cfg["mupfl-features-per-class"], strategy.feature_dim)
+        strategy.seen = {1, 2}
+    (msg,) = strategy.configure_train(2, strategy.initial_arrays(), ConfigRecord({"attempt": 0}), grid)
+    msg.content = edit(msg.content)
+
+    def no_training(*a, **k):
+        raise AssertionError("the client trained on a bad server payload")
+
+    monkeypatch.setattr(trainer_base, "train_epochs", no_training)
+    with pytest.raises(ValueError):
+        train(msg, grid.contexts[msg.metadata.dst_node_id])
