@@ -18,7 +18,7 @@ from flwr.app import RecordDict
 from torch import nn
 
 from fedskew.client_app.fedavg import FedAvgTrainer
-from fedskew.losses.fedgela import ETFNet, etf_backbone, etf_checksum, local_phi
+from fedskew.losses.fedgela import ETFNet, etf_checksum, etf_net, local_phi
 from fedskew.models import build_model
 
 
@@ -33,6 +33,13 @@ def received_etf(content: RecordDict, feature_dim: int, num_classes: int) -> tor
     if etf_checksum(etf) != expected:
         raise ValueError(f"FedGELA: ETF checksum {etf_checksum(etf)[:12]} != broadcast {expected[:12]}")
     return etf
+
+
+def gela_model(cfg: dict[str, Any], etf: torch.Tensor, phi: torch.Tensor | None = None) -> ETFNet:
+    """The run's FedGELA network (`fedgela-head`): a client's with its phi, the server's without."""
+    net = build_model(cfg["model"], cfg["dataset"])
+    head, ew, temperature = cfg["fedgela-head"], cfg["fedgela-ew"], cfg["fedgela-temperature"]
+    return etf_net(net.features, net.feature_dim, etf, head, ew, temperature, phi, cfg["fedgela-mode"])
 
 
 def clip_before_step(optimizer: torch.optim.Optimizer, max_norm: float) -> None:
@@ -57,10 +64,7 @@ class FedGELATrainer(FedAvgTrainer):
         return super().fit(content)
 
     def build_model(self) -> ETFNet:
-        net = build_model(self.cfg["model"], self.cfg["dataset"])
-        backbone = etf_backbone(net.features, net.feature_dim, self.cfg["fedgela-feature-norm"])
-        model = ETFNet(backbone, self.etf, self.cfg["fedgela-ew"], self.phi, self.cfg["fedgela-mode"])
-        return model.to(self.device)
+        return gela_model(self.cfg, self.etf, self.phi).to(self.device)
 
     def optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         opt = super().optimizer(model)
