@@ -157,8 +157,9 @@ METHODS: dict[str, MethodSpec] = {
             ),
             ew=Param(
                 float,
-                1e4,
-                "FedGELA head 'paper': classifier length E_W, logits x sqrt(E_W) (paper: 1e3..1e6)",
+                300.0,
+                "FedGELA head 'paper': classifier length E_W, logits x sqrt(E_W) (paper 1e3..1e6; 300 from "
+                "suites/fmnist-fedgela-ew.yaml)",
                 low=0.0,
                 low_open=True,
             ),
