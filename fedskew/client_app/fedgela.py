@@ -1,12 +1,14 @@
 """FedGELA client (Fan et al., NeurIPS'23, Alg. 1; maths in `fedskew/losses/fedgela.py`).
 
 The server's ETF arrives as the `etf` ArrayRecord with its SHA-256 in the `etf-info` ConfigRecord;
-the client checks the checksum and the shape (d, C), then trains only the backbone with
-cross-entropy on s * phi_k,c * cos(h, m_c), phi_k = C n_{k,c} / n_k from its own training labels
-(computed here, never sent). The ETF and phi are buffers, not parameters: no gradient, no weight
-decay, unchanged by training. The upload is the backbone's state dict only. The personalized model
-is the trained backbone with the adapted ETF (spec §2.7), evaluated right after local training.
-The gradient norm is clipped to `fedgela-clip` (authors' code: 20; 0 turns it off).
+the client checks the checksum and the shape (d, C), then trains only the backbone (the network's
+features and the `fedgela-head` layers) with cross-entropy on s * phi_k,c * cos(h, m_c),
+s = sqrt(E_W) (paper's head; the authors' code: s * phi_k,c * m_c^T h with s = 1 / T), where
+phi_k = C n_{k,c} / n_k comes from its own training labels (computed here, never sent). The ETF
+and phi are buffers, not parameters: no gradient, no weight decay, unchanged by training. The
+upload is the backbone's state dict only. The personalized model is the trained backbone with the
+adapted ETF (spec §2.7), evaluated right after local training. The gradient norm is clipped to
+`fedgela-clip` (authors' code: 20; 0 turns it off).
 """
 
 from __future__ import annotations
