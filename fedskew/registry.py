@@ -150,10 +150,25 @@ METHODS: dict[str, MethodSpec] = {
             "fedgela",
             "fedgela:FedGELAStrategy",
             "fedgela:FedGELATrainer",
+            head=Param(
+                str,
+                "paper",
+                "FedGELA feature head: 'paper' (FC layer, L2-normalised, x sqrt(E_W)) or 'code' (authors' "
+                "MLP + BatchNorm1d, no L2, / temperature)",
+                choices=("paper", "code"),
+            ),
             ew=Param(
                 float,
-                1e4,
-                "FedGELA: classifier length E_W; logits scale sqrt(E_W) (paper: 1e3..1e6)",
+                300.0,
+                "FedGELA head 'paper': classifier length E_W, logits x sqrt(E_W) (paper 1e3..1e6; 300 from "
+                "suites/fmnist-fedgela-ew.yaml)",
+                low=0.0,
+                low_open=True,
+            ),
+            temperature=Param(
+                float,
+                0.2,
+                "FedGELA head 'code': logits / T (authors' --temperature, default 0.2)",
                 low=0.0,
                 low_open=True,
             ),
@@ -165,12 +180,6 @@ METHODS: dict[str, MethodSpec] = {
             ),
             adapt=Param(bool, True, "FedGELA: local adaptation phi_k (false = FedGE ablation, plain ETF)"),
             etf_seed=Param(int, 0, "FedGELA: seed of the server's random simplex ETF", low=0),
-            feature_norm=Param(
-                str,
-                "bn",
-                "FedGELA features: 'bn' (BatchNorm1d, authors' code) then L2, or 'l2' only (paper text)",
-                choices=("l2", "bn"),
-            ),
             clip=Param(float, 20.0, "FedGELA: local gradient-norm clip (authors' code; 0 = off)", low=0.0),
         ),
     )

@@ -2,17 +2,20 @@
 
 The server's ETF arrives as the `etf` ArrayRecord with its SHA-256 in the `etf-info` ConfigRecord;
 the client checks its shape (d, C), dtype and finite values (`server_records`, as every server
-record) and the checksum, then trains only the backbone with cross-entropy on
-s * phi_k,c * cos(h, m_c), phi_k = C n_{k,c} / n_k from its own training labels (computed here,
-never sent). The ETF and phi are buffers, not parameters: no gradient, no weight
-decay, unchanged by training. The upload is the backbone's state dict only. The personalized model
-is the trained backbone with the adapted ETF (spec §2.7), evaluated right after local training; the
-received global model (`client-global-accuracy`, the paper's PA of a global model) is the received
-backbone with the plain, unadapted ETF.
+record) and the checksum, then trains only the backbone (the network's features and the
+`fedgela-head` layers) with cross-entropy on s * phi_k,c * cos(h, m_c), s = sqrt(E_W) (paper's
+head; the authors' code: s * phi_k,c * m_c^T h with s = 1 / T), where phi_k = C n_{k,c} / n_k
+comes from its own training labels (computed here, never sent). The ETF and phi are buffers, not
+parameters: no gradient, no weight decay, unchanged by training. The upload is the backbone's
+state dict only. The personalized model is the trained backbone with the adapted ETF (spec §2.7),
+evaluated right after local training; the received global model (`client-global-accuracy`, the
+paper's PA of a global model) is the received backbone with the plain, unadapted ETF.
 The gradient norm is clipped to `fedgela-clip` (authors' code: 20; 0 turns it off).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from flwr.app import ConfigRecord, RecordDict
@@ -20,7 +23,7 @@ from torch import nn
 
 from fedskew.client_app.fedavg import FedAvgTrainer
 from fedskew.data import dataset_info
-from fedskew.losses.fedgela import ETFNet, etf_backbone, etf_checksum, local_phi
+from fedskew.losses.fedgela import ETFNet, etf_checksum, etf_net, local_phi
 from fedskew.models import build_model
 from fedskew.records import ArraysSpec, Tensor
 from fedskew.training import clip_before_step
@@ -37,6 +40,13 @@ def verified_etf(etf: torch.Tensor, content: RecordDict) -> torch.Tensor:
     return etf
 
 
+def gela_model(cfg: dict[str, Any], etf: torch.Tensor, phi: torch.Tensor | None = None) -> ETFNet:
+    """The run's FedGELA network (`fedgela-head`): a client's with its phi, the server's without."""
+    net = build_model(cfg["model"], dataset_info(cfg))
+    head, ew, temperature = cfg["fedgela-head"], cfg["fedgela-ew"], cfg["fedgela-temperature"]
+    return etf_net(net.features, net.feature_dim, etf, head, ew, temperature, phi, cfg["fedgela-mode"])
+
+
 class FedGELATrainer(FedAvgTrainer):
     """Backbone-only training against the client's adapted simplex ETF."""
 
@@ -51,14 +61,11 @@ class FedGELATrainer(FedAvgTrainer):
         return received
 
     def build_model(self) -> ETFNet:
-        net = build_model(self.cfg["model"], dataset_info(self.cfg))
-        backbone = etf_backbone(net.features, net.feature_dim, self.cfg["fedgela-feature-norm"])
-        model = ETFNet(backbone, self.etf, self.cfg["fedgela-ew"], self.phi, self.cfg["fedgela-mode"])
-        return model.to(self.device)
+        return gela_model(self.cfg, self.etf, self.phi).to(self.device)
 
     def received_global_model(self, model: nn.Module) -> nn.Module:
         """The received backbone with the plain ETF (phi = None): the server's global model."""
-        return ETFNet(model.features, self.etf, self.cfg["fedgela-ew"], None, self.cfg["fedgela-mode"])
+        return ETFNet(model.features, self.etf, model.scale, None, model.mode, model.normalize)
 
     def optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         opt = super().optimizer(model)

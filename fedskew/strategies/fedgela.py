@@ -5,7 +5,7 @@ Distribution: the matrix itself is broadcast every round as the `etf` ArrayRecor
 SHA-256 in the `etf-info` ConfigRecord, which the client verifies. Sending the matrix rather than a
 seed means no node depends on its own LAPACK giving bit-identical QR output (different BLAS builds
 need not), and the checksum proves every node trains against the same bytes; the cost is d*C
-floats (3.4 KB for LeNet, 1.4 % of its backbone). The ETF is not part of the model arrays: the
+floats (3.4 KB for LeNet, 1.7 % of its backbone). The ETF is not part of the model arrays: the
 downlink, the replies and the average are the backbone (`features.*`) only, and
 `expected_upload` drops any reply that is not exactly the backbone's names and shapes. The
 centrally evaluated global model is the aggregated backbone with the plain (unadapted) ETF.
@@ -18,7 +18,8 @@ from typing import Any
 import torch
 from flwr.app import ArrayRecord, ConfigRecord
 
-from fedskew.losses.fedgela import ETFNet, etf_backbone, etf_checksum, make_etf
+from fedskew.client_app.fedgela import gela_model
+from fedskew.losses.fedgela import ETFNet, etf_checksum, make_etf
 from fedskew.strategies.fedavg import FedAvgStrategy
 
 BACKBONE = "features."
@@ -37,9 +38,7 @@ class FedGELAStrategy(FedAvgStrategy):
         """Backbone + plain ETF: the centrally evaluated global model. Its state dict is the
         backbone only, so the base's `initial_arrays` (FedAvg's seeded backbone weights),
         `global_model` and `aggregate_arrays` all work on backbones."""
-        net = super().build_model()
-        backbone = etf_backbone(net.features, net.feature_dim, self.cfg["fedgela-feature-norm"])
-        return ETFNet(backbone, self.etf, self.cfg["fedgela-ew"])
+        return gela_model(self.cfg, self.etf)
 
     def expected_upload(self, arrays: ArrayRecord) -> dict[str, tuple[tuple[int, ...], str]]:
         """Exactly the backbone's tensors (from the model definition, not from what was sent)."""
