@@ -7,6 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fedskew.data.clients import to_float
+from fedskew.data.readers import load_dataset
 from fedskew.losses.mupfl import (
     BAVD,
     aggregate_class_gradients,
@@ -16,8 +18,10 @@ from fedskew.losses.mupfl import (
     class_gradients,
     finetune_classifier,
     flat_maps,
+    gradient_distance,
     gradient_matching_loss,
     loss_change,
+    matching_terms,
     synthesize_features,
 )
 from fedskew.models import build_model
@@ -33,6 +37,7 @@ from fedskew.strategies.clustering import (
     similarity_matrix,
 )
 from tests.conftest import read_metrics
+from tests.harness import app_defaults
 
 # ----------------------------------------------------------------------------- BAVD
 
@@ -156,24 +161,121 @@ def test_class_gradients_match_autograd_and_mean_over_holders() -> None:
     assert torch.equal(glo[2], torch.full((2,), 7.0))
 
 
-def test_synthesis_reduces_the_gradient_matching_loss() -> None:
+def test_matching_distances_per_row_and_flattened() -> None:
+    torch.manual_seed(0)
+    real, synth = torch.randn(3, 4, 6), torch.randn(3, 4, 6)
+    rows = torch.stack(
+        [sum(1 - F.cosine_similarity(synth[c, r], real[c, r], dim=0) for r in range(4)) for c in range(3)]
+    )
+    assert torch.allclose(gradient_distance(synth, real, "creff"), rows, atol=1e-6)  # CReFF's distance_wb
+    flat = torch.stack([1 - F.cosine_similarity(synth[c].flatten(), real[c].flatten(), dim=0) for c in range(3)])
+    assert torch.allclose(gradient_distance(synth, real, "paper"), flat, atol=1e-6)
+    row_scales = torch.tensor([1.0, 10.0, 0.1, 3.0]).view(1, 4, 1)  # each row compared on its own ...
+    assert torch.allclose(gradient_distance(real * row_scales, real, "creff"), torch.zeros(3), atol=1e-5)
+    assert (gradient_distance(real * row_scales, real, "paper") > 0.01).all()  # ... one flat cosine is not
+    with pytest.raises(ValueError, match="unknown matching distance"):
+        gradient_distance(synth, real, "mse")
+
+
+@pytest.mark.parametrize(("distance", "lr"), [("creff", 1.0), ("paper", 20.0)])
+def test_synthesis_moves_only_matched_classes_at_a_frozen_classifier(distance: str, lr: float) -> None:
     torch.manual_seed(0)
     k, d = 5, 16
     w = torch.randn(k, d) * 0.3
     means = torch.randn(k, d) * 2
-    targets = {}
-    for c in (0, 1, 3, 4):  # class 2 held by nobody this round
-        h = means[c] + torch.randn(40, d) * 0.5
-        targets[c] = class_gradients(w, h, torch.full((40,), c))[c]
+    targets = {
+        c: class_gradients(w, means[c] + torch.randn(40, d) * 0.5, torch.full((40,), c))[c] for c in (0, 1, 3, 4)
+    }
     start = torch.randn(k, 10, d)
-    before = float(gradient_matching_loss(start, w, targets))
-    _, slow = synthesize_features(start, w, targets, lr=0.1, iterations=100)  # the default lr: slowly
-    assert slow[0] == pytest.approx(before) and slow[-1] < 0.9 * before
-    feats, losses = synthesize_features(start, w, targets, lr=1.0, iterations=100)
-    after = float(gradient_matching_loss(feats, w, targets))
-    assert feats.shape == (k, 10, d) and before > 0.5 and after < 0.2 * before and losses[-1] < losses[0]
-    assert torch.equal(feats[2], start[2])  # a class nobody uploaded is not moved
-    assert float(gradient_matching_loss(feats, w, {c: 2.0 * z for c, z in targets.items()})) == pytest.approx(after)
+    w_before = w.clone()
+    feats, losses = synthesize_features(start, w, targets, lr=lr, iterations=50, distance=distance)
+    terms = matching_terms(len(targets), k, distance)
+    assert losses[0] == pytest.approx(float(gradient_matching_loss(start, w, targets, distance)) / terms)
+    assert feats.shape == (k, 10, d) and losses[-1] < 0.5 * losses[0] and min(losses) >= 0
+    assert torch.equal(feats[2], start[2]) and torch.equal(w, w_before)  # class 2: uploaded by nobody
+    scaled = {c: 2.0 * z for c, z in targets.items()}  # cosine: the real gradients' scale does not matter
+    assert float(gradient_matching_loss(feats, w, scaled, distance)) == pytest.approx(
+        float(gradient_matching_loss(feats, w, targets, distance)), rel=1e-5
+    )
+
+
+@pytest.fixture(scope="module")
+def real_gradients() -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
+    """A LeNet trained 3 epochs on a long-tailed (IF 10) slice of Fashion-MNIST: its classifier and
+    the real class gradients z^k of 64 samples of each class (the targets PKCF matches)."""
+    x, y, _, _ = load_dataset("fashion-mnist", "")
+    y = torch.from_numpy(np.array(y, dtype=np.int64))
+    counts = (200 * 10 ** (-np.arange(10) / 9)).astype(int)
+    idx = torch.cat([torch.nonzero(y == k).flatten()[:n] for k, n in enumerate(counts)])
+    xs, ys = to_float(x[idx.numpy()], "fashion-mnist"), y[idx]
+    torch.manual_seed(0)
+    model = build_model("lenet", "fashion-mnist")
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        for b in torch.randperm(len(ys), generator=g).split(64):
+            loss = F.cross_entropy(model(xs[b]), ys[b])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    model.eval()
+    with torch.no_grad():
+        h = model.features(xs)
+    w = model.classifier.weight.detach()
+    return w, {k: class_gradients(w, h[ys == k][:64], ys[ys == k][:64])[k] for k in range(10)}
+
+
+def test_synthesis_converges_with_its_defaults_on_real_gradients(real_gradients) -> None:
+    """Issue 13: with lr 0.1 and one cosine per class the features did not move (loss 0.99 -> 0.98)."""
+    cfg = app_defaults()
+    w, targets = real_gradients
+    start = torch.randn(10, cfg["mupfl-features-per-class"], w.shape[1], generator=torch.Generator().manual_seed(1))
+    feats, losses = synthesize_features(
+        start, w, targets, cfg["mupfl-feature-lr"], cfg["mupfl-match-iters"], cfg["mupfl-distance"]
+    )
+    assert losses[0] > 0.9 and losses[-1] < losses[0] / 10  # measured: 1.03 -> 0.02
+    assert float((feats - start).norm() / start.norm()) > 0.2  # measured: 0.47
+
+
+def test_finetune_on_synthesised_features_debiases_a_long_tail_classifier() -> None:
+    """Toy PKCF round: class-conditional (ReLU'd) Gaussian features, a classifier trained on a long
+    tail (IF 100); the classifier fine-tuned on the features synthesised from balanced real class
+    gradients (defaults) gains balanced accuracy. Noise features (no synthesis) do not."""
+    cfg = app_defaults()
+    k, d, m = 10, 32, cfg["mupfl-features-per-class"]
+    g = torch.Generator().manual_seed(0)
+    means = torch.randn(k, d, generator=g).relu() * 1.5
+
+    def sample(counts: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        y = torch.cat([torch.full((n,), c) for c, n in enumerate(counts)])
+        return (means[y] + torch.randn(len(y), d, generator=g)).relu(), y
+
+    x_tail, y_tail = sample((500 * 100 ** (-torch.arange(k) / (k - 1))).long().tolist())
+    x_test, y_test = sample([300] * k)
+    biased = torch.nn.Linear(d, k, bias=False)
+    torch.nn.init.zeros_(biased.weight)
+    finetune_classifier(biased, x_tail, y_tail, 20, 64, 0.1, g)
+
+    def balanced_accuracy(clf: torch.nn.Linear) -> float:
+        with torch.no_grad():
+            pred = clf(x_test).argmax(1)
+        return float(torch.stack([(pred[y_test == c] == c).float().mean() for c in range(k)]).mean())
+
+    w = biased.weight.detach().clone()
+    x_real, y_real = sample([64] * k)
+    targets = {c: class_gradients(w, x_real[y_real == c], y_real[y_real == c])[c] for c in range(k)}
+    start = torch.randn(k, m, d, generator=g)
+    feats, _ = synthesize_features(
+        start, w, targets, cfg["mupfl-feature-lr"], cfg["mupfl-match-iters"], cfg["mupfl-distance"]
+    )
+    labels = torch.arange(k).repeat_interleave(m)
+    tuned, on_noise = torch.nn.Linear(d, k, bias=False), torch.nn.Linear(d, k, bias=False)
+    for clf, f in ((tuned, feats), (on_noise, start)):
+        clf.weight.data = w.clone()
+        finetune_classifier(clf, f.reshape(-1, d), labels, cfg["mupfl-tau"], cfg["mupfl-feature-batch"], cfg["lr"], g)
+    before = balanced_accuracy(biased)
+    assert balanced_accuracy(tuned) > before + 0.04  # measured: 0.854 -> 0.925
+    assert balanced_accuracy(on_noise) < before + 0.02  # the old synthesis' noise: 0.857
 
 
 def test_finetune_changes_only_the_classifier() -> None:

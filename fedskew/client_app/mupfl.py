@@ -10,7 +10,10 @@ One round on client i:
 3. local training of the whole model with BAVD layers (`mupfl-bavd`) whose maps are updated after
    every batch with psi = loss improvement (Eq. 6); the optimiser is the common `sgd` (same as FedAvg);
 4. upload the model, the flattened BAVD maps (`mupfl-map`, for ACMU) and, for each class present
-   locally, the classifier gradient z_i^k on <= `mupfl-n-real` samples in eval mode (`mupfl-grads`).
+   locally, the classifier gradient z_i^k on <= `mupfl-n-real` samples in eval mode (`mupfl-grads`):
+   features of the trained extractor u_i (Alg. 1 L19-20: after local training), gradient taken at
+   the classifier the server sent (`mupfl-classifier`, w_glo's of the previous round), the one the
+   server matches the synthetic gradients at (CReFF: real and synthetic gradients at one classifier).
 
 Client state (`ClientState`): with `mupfl-bavd-reset="never"` the BAVD maps persist across rounds
 (tensors "mupfl-maps"); with the default "epoch" (literal Eq. 6) or "round" they restart each round,
@@ -28,7 +31,7 @@ import torch
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from torch import nn
 
-from fedskew.client_app.fedavg import FedAvgTrainer
+from fedskew.client_app.fedavg import FedAvgTrainer, checked_arrays
 from fedskew.losses.mupfl import BAVD, attach_bavd, class_gradients, finetune_classifier, flat_maps, loss_change
 from fedskew.models import SplitNet
 from fedskew.training import cross_entropy_loss, evaluate
@@ -36,6 +39,7 @@ from fedskew.training import cross_entropy_loss, evaluate
 FEATURES = "mupfl-features"
 MAPS = "mupfl-map"
 GRADS = "mupfl-grads"
+CLASSIFIER = "mupfl-classifier"
 TIMES = "mupfl-times"
 
 
@@ -57,6 +61,9 @@ class MuPFLTrainer(FedAvgTrainer):
 
     def local_train(self, model: nn.Module, content: RecordDict) -> dict[str, float]:
         stats: dict[str, float] = {}
+        if self.cfg["mupfl-pkcf"]:
+            expected = {"weight": model.classifier.weight.detach()}
+            self.match_weight = checked_arrays(content, expected, CLASSIFIER)["weight"].to(self.device)
         if len(self.data.y_test):
             _, stats["start-accuracy"] = evaluate(
                 model, self.data.x_test, self.data.y_test, self.cfg["eval-batch-size"], self.device
@@ -99,7 +106,8 @@ class MuPFLTrainer(FedAvgTrainer):
         return loss
 
     def class_gradients(self, model: SplitNet) -> dict[str, torch.Tensor]:
-        """z_i^k (Eq. 16) for every class present locally, on <= n-real random samples, eval mode."""
+        """z_i^k (Eq. 16) for every class present locally, on <= n-real random samples of the trained
+        extractor's features (eval mode), at the classifier the server sent."""
         model.eval()
         out = {}
         y = self.data.y_train
@@ -109,7 +117,7 @@ class MuPFLTrainer(FedAvgTrainer):
             with torch.no_grad():
                 h = model.features(self.data.x_train[idx].to(self.device))
             labels = torch.full((len(idx),), k, dtype=torch.long, device=self.device)
-            out[str(k)] = class_gradients(model.classifier.weight.detach(), h, labels)[k].cpu()
+            out[str(k)] = class_gradients(self.match_weight, h, labels)[k].cpu()
         return out
 
     def extra_records(self, model: nn.Module) -> dict[str, Any]:
