@@ -98,7 +98,12 @@ METHODS: dict[str, MethodSpec] = {
             bavd=Param(bool, True, "MuPFL: BAVD dropout during local training (and maps for ACMU)"),
             acmu=Param(bool, True, "MuPFL: ACMU cluster update (off = one cluster)"),
             pkcf=Param(bool, True, "MuPFL: PKCF class gradients, feature synthesis, classifier fine-tune"),
-            init=Param(str, "personal", "MuPFL: start from w~_i or the global model", choices=("personal", "global")),
+            init=Param(
+                str,
+                "global",
+                "MuPFL: a client starts from the global model (Alg. 1 as FedAvg with clustering) or its own w~_i",
+                choices=("global", "personal"),
+            ),
             alpha=Param(float, 0.5, "MuPFL ACMU: weight of the update cosine vs the map cosine", low=0.0, high=1.0),
             k_min=Param(int, 2, "MuPFL ACMU: smallest number of clusters tried", low=2),
             k_max=Param(int, 6, "MuPFL ACMU: largest number of clusters tried (capped at n-1)", low=2),

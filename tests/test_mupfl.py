@@ -7,6 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fedskew.client_app.mupfl import CLASSIFIER
+from fedskew.config import validate
 from fedskew.data.clients import to_float
 from fedskew.data.readers import load_dataset
 from fedskew.losses.mupfl import (
@@ -36,8 +38,10 @@ from fedskew.strategies.clustering import (
     silhouette_score,
     similarity_matrix,
 )
+from fedskew.strategies.fedavg import arrays_to_numpy
+from fedskew.strategies.mupfl import MuPFLStrategy
 from tests.conftest import read_metrics
-from tests.harness import app_defaults
+from tests.harness import app_defaults, run_in_process
 
 # ----------------------------------------------------------------------------- BAVD
 
@@ -290,6 +294,43 @@ def test_finetune_changes_only_the_classifier() -> None:
     after = model.state_dict()
     assert not torch.equal(after["classifier.weight"], before["classifier.weight"])
     assert all(torch.equal(after[k], before[k]) for k in after if not k.startswith("classifier"))
+
+
+# ----------------------------------------------------------------------------- start model
+
+
+def test_default_start_model_is_the_global_model() -> None:
+    """Issue 13: with the personal start (the old default) the global model was an average of models
+    nothing trained from. By default a returning client now starts from w_glo; 'personal' stays."""
+    cfg = validate({**app_defaults(), "method": "mupfl"})
+    strategy = MuPFLStrategy(cfg)
+    glo = strategy.initial_arrays()
+    strategy.personal[3] = {k: v + 1.0 for k, v in arrays_to_numpy(glo).items()}
+    start = strategy.start_model(3, glo)
+    assert all(np.array_equal(start[k], v) for k, v in arrays_to_numpy(glo).items())
+    strategy.cfg = {**cfg, "mupfl-init": "personal"}
+    assert all(np.array_equal(strategy.start_model(3, glo)[k], v) for k, v in strategy.personal[3].items())
+
+
+def test_default_run_sends_every_client_the_global_model_and_its_classifier(tmp_path, task_identity) -> None:
+    """In process, defaults: every client of a round gets the same start model (w_glo), and the PKCF
+    matching classifier equals its classifier; the global model learns (not stuck at chance)."""
+    grid = run_in_process(
+        {"method": "mupfl", "model": "mlp", "partition": "iid", "fraction-train": 0.15, "num-server-rounds": 3}
+        | {"out-dir": str(tmp_path), "run-name": "r"},
+        20,
+    )
+    train = [m.content for m in grid.sent if m.metadata.message_type == "train"]
+    assert len(train) == 9
+    for r in range(3):
+        sent = [c["arrays"].to_torch_state_dict() for c in train[3 * r : 3 * r + 3]]
+        assert all(torch.equal(s[k], sent[0][k]) for s in sent for k in s)  # one start model: w_glo
+        for c in train[3 * r : 3 * r + 3]:
+            weight = c[CLASSIFIER].to_torch_state_dict()["weight"]
+            assert torch.equal(weight, sent[0]["classifier.weight"])
+    rows = read_metrics(tmp_path / "r")
+    assert rows[-1]["global-accuracy"] > 0.5
+    assert rows[0]["pkcf-match-loss-first"] > 0.9 and all(r["pkcf-match-loss-last"] < 0.1 for r in rows)
 
 
 # ----------------------------------------------------------------------------- end to end
