@@ -33,18 +33,22 @@ from fedskew.launcher import (
 
 def format_summary(s: dict[str, Any]) -> str:
     def pct(v: Any) -> str:
-        return "n/a" if v is None else f"{100 * v:.2f}%"
+        return "    n/a" if v is None else f"{100 * v:6.2f}%"
 
-    return "\n".join(
-        [
-            f"fedskew summary: {s['method']} on {s['dataset']} ({s['partition']}, {s['num-clients']} clients, "
-            f"{s['rounds']} rounds, seed {s['seed']})",
-            f"  global accuracy        final {pct(s['final_global_accuracy'])}   best {pct(s['best_global_accuracy'])}",
-            f"  personalized accuracy  final {pct(s['final_personalized_accuracy'])}",
-            f"  wall time              {s['wall_seconds']:.1f} s",
-            f"  results                {s['run_dir']}",
-        ]
-    )
+    lines = [
+        f"fedskew summary: {s['method']} on {s['dataset']} ({s['partition']}, {s['num-clients']} clients, "
+        f"{s['rounds']} rounds, seed {s['seed']})",
+        f"  {'':<24}" + "  ".join(f"{h:>7}" for h in ("final", "best", "last-10")),
+    ]
+    for label, key in (
+        ("global accuracy", "global_accuracy"),
+        ("client-global accuracy", "client_global_accuracy"),
+        ("personalized accuracy", "personalized_accuracy"),
+    ):
+        values = (s.get(f"final_{key}"), s.get(f"best_{key}"), s.get(f"last10_{key}"))
+        lines.append(f"  {label:<24}" + "  ".join(pct(v) for v in values))
+    lines += [f"  {'wall time':<24}{s['wall_seconds']:.1f} s", f"  {'results':<24}{s['run_dir']}"]
+    return "\n".join(lines)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -65,8 +69,8 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     suite = load_suite(args.suite, app_defaults(app_dir))
     if args.dry_run:
         for c in suite.cells:
-            print(f"{c.run_name}: {c.overrides}")
-        print(f"{len(suite.cells)} cells x {suite.num_supernodes} clients -> {suite.folder}")
+            print(f"{c.run_name} ({c.num_supernodes} clients): {c.overrides}")
+        print(f"{len(suite.cells)} cells -> {suite.folder}")
         return 0
     if args.report:
         write_report(suite)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 DATASETS = ("fashion-mnist", "mnist", "cifar10", "cifar100", "svhn")
-MODELS = ("lenet", "mlp", "tfcnn", "vgg11", "resnet8", "resnet18")
+MODELS = ("lenet", "map-lenet", "mupfl-cnn", "mlp", "tfcnn", "vgg11", "resnet8", "resnet18")
 PARTITIONS = ("iid", "dirichlet", "classes-per-client", "long-tail", "map-random")
 
 
@@ -115,8 +115,20 @@ COMMON: dict[str, Param] = {
     "lr-warmup-rounds": Param(
         int, 0, "linear lr warm-up: round r trains at lr * min(r / N, 1); 0 = off (MAP/FedRS code: 5)", low=0
     ),
+    "lr-decay": Param(
+        float,
+        1.0,
+        "lr decay over rounds: round r trains at lr * lr-decay ** floor((r - 1) / lr-decay-every) (MuPFL: 0.995, 3)",
+        low=0.0,
+        high=1.0,
+        low_open=True,
+    ),
+    "lr-decay-every": Param(int, 1, "rounds between two lr decay steps", low=1),
     "momentum": Param(float, 0.9, "local SGD momentum", low=0.0, high=1.0, high_open=True),
     "weight-decay": Param(float, 1e-4, "local SGD weight decay", low=0.0),
+    "grad-clip": Param(
+        float, 0.0, "clip each local step's gradient norm to this (0 = off; MAP/FedRS code: 100)", low=0.0
+    ),
     "aggregation-weights": Param(
         str,
         "num-examples",

@@ -8,12 +8,14 @@ Suite file::
     num-supernodes: 20                # clients per run
     seeds: [0, 1, 2]
     out-dir: outputs/suites           # default
+    last-rounds: 10                   # the tables' "last k rounds" mean (FedRS reports k = 50)
     base: {num-server-rounds: 30}     # run config shared by every cell
     methods:                          # label -> overrides; `method` defaults to the label
       fedavg: {}
       fedrs-0.5: {method: fedrs, fedrs-alpha: 0.5}
-    partitions:                       # label -> overrides
+    partitions:                       # label -> overrides (may set its own num-supernodes)
       c2: {partition: classes-per-client, classes-per-client: 2}
+      p5c2: {partition: classes-per-client, classes-per-client: 2, num-supernodes: 5}
 
 Every cell's config is validated before anything runs. A cell whose `summary.json` exists is
 skipped, so an interrupted suite resumes where it stopped. At the end (and with `--report`) the
@@ -37,8 +39,9 @@ from fedskew.config import ConfigError, validate
 from fedskew.data.clients import client_indices
 from fedskew.launcher import RunFailed, prepare_config, run_simulation
 from fedskew.partitions import PartitionError
+from fedskew.server_app.results import LAST_ROUNDS, read_jsonl, round_statistics
 
-SUITE_KEYS = {"name", "num-supernodes", "seeds", "out-dir", "base", "methods", "partitions"}
+SUITE_KEYS = {"name", "num-supernodes", "seeds", "out-dir", "base", "methods", "partitions", "last-rounds"}
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,7 @@ class Cell:
     partition: str  # label
     seed: int
     overrides: dict[str, Any]
+    num_supernodes: int
 
     @property
     def run_name(self) -> str:
@@ -56,11 +60,11 @@ class Cell:
 @dataclass
 class Suite:
     name: str
-    num_supernodes: int
     out_dir: Path
     cells: list[Cell]
     method_labels: list[str]
     partition_labels: list[str]
+    last_rounds: int = LAST_ROUNDS
 
     @property
     def folder(self) -> Path:
@@ -90,32 +94,41 @@ def load_suite(path: str | Path, app_defaults: dict[str, Any]) -> Suite:
     seeds = raw.get("seeds", [0])
     if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and s >= 0 for s in seeds):
         raise ConfigError(f"{path}: seeds={seeds!r} must be a non-empty list of non-negative integers")
-    n = raw.get("num-supernodes", 20)
-    if not isinstance(n, int) or n < 1:
-        raise ConfigError(f"{path}: num-supernodes={n!r} must be a positive integer")
+    n = _num_supernodes(raw.get("num-supernodes", 20), str(path))
     base = _mapping(raw.get("base"), f"{path}: base")
     methods = _mapping(raw.get("methods"), f"{path}: methods") or {"fedavg": {}}
     partitions = _mapping(raw.get("partitions"), f"{path}: partitions") or {"default": {}}
     cells = []
-    for p_label, p_over in partitions.items():
+    for p_label, p_raw in partitions.items():
+        p_over = dict(_mapping(p_raw, f"{path}: partitions.{p_label}"))
+        p_n = _num_supernodes(p_over.pop("num-supernodes", n), f"{path}: partitions.{p_label}")
         for m_label, m_over in methods.items():
             for seed in seeds:
                 over = {
                     **base,
-                    **_mapping(p_over, f"{path}: partitions.{p_label}"),
+                    **p_over,
                     "method": m_label,
                     **_mapping(m_over, f"{path}: methods.{m_label}"),
                     "seed": seed,
                 }
                 try:
-                    client_indices(validate({**app_defaults, **over}), n)  # the partition must be possible
+                    client_indices(validate({**app_defaults, **over}), p_n)  # the partition must be possible
                 except (ConfigError, PartitionError, FileNotFoundError) as e:
                     raise ConfigError(f"{path}: cell {p_label}/{m_label}/seed {seed}: {e}") from None
-                cells.append(Cell(str(m_label), str(p_label), seed, over))
+                cells.append(Cell(str(m_label), str(p_label), seed, over, p_n))
     out_dir = Path(raw.get("out-dir", "outputs/suites")).expanduser().absolute()
+    last = raw.get("last-rounds", LAST_ROUNDS)
+    if not isinstance(last, int) or isinstance(last, bool) or last < 1:
+        raise ConfigError(f"{path}: last-rounds={last!r} must be a positive integer")
     return Suite(
-        str(raw.get("name", path.stem)), n, out_dir, cells, list(map(str, methods)), list(map(str, partitions))
+        str(raw.get("name", path.stem)), out_dir, cells, list(map(str, methods)), list(map(str, partitions)), last
     )
+
+
+def _num_supernodes(value: Any, where: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ConfigError(f"{where}: num-supernodes={value!r} must be a positive integer")
+    return value
 
 
 def _fmt_eta(seconds: float) -> str:
@@ -138,9 +151,16 @@ def run_suite(suite: Suite, app_dir: Path, stream: bool = False) -> None:
         print(f"{label} ...", flush=True)
         over = {**cell.overrides, "out-dir": str(suite.folder), "run-name": cell.run_name}
         try:
-            _, subm = prepare_config(app_dir, over, suite.num_supernodes)
-            s = run_simulation(app_dir, subm, suite.num_supernodes, [], stream=stream)
-            result = f"global {s['final_global_accuracy']:.4f}, personalized {s['final_personalized_accuracy']:.4f}"
+            _, subm = prepare_config(app_dir, over, cell.num_supernodes)
+            s = run_simulation(app_dir, subm, cell.num_supernodes, [], stream=stream)
+            result = "last 10 rounds: " + ", ".join(
+                f"{name} {s[key]:.4f}" if s.get(key) is not None else f"{name} n/a"
+                for name, key in (
+                    ("global", "last10_global_accuracy"),
+                    ("client-global", "last10_client_global_accuracy"),
+                    ("personalized", "last10_personalized_accuracy"),
+                )
+            )
         except RunFailed as e:
             failed.append(cell)
             result = f"FAILED: {e}"
@@ -153,28 +173,42 @@ def run_suite(suite: Suite, app_dir: Path, stream: bool = False) -> None:
 
 
 def _read_rows(run_dir: Path) -> list[dict[str, Any]]:
-    path = run_dir / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.is_file() else []
+    return read_jsonl(run_dir / "metrics.jsonl")
+
+
+def columns(last: int) -> list[tuple[str, str]]:
+    """(column label, `round_statistics` key) of the table's accuracy columns, last-k means first."""
+    return [
+        (f"global, last {last}", f"last{last}_global_accuracy"),
+        (f"global oscillation, last {last}", f"last{last}_global_accuracy_round_std"),
+        ("global, final", "final_global_accuracy"),
+        ("global, best", "best_global_accuracy"),
+        (f"client-global, last {last}", f"last{last}_client_global_accuracy"),
+        (f"personalized, last {last}", f"last{last}_personalized_accuracy"),
+        ("personalized, final", "final_personalized_accuracy"),
+    ]
 
 
 def collect(suite: Suite) -> list[dict[str, Any]]:
-    """One row per (partition, method): mean and std over the finished seeds."""
+    """One row per (partition, method): mean and std over the finished seeds of every
+    `round_statistics` value (computed from each run's `metrics.jsonl`) and the wall time."""
     table = []
     for p in suite.partition_labels:
         for m in suite.method_labels:
-            sums = []
+            runs = []
             for c in suite.cells:
-                f = suite.folder / c.run_name / "summary.json"
-                if c.partition == p and c.method == m and f.is_file():
-                    sums.append(json.loads(f.read_text()))
-            if not sums:
+                run_dir = suite.folder / c.run_name
+                if c.partition == p and c.method == m and (run_dir / "summary.json").is_file():
+                    summary = json.loads((run_dir / "summary.json").read_text())
+                    stats = round_statistics(_read_rows(run_dir), suite.last_rounds)
+                    runs.append({**stats, "wall_seconds": summary["wall_seconds"]})
+            if not runs:
                 continue
-            row: dict[str, Any] = {"partition": p, "method": m, "seeds": len(sums)}
-            for key in ("final_global_accuracy", "best_global_accuracy", "final_personalized_accuracy"):
-                vals = np.array([s[key] for s in sums if s.get(key) is not None], dtype=float)
+            row: dict[str, Any] = {"partition": p, "method": m, "seeds": len(runs)}
+            for key in runs[0]:
+                vals = np.array([r[key] for r in runs if r[key] is not None], dtype=float)
                 row[f"{key}_mean"] = float(vals.mean()) if len(vals) else float("nan")
                 row[f"{key}_std"] = float(vals.std()) if len(vals) else float("nan")
-            row["wall_seconds_mean"] = float(np.mean([s["wall_seconds"] for s in sums]))
             table.append(row)
     return table
 
@@ -193,17 +227,23 @@ def write_report(suite: Suite) -> list[dict[str, Any]]:
     def pm(row: dict, key: str) -> str:
         return f"{100 * row[key + '_mean']:.2f} ± {100 * row[key + '_std']:.2f}"
 
+    cols = columns(suite.last_rounds)
     lines = [
-        f"# {suite.name}: accuracy (%) after the last round, mean ± std over seeds",
+        f"# {suite.name}: accuracy (%), mean ± std over seeds",
         "",
-        "| partition | method | seeds | global (final) | global (best) | personalized (final) | wall s |",
-        "|---|---|---|---|---|---|---|",
+        f"Last {suite.last_rounds} = the mean of the last {suite.last_rounds} rounds of each run (conclusions "
+        "are drawn from it: label-skewed FL swings several points from round to round); oscillation = the std "
+        "of the global accuracy over those rounds. Global: the server's model on the "
+        "official test set. Client-global: the global model each sampled client receives, on its local "
+        "test split, averaged over clients. Personalized: each method's personalized model on the "
+        "client's local test split; for fedavg / fedprox that is the locally trained model (FedAvg-FT).",
+        "",
+        "| partition | method | seeds | " + " | ".join(label for label, _ in cols) + " | wall s |",
+        "|---|---|---|" + "---|" * (len(cols) + 1),
     ]
     for r in table:
-        lines.append(
-            f"| {r['partition']} | {r['method']} | {r['seeds']} | {pm(r, 'final_global_accuracy')} | "
-            f"{pm(r, 'best_global_accuracy')} | {pm(r, 'final_personalized_accuracy')} | {r['wall_seconds_mean']:.0f} |"
-        )
+        cells = " | ".join(pm(r, key) for _, key in cols)
+        lines.append(f"| {r['partition']} | {r['method']} | {r['seeds']} | {cells} | {r['wall_seconds_mean']:.0f} |")
     (suite.folder / "results.md").write_text("\n".join(lines) + "\n")
     for p in suite.partition_labels:
         plot_partition(suite, p)
@@ -211,7 +251,8 @@ def write_report(suite: Suite) -> list[dict[str, Any]]:
 
 
 def plot_partition(suite: Suite, partition: str) -> None:
-    """Global (solid) and personalized (dashed) accuracy per round, mean over seeds, one colour per method."""
+    """Global (solid), client-global (dotted) and personalized (dashed) accuracy per round, mean over
+    seeds, one colour per method."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -227,14 +268,14 @@ def plot_partition(suite: Suite, partition: str) -> None:
             continue
         n = min(len(r) for r in runs)
         rounds = [row["round"] for row in runs[0][:n]]
-        for key, style in (("global-accuracy", "-"), ("personalized-accuracy", "--")):
+        for key, style in (("global-accuracy", "-"), ("client-global-accuracy", ":"), ("personalized-accuracy", "--")):
             vals = np.array([[row.get(key) if row.get(key) is not None else np.nan for row in r[:n]] for r in runs])
             ax.plot(
                 rounds,
                 np.nanmean(vals, axis=0),
                 style,
                 color=f"C{i}",
-                label=f"{m} ({'global' if key.startswith('g') else 'personalized'})",
+                label=f"{m} ({key.removesuffix('-accuracy')})",
             )
     ax.set_xlabel("round")
     ax.set_ylabel("accuracy")

@@ -51,9 +51,32 @@ def warmup_lr(lr: float, server_round: int, warmup_rounds: int) -> float:
     return lr * min(max(server_round, 1) / warmup_rounds, 1.0)
 
 
+def round_lr(cfg: dict[str, Any], server_round: int) -> float:
+    """The local lr of round r: warm-up (`lr-warmup-rounds`) times the step decay
+    `lr-decay ** floor((r - 1) / lr-decay-every)` (MuPFL §4.1: "decay rate of 0.005 every 3 epochs",
+    read as x 0.995 every 3 rounds, spec A16)."""
+    steps = (max(server_round, 1) - 1) // cfg["lr-decay-every"]
+    return warmup_lr(cfg["lr"], server_round, cfg["lr-warmup-rounds"]) * cfg["lr-decay"] ** steps
+
+
 def sgd(params: Any, cfg: dict[str, Any]) -> torch.optim.SGD:
-    """The local optimiser of every method, recreated each round (clients keep no momentum)."""
-    return torch.optim.SGD(params, lr=cfg["lr"], momentum=cfg["momentum"], weight_decay=cfg["weight-decay"])
+    """The local optimiser of every method, recreated each round (clients keep no momentum); with
+    `grad-clip` > 0 every step clips the gradient norm first (the MAP/FedRS authors' code: 100)."""
+    opt = torch.optim.SGD(list(params), lr=cfg["lr"], momentum=cfg["momentum"], weight_decay=cfg["weight-decay"])
+    clip_before_step(opt, cfg["grad-clip"])
+    return opt
+
+
+def clip_before_step(optimizer: torch.optim.Optimizer, max_norm: float) -> None:
+    """Clip the gradient norm of the optimiser's parameters before every `step()`."""
+    if max_norm <= 0:
+        return
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+
+    def hook(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        torch.nn.utils.clip_grad_norm_(params, max_norm)
+
+    optimizer.register_step_pre_hook(hook)
 
 
 def cross_entropy_loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

@@ -70,7 +70,11 @@ def test_suite_runs_resumes_and_reports(tmp_path, monkeypatch, capsys) -> None:
     assert "8 cells, 2 already done" in out and "[8/8]" in out and "left" in out
     assert len(calls) == 6  # the two finished cells were skipped, the interrupted one re-run
     md = (suite.folder / "results.md").read_text()
-    assert "| iid | rs | 2 | 75.00 ± 5.00 |" in md and "| c2 | fedavg | 2 | 55.00 ± 5.00 |" in md
+    # columns: global last-10 mean, final, best, ... (global accuracy is acc * r / 3 over rounds 1-3)
+    # the oscillation is the std over rounds of acc * r / 3: acc * 0.272, averaged over the two seeds
+    assert "| iid | rs | 2 | 50.00 ± 3.33 | 20.41 ± 1.36 | 75.00 ± 5.00 | 75.00 ± 5.00 |" in md
+    assert "| c2 | fedavg | 2 | 36.67 ± 3.33 | 14.97 ± 1.36 | 55.00 ± 5.00 | 55.00 ± 5.00 |" in md
+    assert "FedAvg-FT" in md  # fedavg's personalized model is named for what it is
     assert (suite.folder / "results.csv").read_text().count("\n") == 5
     assert (suite.folder / "accuracy-iid.png").is_file() and (suite.folder / "accuracy-c2.png").is_file()
 
@@ -87,6 +91,8 @@ def test_suite_runs_resumes_and_reports(tmp_path, monkeypatch, capsys) -> None:
         ("partitions: {p: {classes-per-client: 20}}\n", "classes-per-client=20"),
         ("num-supernodes: 0\n", "num-supernodes=0"),
         ("num-supernodes: 3\n", "some class would have no client"),
+        ("partitions: {p: {num-supernodes: 2.5}}\n", "partitions.p: num-supernodes=2.5"),
+        ("last-rounds: 0\n", "last-rounds=0"),
         ("a: [\n", "not valid YAML"),
     ],
 )
@@ -99,3 +105,10 @@ def test_bad_suites_fail_with_the_key(tmp_path, text: str, needle: str) -> None:
 def test_shipped_suites_validate() -> None:
     for path in sorted((ROOT / "suites").glob("*.yaml")):
         assert load_suite(path, app_defaults()).cells, path
+
+
+def test_a_partition_may_set_its_own_number_of_clients(tmp_path) -> None:
+    text = "num-supernodes: 10\npartitions:\n  p5: {num-supernodes: 5}\n  p10: {}\n"
+    suite = load_suite(write(tmp_path, text), app_defaults())
+    assert {c.partition: c.num_supernodes for c in suite.cells} == {"p5": 5, "p10": 10}
+    assert all("num-supernodes" not in c.overrides for c in suite.cells)  # not a run-config key

@@ -10,13 +10,14 @@ import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from fedskew.client_app.fedavg import TrainerContext
-from fedskew.client_app.fedgela import FedGELATrainer, clip_before_step, received_etf
+from fedskew.client_app.fedgela import FedGELATrainer, received_etf
 from fedskew.client_app.state import ClientState
 from fedskew.config import validate
 from fedskew.data.clients import ClientData
 from fedskew.losses.fedgela import ETFNet, etf_checksum, gela_logits, local_phi, make_etf
 from fedskew.partitions.core import classes_per_client_pmcn, dirichlet
 from fedskew.strategies.fedgela import FedGELAStrategy
+from fedskew.training import clip_before_step
 from tests.conftest import read_metrics
 
 
@@ -182,6 +183,33 @@ def test_global_model_uses_plain_etf() -> None:
     assert isinstance(model, ETFNet) and model.phi is None and torch.equal(model.etf, strategy.etf)
     x = torch.randn(4, 1, 28, 28)
     assert torch.allclose(model(x), gela_logits(model.features(x), strategy.etf, 10.0), atol=1e-5)
+
+
+def test_client_global_accuracy_is_the_servers_global_model_on_local_data(task_identity) -> None:
+    """FedGELA's received global model is the backbone with the plain ETF (the server's model), not
+    the client's adapted classifier: its logits on the local test split equal the server's."""
+    cfg = validate({"method": "fedgela", "batch-size": 20})
+    strategy = FedGELAStrategy(cfg)
+    content = server_message(strategy)
+    trainer = make_trainer(cfg, torch.tensor([1, 7, 7, 7] * 20))
+    logits: list[torch.Tensor] = []
+    evaluate_local = trainer.evaluate_local
+
+    def record(model: torch.nn.Module) -> tuple[float, float]:
+        model.eval()
+        with torch.no_grad():
+            logits.append(model(trainer.data.x_test))
+        return evaluate_local(model)
+
+    trainer.evaluate_local = record  # type: ignore[method-assign]
+    reply = trainer.fit(content)
+    global_model = strategy.global_model(content["arrays"])
+    global_model.eval()
+    with torch.no_grad():
+        expected = global_model(trainer.data.x_test)
+    assert torch.allclose(logits[0], expected, atol=1e-5)  # the first evaluation: before training
+    accuracy = float((expected.argmax(1) == trainer.data.y_test).float().mean())
+    assert reply["metrics"]["client-global-accuracy"] == pytest.approx(accuracy)
 
 
 def test_gradient_clipping_hook() -> None:

@@ -50,3 +50,14 @@ def test_models_split_features_and_bias_free_classifier(name: str, dataset: str)
     assert h.shape == (2, model.feature_dim)
     assert model.classifier.bias is None and model.classifier.weight.shape == (10, model.feature_dim)
     assert torch.allclose(model(x), h @ model.classifier.weight.T)
+
+
+@pytest.mark.parametrize(("name", "dim", "params"), [("map-lenet", 256, 9_392), ("mupfl-cnn", 1024, 62_336)])
+def test_papers_fmnist_networks_have_their_sizes(name: str, dim: int, params: int) -> None:
+    """MAP spec §5.3 (the authors' LeNet: 9.4 k parameters, d = 256) and MuPFL spec (two 5x5 convs
+    32/64 and one linear layer: about 62 k parameters, d = 1024); BAVD finds both conv ReLUs."""
+    from fedskew.losses.mupfl import attach_bavd
+
+    model = build_model(name, "fashion-mnist")
+    assert model.feature_dim == dim and sum(p.numel() for p in model.parameters()) == params
+    assert len(attach_bavd(model)) == 2

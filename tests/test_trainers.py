@@ -136,3 +136,38 @@ def test_warmup_lr_ramps_linearly_then_holds() -> None:
 
     assert [warmup_lr(0.03, r, 5) for r in (1, 2, 5, 6, 100)] == pytest.approx([0.006, 0.012, 0.03, 0.03, 0.03])
     assert warmup_lr(0.03, 1, 0) == 0.03  # off
+
+
+def test_round_lr_combines_warm_up_and_step_decay() -> None:
+    from fedskew.training import round_lr
+
+    cfg = validate({"lr": 0.01, "lr-decay": 0.5, "lr-decay-every": 3, "lr-warmup-rounds": 2})
+    assert [round_lr(cfg, r) for r in (1, 2, 3, 4, 6, 7)] == pytest.approx([0.005, 0.01, 0.01, 0.005, 0.005, 0.0025])
+    assert round_lr(validate({"lr": 0.01}), 40) == 0.01  # defaults: constant
+
+
+def test_client_global_accuracy_is_the_received_model_on_the_local_test_split() -> None:
+    """`client-global-accuracy` evaluates the model as received (before local training), on the same
+    local test split as the personalized model; training then moves the personalized accuracy."""
+    data, content = make_data(), global_content()
+    reply = make_trainer(FedAvgTrainer, data).fit(content)
+    received = build_model("mlp", "fashion-mnist")
+    received.load_state_dict(content["arrays"].to_torch_state_dict())
+    received.eval()
+    with torch.no_grad():
+        expected = float((received(data.x_test).argmax(1) == data.y_test).float().mean())
+    m = reply["metrics"]
+    assert m["client-global-accuracy"] == pytest.approx(expected)
+    assert m["personal-accuracy"] > m["client-global-accuracy"] + 0.3  # an untrained MLP vs a trained one
+
+
+def test_grad_clip_bounds_every_local_step() -> None:
+    """`grad-clip` > 0: the step uses the gradient clipped to that norm (MAP/FedRS code: 100)."""
+    from fedskew.training import sgd
+
+    for clip, expected in ((2.0, 2.0), (0.0, 100 * 5**0.5)):
+        w = torch.nn.Parameter(torch.zeros(5))
+        opt = sgd([w], validate({"lr": 1.0, "momentum": 0.0, "weight-decay": 0.0, "grad-clip": clip}))
+        w.grad = torch.full((5,), 100.0)
+        opt.step()
+        assert float(w.detach().norm()) == pytest.approx(expected, rel=1e-5)

@@ -24,7 +24,7 @@ from fedskew.client_app.state import ClientState
 from fedskew.config import validate
 from fedskew.data.node import load_node_data, node_data_spec
 from fedskew.registry import get_method
-from fedskew.training import pick_device, seed_everything, warmup_lr
+from fedskew.training import pick_device, round_lr, seed_everything
 
 log = logging.getLogger("fedskew.client")
 app = ClientApp()
@@ -58,7 +58,7 @@ def train(msg: Message, context: Context) -> Message:
     spec, data = load_node_data(cfg, context.node_config)
     pid = spec.partition_id
     server_round = int(msg.content["config"]["server-round"])
-    cfg["lr"] = warmup_lr(cfg["lr"], server_round, cfg["lr-warmup-rounds"])  # every method's local lr
+    cfg["lr"] = round_lr(cfg, server_round)  # every method's local lr
     generator = seed_everything(cfg["seed"], pid, server_round)
     if cfg["torch-threads"] > 0:
         torch.set_num_threads(cfg["torch-threads"])

@@ -1,14 +1,18 @@
 """FedAvg client (McMahan et al., AISTATS'17), and the base class of every fedskew trainer.
 
-One `train` message per round: load the global model, run E local epochs of SGD, evaluate the
-client's personalized model on its local test split, and reply with the model, the sample count
-and metrics. Subclasses override only the hooks that differ (FL-bench style):
+One `train` message per round: load the global model and evaluate it on the local test split
+(`client-global-accuracy`: the "average client test accuracy" of MuPFL's Table II and FedGELA's PA
+for a global model), run E local epochs of SGD, evaluate the client's personalized model on the same
+split (`personal-accuracy`; FedAvg's is its locally trained model, "FedAvg-FT" in reports), and
+reply with the model, the sample count and metrics. Subclasses override only the hooks that differ (FL-bench style):
 
     build_model      the network (default: `model` from the run config)
     load_global      how the downloaded arrays enter the model
     loss             the local objective on one mini-batch (default: cross-entropy)
     optimizer        the local optimiser (default: `sgd` from the run config, fresh each round)
     local_train      the whole local procedure (default: `train_epochs` on `loss`)
+    received_global_model  the global model as received, for `client-global-accuracy` (default: the
+                       model right after `load_global`)
     personalized_model  what "personalized accuracy" measures (default: the trained model)
     upload           the ArrayRecord sent back (default: the whole state dict)
     extra_records    more records in the reply (prototypes, counts, gradients ...)
@@ -103,6 +107,10 @@ class FedAvgTrainer:
             self.device,
         )
 
+    def received_global_model(self, model: nn.Module) -> nn.Module:
+        """The global model as the server sent it, called right after `load_global`."""
+        return model
+
     def personalized_model(self, model: nn.Module) -> nn.Module:
         return model
 
@@ -113,15 +121,19 @@ class FedAvgTrainer:
         return {}
 
     # ------------------------------------------------------------------ the round
+    def evaluate_local(self, model: nn.Module) -> tuple[float, float]:
+        """(loss, accuracy) of `model` on this client's local test split (NaN when it is empty)."""
+        return evaluate(model, self.data.x_test, self.data.y_test, self.cfg["eval-batch-size"], self.device)
+
     def fit(self, content: RecordDict) -> RecordDict:
         """One round: returns the reply content (arrays, metrics and any extra records)."""
         t0 = time.perf_counter()
         model = self.build_model()
         self.load_global(model, content)
+        g_loss, g_acc = self.evaluate_local(self.received_global_model(model))
         stats = self.local_train(model, content)
         train_seconds = time.perf_counter() - t0
-        personal = self.personalized_model(model)
-        p_loss, p_acc = evaluate(personal, self.data.x_test, self.data.y_test, self.cfg["eval-batch-size"], self.device)
+        p_loss, p_acc = self.evaluate_local(self.personalized_model(model))
         metrics = {
             "num-examples": len(self.data.y_train),
             "partition-id": self.ctx.partition_id,
@@ -130,5 +142,12 @@ class FedAvgTrainer:
             **stats,
         }
         if len(self.data.y_test):
-            metrics.update({"personal-accuracy": p_acc, "personal-loss": p_loss})
+            metrics.update(
+                {
+                    "personal-accuracy": p_acc,
+                    "personal-loss": p_loss,
+                    "client-global-accuracy": g_acc,
+                    "client-global-loss": g_loss,
+                }
+            )
         return RecordDict({"arrays": self.upload(model), "metrics": MetricRecord(metrics), **self.extra_records(model)})

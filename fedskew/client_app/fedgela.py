@@ -5,13 +5,13 @@ the client checks the checksum and the shape (d, C), then trains only the backbo
 cross-entropy on s * phi_k,c * cos(h, m_c), phi_k = C n_{k,c} / n_k from its own training labels
 (computed here, never sent). The ETF and phi are buffers, not parameters: no gradient, no weight
 decay, unchanged by training. The upload is the backbone's state dict only. The personalized model
-is the trained backbone with the adapted ETF (spec §2.7), evaluated right after local training.
+is the trained backbone with the adapted ETF (spec §2.7), evaluated right after local training; the
+received global model (`client-global-accuracy`, the paper's PA of a global model) is the received
+backbone with the plain, unadapted ETF.
 The gradient norm is clipped to `fedgela-clip` (authors' code: 20; 0 turns it off).
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 import torch
 from flwr.app import RecordDict
@@ -20,6 +20,7 @@ from torch import nn
 from fedskew.client_app.fedavg import FedAvgTrainer
 from fedskew.losses.fedgela import ETFNet, etf_backbone, etf_checksum, local_phi
 from fedskew.models import build_model
+from fedskew.training import clip_before_step
 
 
 def received_etf(content: RecordDict, feature_dim: int, num_classes: int) -> torch.Tensor:
@@ -33,18 +34,6 @@ def received_etf(content: RecordDict, feature_dim: int, num_classes: int) -> tor
     if etf_checksum(etf) != expected:
         raise ValueError(f"FedGELA: ETF checksum {etf_checksum(etf)[:12]} != broadcast {expected[:12]}")
     return etf
-
-
-def clip_before_step(optimizer: torch.optim.Optimizer, max_norm: float) -> None:
-    """Clip the gradient norm of the optimiser's parameters before every `step()`."""
-    if max_norm <= 0:
-        return
-    params = [p for g in optimizer.param_groups for p in g["params"]]
-
-    def hook(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        torch.nn.utils.clip_grad_norm_(params, max_norm)
-
-    optimizer.register_step_pre_hook(hook)
 
 
 class FedGELATrainer(FedAvgTrainer):
@@ -61,6 +50,10 @@ class FedGELATrainer(FedAvgTrainer):
         backbone = etf_backbone(net.features, net.feature_dim, self.cfg["fedgela-feature-norm"])
         model = ETFNet(backbone, self.etf, self.cfg["fedgela-ew"], self.phi, self.cfg["fedgela-mode"])
         return model.to(self.device)
+
+    def received_global_model(self, model: nn.Module) -> nn.Module:
+        """The received backbone with the plain ETF (phi = None): the server's global model."""
+        return ETFNet(model.features, self.etf, self.cfg["fedgela-ew"], None, self.cfg["fedgela-mode"])
 
     def optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         opt = super().optimizer(model)

@@ -53,7 +53,7 @@ from torch import nn
 
 from fedskew.client_app.fedrs import FedRSTrainer
 from fedskew.losses import distillation_loss, hpm_momentum, hpm_update, mmd_multi_gaussian, personalization_loss
-from fedskew.training import evaluate, sgd, train_epochs
+from fedskew.training import sgd, train_epochs
 
 log = logging.getLogger("fedskew.client")
 
@@ -149,7 +149,7 @@ class MAPTrainer(FedRSTrainer):
         self.hpm = self.build_model()
         self.hpm.load_state_dict(new_hpm)
 
-        _, s2_acc = evaluate(personal, self.data.x_test, self.data.y_test, self.cfg["eval-batch-size"], self.device)
+        _, s2_acc = self.evaluate_local(personal)
         return {
             **stats,
             "stage2-loss": stage2["train-loss"],

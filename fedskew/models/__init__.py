@@ -2,6 +2,10 @@
 `classifier` (h -> W h, W in R^{C x d}), as FedRS, MAP and FedGELA use.
 
 - `lenet`  : LeNet-5 (conv 6-16, fc 120-84), d = 84           (FedRS Fig. 3 style, FMNIST)
+- `map-lenet`: the MAP/FedRS authors' FMNIST LeNet (`lxcnju/FedRepo`): conv5x5 1-16, pool, conv5x5
+             16-16, pool, no hidden FC layer, d = 16 * 4 * 4 = 256 (MAP spec §5.3)
+- `mupfl-cnn`: MuPFL's FMNIST CNN, "two 5x5 conv layers followed by a single linear layer"; channels
+             unspecified, spec [R]: conv 1-32, pool, conv 32-64, pool, d = 64 * 4 * 4 = 1024
 - `mlp`    : 2 x 200 hidden units, d = 200                     (FedAvg's MNIST MLP)
 - `tfcnn`  : conv 32-64-64, padding 1, three max-pools, d = 64 * (s/8)^2  (FedRS Table 4)
 - `vgg11`  : VGG-11 without BN, d = 512; inputs below 32x32 are zero-padded to 32 (FedRS Table 5)
@@ -51,6 +55,28 @@ def lenet(channels: int, size: int, num_classes: int) -> SplitNet:
     flat = _flat_dim(conv, channels, size)
     features = nn.Sequential(conv, nn.Linear(flat, 120), nn.ReLU(), nn.Linear(120, 84), nn.ReLU())
     return SplitNet(features, 84, num_classes)
+
+
+def _two_conv(channels: int, size: int, num_classes: int, widths: tuple[int, int]) -> SplitNet:
+    """conv5x5 - ReLU - pool - conv5x5 - ReLU - pool - flatten, then the linear classifier only."""
+    features = nn.Sequential(
+        nn.Conv2d(channels, widths[0], 5),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(widths[0], widths[1], 5),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+    )
+    return SplitNet(features, _flat_dim(features, channels, size), num_classes)
+
+
+def map_lenet(channels: int, size: int, num_classes: int) -> SplitNet:
+    return _two_conv(channels, size, num_classes, (16, 16))
+
+
+def mupfl_cnn(channels: int, size: int, num_classes: int) -> SplitNet:
+    return _two_conv(channels, size, num_classes, (32, 64))
 
 
 def mlp(channels: int, size: int, num_classes: int) -> SplitNet:
@@ -142,6 +168,8 @@ def resnet18(channels: int, size: int, num_classes: int) -> SplitNet:
 
 MODELS: dict[str, Callable[[int, int, int], SplitNet]] = {
     "lenet": lenet,
+    "map-lenet": map_lenet,
+    "mupfl-cnn": mupfl_cnn,
     "mlp": mlp,
     "tfcnn": tfcnn,
     "vgg11": vgg11,

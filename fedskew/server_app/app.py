@@ -11,7 +11,6 @@ import logging
 import time
 from typing import Any
 
-import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
@@ -21,7 +20,7 @@ from fedskew.data.clients import client_indices, load_test_set
 from fedskew.data.readers import load_dataset
 from fedskew.partitions import class_counts, format_counts, plot_counts
 from fedskew.registry import get_method
-from fedskew.server_app.results import RunOutput, write_json
+from fedskew.server_app.results import RunOutput, read_jsonl, round_statistics, write_json
 from fedskew.strategies.fedavg import FedAvgStrategy
 from fedskew.training import evaluate, pick_device, seed_everything
 
@@ -55,11 +54,15 @@ def save_partition(cfg: dict[str, Any], num_partitions: int, out: RunOutput) -> 
 
 
 def round_line(r: int, rounds: int, seconds: float, g_acc: float | None, m: dict[str, Any]) -> str:
+    """One log line per round: central global accuracy, then the clients' means ± std of the global
+    model on their local test splits (client-global) and of their personalized models."""
     g = "   -  " if g_acc is None else f"{g_acc:.4f}"
-    p, s = m.get("personalized-accuracy", float("nan")), m.get("personalized-accuracy-std", float("nan"))
+    nan = float("nan")
+    cg, cgs = m.get("client-global-accuracy", nan), m.get("client-global-accuracy-std", nan)
+    p, s = m.get("personalized-accuracy", nan), m.get("personalized-accuracy-std", nan)
     fails = f" | {m['failures']} failed" if m.get("failures") else ""
     return (
-        f"round {r:>3}/{rounds} | {seconds:6.1f} s | global acc {g} | "
+        f"round {r:>3}/{rounds} | {seconds:6.1f} s | global acc {g} | client-global acc {cg:.4f} ± {cgs:.4f} | "
         f"personalized acc {p:.4f} ± {s:.4f} | clients {m.get('replies', 0)}{fails}"
     )
 
@@ -130,12 +133,12 @@ def main(grid: Grid, context: Context) -> None:
 
     arrays = strategy.initial_arrays()
     rounds = cfg["num-server-rounds"]
-    best, g_acc, last_metrics, start = float("-inf"), None, {}, 1
+    g_acc, last_metrics, start = None, {}, 1
     ckpt = out.load_checkpoint() if cfg["resume"] else None
     if ckpt is not None:
         arrays = ArrayRecord(ckpt["arrays"])
         strategy.load_state_dict(ckpt["strategy"])
-        best, g_acc, last_metrics, start = ckpt["best"], ckpt["global-accuracy"], ckpt["metrics"], ckpt["round"] + 1
+        g_acc, last_metrics, start = ckpt["global-accuracy"], ckpt["metrics"], ckpt["round"] + 1
         log.info("fedskew: resuming after round %d from %s", ckpt["round"], out.dir / "checkpoint.pt")
     for r in range(start, rounds + 1):
         seed_everything(cfg["seed"], r)  # server randomness depends on (seed, round) only: resumable
@@ -154,7 +157,6 @@ def main(grid: Grid, context: Context) -> None:
         g_acc = g_loss = None
         if r % cfg["eval-every"] == 0 or r == rounds:
             g_loss, g_acc = evaluate(strategy.global_model(arrays), x_test, y_test, cfg["eval-batch-size"], device)
-            best = max(best, g_acc)
         seconds = time.perf_counter() - t0
         # metrics.jsonl stays deterministic (also across a resume): times and client-state counters go aside
         timings = {k: metrics.pop(k) for k in list(metrics) if "seconds" in k or k == "participations"}
@@ -177,7 +179,6 @@ def main(grid: Grid, context: Context) -> None:
                     "round": r,
                     "arrays": arrays.to_torch_state_dict(),
                     "strategy": strategy.state_dict(),
-                    "best": best,
                     "global-accuracy": g_acc,
                     "metrics": last_metrics,
                 }
@@ -192,18 +193,20 @@ def main(grid: Grid, context: Context) -> None:
         "seed": cfg["seed"],
         "num-clients": num_partitions,
         "rounds": rounds,
-        "final_global_accuracy": g_acc,
-        "best_global_accuracy": best if np.isfinite(best) else None,
-        "final_personalized_accuracy": last_metrics.get("personalized-accuracy"),
+        **round_statistics(read_jsonl(out.dir / "metrics.jsonl")),
+        "final_client_global_accuracy_std": last_metrics.get("client-global-accuracy-std"),
         "final_personalized_accuracy_std": last_metrics.get("personalized-accuracy-std"),
         "wall_seconds": time.perf_counter() - t_start,
         "run_dir": str(out.dir),
     }
     out.finish(summary, final_model.state_dict())
+    nan = float("nan")
     log.info(
-        "fedskew: done in %.1f s; final global acc %.4f, personalized acc %.4f -> %s",
+        "fedskew: done in %.1f s; mean of the last 10 rounds: global acc %.4f, client-global acc %.4f, "
+        "personalized acc %.4f -> %s",
         summary["wall_seconds"],
-        g_acc,
-        summary["final_personalized_accuracy"] or float("nan"),
+        summary["last10_global_accuracy"] or nan,
+        summary["last10_client_global_accuracy"] or nan,
+        summary["last10_personalized_accuracy"] or nan,
         out.dir,
     )

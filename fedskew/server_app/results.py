@@ -5,7 +5,8 @@
 - `metrics.jsonl`   one line per round (deterministic: no timings), appended and flushed each round
 - `timings.jsonl`   seconds per round and per step, and each client's participation count (client state)
 - `failures.jsonl`  every lost or dropped reply: round, node, partition, reason
-- `summary.json`    method, rounds, final/best global accuracy, final personalized accuracy, wall time
+- `summary.json`    method, rounds, wall time and, for global, client-global and personalized accuracy,
+                    the final value, the best and the mean of the last 10 rounds (`round_statistics`)
 - `model.pt`        the final global model's state dict
 - `checkpoint.pt`   every `checkpoint-every` rounds: round, global arrays, strategy state (`resume=true`
                     continues from it; all server randomness is derived from (seed, round))
@@ -61,6 +62,37 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
             except json.JSONDecodeError:
                 break
     return rows
+
+
+TRACKED = ("global-accuracy", "client-global-accuracy", "personalized-accuracy")
+LAST_ROUNDS = 10
+
+
+def round_statistics(rows: list[dict[str, Any]], last: int = LAST_ROUNDS) -> dict[str, float | None]:
+    """Final value, best and mean of the last `last` rounds of each tracked accuracy in `rows`
+    (`metrics.jsonl` lines): `final_<key>`, `best_<key>`, `last<last>_<key>` with `-` -> `_`, and
+    for the global accuracy its std over those rounds (`last<last>_global_accuracy_round_std`).
+
+    Label-skewed FL swings several points from round to round, so conclusions are drawn from the
+    last-rounds mean; "final" is the last round's value (None when that round has none, e.g. no
+    client had a local test split) and the mean runs over the rounds in (R - last, R] with a value.
+    """
+    final_round = max((int(r["round"]) for r in rows), default=0)
+    out: dict[str, float | None] = {}
+    for key in TRACKED:
+        name = key.replace("-", "_")
+        points = [(int(r["round"]), float(r[key])) for r in rows if _finite(r.get(key))]
+        tail = [v for rnd, v in points if rnd > final_round - last]
+        out[f"final_{name}"] = points[-1][1] if points and points[-1][0] == final_round else None
+        out[f"best_{name}"] = max(v for _, v in points) if points else None
+        out[f"last{last}_{name}"] = float(np.mean(tail)) if tail else None
+        if key == "global-accuracy":  # the oscillation FedRS reports: std over those rounds
+            out[f"last{last}_{name}_round_std"] = float(np.std(tail)) if tail else None
+    return out
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 class RunOutput:

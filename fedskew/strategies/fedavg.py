@@ -202,16 +202,20 @@ class FedAvgStrategy(FedAvg):
 
     @staticmethod
     def client_metrics(replies: list[Message]) -> dict[str, Any]:
-        """Personalized accuracy (unweighted mean and std over clients), loss and times."""
+        """Personalized accuracy and client-global accuracy (each the unweighted mean and std over
+        clients of a per-client test accuracy), training loss and times."""
         ms = [m.content["metrics"] for m in replies]
-        acc = [float(m["personal-accuracy"]) for m in ms if "personal-accuracy" in m]
-        mean, std = summarize_clients(acc)
+        out: dict[str, Any] = {}
+        for client_key, key in (
+            ("personal-accuracy", "personalized-accuracy"),
+            ("client-global-accuracy", "client-global-accuracy"),
+        ):
+            out[key], out[f"{key}-std"] = summarize_clients([float(m[client_key]) for m in ms if client_key in m])
         n = np.array([float(m["num-examples"]) for m in ms])
         loss = np.array([float(m.get("train-loss", np.nan)) for m in ms])
         secs = [float(m.get("train-seconds", np.nan)) for m in ms]
         return {
-            "personalized-accuracy": mean,
-            "personalized-accuracy-std": std,
+            **out,
             "train-loss": float((n * loss).sum() / max(n.sum(), 1.0)),
             "client-seconds-mean": float(np.mean(secs)),
             "client-seconds-max": float(np.max(secs)),

@@ -1,0 +1,43 @@
+"""Run statistics: final, best and last-10-round means of the tracked accuracies."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fedskew.server_app.results import round_statistics
+
+
+def test_round_statistics_final_best_and_last_rounds_mean() -> None:
+    rows = [{"round": r, "global-accuracy": r / 100, "personalized-accuracy": 0.5} for r in range(1, 26)]
+    rows[-1]["personalized-accuracy"] = None  # no client had a test split in the last round
+    rows[20]["global-accuracy"] = None  # eval-every: round 21 not evaluated centrally
+    s = round_statistics(rows, last=10)
+    assert s["final_global_accuracy"] == 0.25 and s["best_global_accuracy"] == 0.25
+    assert s["last10_global_accuracy"] == pytest.approx(sum(r for r in range(16, 26) if r != 21) / 9 / 100)
+    assert s["final_personalized_accuracy"] is None and s["last10_personalized_accuracy"] == 0.5
+    assert s["final_client_global_accuracy"] is None and s["last10_client_global_accuracy"] is None
+
+
+def test_round_statistics_ignores_non_finite_values_and_handles_no_rows() -> None:
+    rows = [{"round": 1, "global-accuracy": float("nan")}, {"round": 2, "global-accuracy": 0.4}]
+    s = round_statistics(rows, last=10)
+    assert s["last10_global_accuracy"] == 0.4 and s["best_global_accuracy"] == 0.4
+    assert all(v is None for v in round_statistics([]).values())
+
+
+def test_a_run_records_client_global_accuracy_and_last_rounds_means(tmp_path, task_identity) -> None:
+    """Through the real ServerApp and ClientApp (in process): every round has the clients' mean
+    client-global accuracy, and summary.json's statistics are those of metrics.jsonl."""
+    from fedskew.server_app.results import read_jsonl
+    from tests.harness import run_in_process
+
+    over = {"model": "mlp", "num-server-rounds": 3, "fraction-train": 0.5, "partition": "iid"}
+    run_in_process({**over, "out-dir": str(tmp_path), "run-name": "r"}, 4)
+    rows = read_jsonl(tmp_path / "r" / "metrics.jsonl")
+    assert all(0.0 <= row["client-global-accuracy"] <= 1.0 for row in rows)
+    assert rows[0]["client-global-accuracy"] < 0.3  # round 1: the untrained initial model
+    assert rows[-1]["client-global-accuracy"] > 0.6  # iid: round 2's global model is already good
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert {k: summary[k] for k in round_statistics(rows)} == round_statistics(rows)
