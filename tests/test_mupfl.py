@@ -6,8 +6,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from flwr.app import ArrayRecord
 
-from fedskew.client_app.mupfl import CLASSIFIER
+from fedskew.client_app.fedavg import FedAvgTrainer
+from fedskew.client_app.mupfl import CLASSIFIER, GLOBAL, MuPFLTrainer
 from fedskew.config import validate
 from fedskew.data.clients import to_float
 from fedskew.data.readers import load_dataset
@@ -42,6 +44,7 @@ from fedskew.strategies.fedavg import arrays_to_numpy
 from fedskew.strategies.mupfl import MuPFLStrategy
 from tests.conftest import read_metrics
 from tests.harness import app_defaults, run_in_process
+from tests.test_trainers import global_content, make_data, make_trainer
 
 # ----------------------------------------------------------------------------- BAVD
 
@@ -333,6 +336,31 @@ def test_default_run_sends_every_client_the_global_model_and_its_classifier(tmp_
     assert rows[0]["pkcf-match-loss-first"] > 0.9 and all(r["pkcf-match-loss-last"] < 0.1 for r in rows)
 
 
+def test_personal_start_reports_client_global_accuracy_of_w_glo() -> None:
+    """Under init 'personal' a client receives w~_i; `client-global-accuracy` must still be w_glo's
+    (sent beside it), and `start-accuracy` w~_i's."""
+    data = make_data()
+    glo = build_model("mlp", "fashion-mnist")
+    torch.nn.init.zeros_(glo.classifier.weight)  # predicts class 0, which this client does not hold
+    personal = make_trainer(FedAvgTrainer, data).fit(global_content(1))["arrays"]
+    content = global_content()
+    content["arrays"] = personal
+    content[GLOBAL] = ArrayRecord(glo.state_dict())
+    content[CLASSIFIER] = ArrayRecord({"weight": glo.classifier.weight.detach()})
+    reply = make_trainer(MuPFLTrainer, data, method="mupfl", **{"mupfl-init": "personal"}).fit(content)
+
+    def accuracy(arrays: dict[str, torch.Tensor]) -> float:
+        model = build_model("mlp", "fashion-mnist")
+        model.load_state_dict(arrays)
+        with torch.no_grad():
+            return float((model.eval()(data.x_test).argmax(1) == data.y_test).float().mean())
+
+    m = reply["metrics"]
+    assert m["client-global-accuracy"] == pytest.approx(accuracy(glo.state_dict()))
+    assert m["start-accuracy"] == pytest.approx(accuracy(personal.to_torch_state_dict()))
+    assert m["client-global-accuracy"] == 0.0 and m["start-accuracy"] > 0.2
+
+
 # ----------------------------------------------------------------------------- end to end
 
 
@@ -347,4 +375,5 @@ def test_mupfl_runs_end_to_end(flwr_job) -> None:
     assert all(r["pkcf-classes"] == 10 and r["pkcf-match-loss-last"] < r["pkcf-match-loss-first"] for r in rows)
     timings = read_jsonl(run_dir / "timings.jsonl")  # times are kept out of metrics.jsonl
     assert all(t["pkcf-seconds"] > 0 and t["acmu-seconds"] > 0 for t in timings)
-    assert rows[-1]["start-accuracy"] > 0.5  # the received personalized models w~_i are good models
+    assert "start-accuracy" not in rows[-1]  # the default start model is w_glo: client-global-accuracy
+    assert rows[-1]["client-global-accuracy"] > 0.2

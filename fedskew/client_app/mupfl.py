@@ -3,8 +3,10 @@ local training, per-class classifier gradients. Maths: `fedskew/losses/mupfl.py`
 `fedskew/strategies/mupfl.py` (where the decisions and deviations are listed).
 
 One round on client i:
-1. load the start model the server sent (its stored personalized model w~_i, or w_glo), and report
-   its local test accuracy (`start-accuracy`: the paper's personalized model, before this round);
+1. load the start model the server sent: w_glo (`mupfl-init="global"`, evaluated on the local test
+   split as every method's `client-global-accuracy`), or its personalized model w~_i ("personal":
+   its accuracy is `start-accuracy`; the server then also sends w_glo, `mupfl-global`, for
+   `client-global-accuracy`);
 2. PKCF (`mupfl-pkcf`): when the server sent synthetic features, fine-tune the classifier only on
    them for `mupfl-tau` epochs (Eq. 21, plain SGD with `lr`, batch `mupfl-feature-batch`);
 3. local training of the whole model with BAVD layers (`mupfl-bavd`) whose maps are updated after
@@ -34,12 +36,13 @@ from torch import nn
 from fedskew.client_app.fedavg import FedAvgTrainer, checked_arrays
 from fedskew.losses.mupfl import BAVD, attach_bavd, class_gradients, finetune_classifier, flat_maps, loss_change
 from fedskew.models import SplitNet
-from fedskew.training import cross_entropy_loss, evaluate
+from fedskew.training import cross_entropy_loss
 
 FEATURES = "mupfl-features"
 MAPS = "mupfl-map"
 GRADS = "mupfl-grads"
 CLASSIFIER = "mupfl-classifier"
+GLOBAL = "mupfl-global"
 TIMES = "mupfl-times"
 
 
@@ -53,6 +56,8 @@ class MuPFLTrainer(FedAvgTrainer):
 
     def load_global(self, model: nn.Module, content: RecordDict) -> None:
         super().load_global(model, content)
+        if self.cfg["mupfl-init"] == "personal":
+            self.received_global = checked_arrays(content, model.state_dict(), GLOBAL)
         if self.cfg["mupfl-bavd-reset"] == "never" and self.bavd:
             saved = self.ctx.state.load_tensors("mupfl-maps") or {}
             for i, layer in enumerate(self.bavd):
@@ -64,10 +69,8 @@ class MuPFLTrainer(FedAvgTrainer):
         if self.cfg["mupfl-pkcf"]:
             expected = {"weight": model.classifier.weight.detach()}
             self.match_weight = checked_arrays(content, expected, CLASSIFIER)["weight"].to(self.device)
-        if len(self.data.y_test):
-            _, stats["start-accuracy"] = evaluate(
-                model, self.data.x_test, self.data.y_test, self.cfg["eval-batch-size"], self.device
-            )
+        if self.cfg["mupfl-init"] == "personal" and len(self.data.y_test):
+            _, stats["start-accuracy"] = self.evaluate_local(model)
         if self.cfg["mupfl-pkcf"] and FEATURES in content:
             t0 = time.perf_counter()
             feats = content[FEATURES].to_torch_state_dict()
@@ -87,6 +90,15 @@ class MuPFLTrainer(FedAvgTrainer):
         if self.bavd:
             stats["bavd-seconds"] = sum(layer.seconds for layer in self.bavd)
         return stats
+
+    def received_global_model(self, model: nn.Module) -> nn.Module:
+        """w_glo: the received model, or under init 'personal' the `mupfl-global` the server sent
+        beside w~_i (in a model without BAVD layers: they are the identity at evaluation)."""
+        if self.cfg["mupfl-init"] != "personal":
+            return model
+        glo = super().build_model()
+        glo.load_state_dict(self.received_global)
+        return glo
 
     def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Cross-entropy; then fold this batch's activations into the BAVD maps (Eq. 6)."""

@@ -62,8 +62,10 @@ Decisions / deviations (spec §9 references):
 - Local optimiser: the common `sgd` (momentum / weight decay as for every method) rather than the
   paper's plain SGD, so that MuPFL and FedAvg differ only by MuPFL's modules.
 - Metrics: `personalized-accuracy` is the locally trained model w_i on the client's test split (as
-  for every fedskew method); `start-accuracy` is the paper's personalized model w~_i (what the
-  client receives; w_glo for a first-time client), measured before the round's training.
+  for every fedskew method); `client-global-accuracy` is w_glo on it before training (under
+  "personal" the server sends w_glo beside w~_i for it: one more model on the downlink), and
+  `start-accuracy` (only under "personal") is the paper's personalized model w~_i (what the client
+  receives; w_glo for a first-time client), both measured before the round's training.
 - PKCF also runs after the last round (its features are unused then) so every round is timed.
 - Measured (FMNIST long-tail IF 10, Dir 0.5, 20 clients, 10 a round, 30 rounds, E = 1, LeNet): with
   the spec's default `init="personal"` MuPFL trails FedAvg (global 44.0 vs 62.8 %, personalized
@@ -83,7 +85,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
-from fedskew.client_app.mupfl import CLASSIFIER, FEATURES, GRADS, MAPS, TIMES
+from fedskew.client_app.mupfl import CLASSIFIER, FEATURES, GLOBAL, GRADS, MAPS, TIMES
 from fedskew.losses.mupfl import aggregate_class_gradients, synthesize_features
 from fedskew.strategies.aggregate import weighted_average
 from fedskew.strategies.clustering import cluster_update, select_clusters
@@ -133,10 +135,12 @@ class MuPFLStrategy(FedAvgStrategy):
         return torch.from_numpy(self.sent_arrays["classifier.weight"].numpy().copy())
 
     def broadcast(self, server_round: int) -> dict[str, Any]:
-        """PKCF: the matching classifier, and the synthetic features of the classes seen so far."""
+        """w_glo when clients start from w~_i (for `client-global-accuracy`); PKCF: the matching
+        classifier, and the synthetic features of the classes seen so far."""
+        records: dict[str, Any] = {GLOBAL: self.sent_arrays} if self.cfg["mupfl-init"] == "personal" else {}
         if not self.cfg["mupfl-pkcf"]:
-            return {}
-        records: dict[str, Any] = {CLASSIFIER: ArrayRecord({"weight": self.match_classifier()})}
+            return records
+        records[CLASSIFIER] = ArrayRecord({"weight": self.match_classifier()})
         if self.features is not None and self.seen:
             ks = sorted(self.seen)
             m = self.features.shape[1]
