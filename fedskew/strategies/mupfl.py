@@ -102,7 +102,7 @@ class MuPFLStrategy(FedAvgStrategy):
         model = self.build_model()
         self.trainable = [name for name, _ in model.named_parameters()]
         self.num_classes, self.feature_dim = model.num_classes, model.feature_dim
-        self.personal: dict[int, dict[str, np.ndarray]] = {}  # w~_i by partition id
+        self.personal: dict[int, dict[str, np.ndarray]] = {}  # w~_i by partition id (init "personal")
         self.bases: dict[int, dict[str, np.ndarray]] = {}  # start models sent this round
         self.features: torch.Tensor | None = None  # h_glo (K, m, d) on self.device
         self.seen: set[int] = set()
@@ -216,7 +216,8 @@ class MuPFLStrategy(FedAvgStrategy):
         else:
             labels, kappa, score = np.zeros(len(replies), dtype=int), 1, float("nan")
         personal = [self.unflat(v, w) for v, w in zip(cluster_update(bases, updates, labels), models, strict=True)]
-        self.personal.update(zip(pids, personal, strict=True))
+        if self.cfg["mupfl-init"] == "personal":  # the next start models (N models kept on the server)
+            self.personal.update(zip(pids, personal, strict=True))
         uniform = self.cfg["aggregation-weights"] == "uniform"
         weights = [1.0 if uniform else float(m.content["metrics"]["num-examples"]) for m in replies]
         self.global_arrays = weighted_average(personal, weights)
