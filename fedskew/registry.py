@@ -100,7 +100,12 @@ METHODS: dict[str, MethodSpec] = {
             bavd=Param(bool, True, "MuPFL: BAVD dropout during local training (and maps for ACMU)"),
             acmu=Param(bool, True, "MuPFL: ACMU cluster update (off = one cluster)"),
             pkcf=Param(bool, True, "MuPFL: PKCF class gradients, feature synthesis, classifier fine-tune"),
-            init=Param(str, "personal", "MuPFL: start from w~_i or the global model", choices=("personal", "global")),
+            init=Param(
+                str,
+                "global",
+                "MuPFL: a client starts from the global model (Alg. 1 as FedAvg with clustering) or its own w~_i",
+                choices=("global", "personal"),
+            ),
             alpha=Param(float, 0.5, "MuPFL ACMU: weight of the update cosine vs the map cosine", low=0.0, high=1.0),
             k_min=Param(int, 2, "MuPFL ACMU: smallest number of clusters tried", low=2),
             k_max=Param(int, 6, "MuPFL ACMU: largest number of clusters tried (capped at n-1)", low=2),
@@ -119,8 +124,15 @@ METHODS: dict[str, MethodSpec] = {
             features_per_class=Param(int, 20, "MuPFL PKCF: synthetic features per class (m)", low=1),
             tau=Param(int, 30, "MuPFL PKCF: classifier fine-tune epochs on the features", low=0),
             feature_batch=Param(int, 64, "MuPFL PKCF: batch size of the classifier fine-tune", low=1),
-            feature_lr=Param(float, 0.1, "MuPFL PKCF: SGD lr of the feature synthesis", low=0.0, low_open=True),
+            feature_lr=Param(float, 1.0, "MuPFL PKCF: SGD lr of the feature synthesis", low=0.0, low_open=True),
             match_iters=Param(int, 100, "MuPFL PKCF: gradient-matching iterations per round", low=0),
+            distance=Param(
+                str,
+                "creff",
+                "MuPFL PKCF: matching distance, CReFF's row-wise cosine summed over rows and classes,"
+                " or the paper's one cosine per class averaged (Eq. 20)",
+                choices=("creff", "paper"),
+            ),
             n_real=Param(int, 64, "MuPFL PKCF: samples per class for a client's class gradient", low=1),
         ),
         _m(

@@ -119,7 +119,7 @@ def test_resume_ends_with_the_same_metrics_as_an_uninterrupted_run(job, ref, tmp
     "over",
     [
         {"method": "fedmr"},  # server state: the global prototypes
-        {"method": "mupfl", "model": "lenet", "fraction-train": 0.5},  # personal models, synthetic features
+        {"method": "mupfl", "model": "lenet", "fraction-train": 0.5, "mupfl-init": "personal"},  # w~_i, h_glo
     ],
     ids=["fedmr", "mupfl"],
 )

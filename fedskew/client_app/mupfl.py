@@ -3,14 +3,19 @@ local training, per-class classifier gradients. Maths: `fedskew/losses/mupfl.py`
 `fedskew/strategies/mupfl.py` (where the decisions and deviations are listed).
 
 One round on client i:
-1. load the start model the server sent (its stored personalized model w~_i, or w_glo), and report
-   its local test accuracy (`start-accuracy`: the paper's personalized model, before this round);
+1. load the start model the server sent: w_glo (`mupfl-init="global"`, evaluated on the local test
+   split as every method's `client-global-accuracy`), or its personalized model w~_i ("personal":
+   its accuracy is `start-accuracy`; the server then also sends w_glo, `mupfl-global`, for
+   `client-global-accuracy`);
 2. PKCF (`mupfl-pkcf`): when the server sent synthetic features, fine-tune the classifier only on
    them for `mupfl-tau` epochs (Eq. 21, plain SGD with `lr`, batch `mupfl-feature-batch`);
 3. local training of the whole model with BAVD layers (`mupfl-bavd`) whose maps are updated after
    every batch with psi = loss improvement (Eq. 6); the optimiser is the common `sgd` (same as FedAvg);
 4. upload the model, the flattened BAVD maps (`mupfl-map`, for ACMU) and, for each class present
-   locally, the classifier gradient z_i^k on <= `mupfl-n-real` samples in eval mode (`mupfl-grads`).
+   locally, the classifier gradient z_i^k on <= `mupfl-n-real` samples in eval mode (`mupfl-grads`):
+   features of the trained extractor u_i (Alg. 1 L19-20: after local training), gradient taken at
+   the classifier the server sent (`mupfl-classifier`, w_glo's of the previous round), the one the
+   server matches the synthetic gradients at (CReFF: real and synthetic gradients at one classifier).
 
 Client state (`ClientState`): with `mupfl-bavd-reset="never"` the BAVD maps persist across rounds
 (tensors "mupfl-maps"); with the default "epoch" (literal Eq. 6) or "round" they restart each round,
@@ -29,14 +34,17 @@ from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from torch import nn
 
 from fedskew.client_app.fedavg import FedAvgTrainer
+from fedskew.data import dataset_info
 from fedskew.losses.mupfl import BAVD, attach_bavd, class_gradients, finetune_classifier, flat_maps, loss_change
 from fedskew.models import SplitNet, build_model
-from fedskew.records import ArraysSpec, Tensor
-from fedskew.training import cross_entropy_loss, evaluate
+from fedskew.records import ArraysSpec, Tensor, tensor_like
+from fedskew.training import cross_entropy_loss
 
 FEATURES = "mupfl-features"
 MAPS = "mupfl-map"
 GRADS = "mupfl-grads"
+CLASSIFIER = "mupfl-classifier"
+GLOBAL = "mupfl-global"
 TIMES = "mupfl-times"
 
 
@@ -49,13 +57,21 @@ class MuPFLTrainer(FedAvgTrainer):
         return model
 
     def server_records(self) -> dict[str, ArraysSpec]:
-        """The synthetic features h_glo with their labels (PKCF; from round 2 on)."""
-        net = build_model(self.cfg["model"], self.cfg["dataset"])
-        feats = {
-            "features": Tensor((None, net.feature_dim), "float32"),
-            "labels": Tensor((None,), "int64", low=0, high=net.num_classes - 1),
-        }
-        return {FEATURES: ArraysSpec(feats, required=False)}
+        """PKCF: the classifier the gradients are taken at (`mupfl-classifier`) and, from round 2
+        on, the synthetic features h_glo with their labels; init "personal": w_glo (`mupfl-global`)."""
+        net = build_model(self.cfg["model"], dataset_info(self.cfg))
+        records: dict[str, ArraysSpec] = {}
+        if self.cfg["mupfl-pkcf"]:
+            weight = Tensor((net.num_classes, net.feature_dim), "float32")
+            records[CLASSIFIER] = ArraysSpec({"weight": weight})
+            feats = {
+                "features": Tensor((None, net.feature_dim), "float32"),
+                "labels": Tensor((None,), "int64", low=0, high=net.num_classes - 1),
+            }
+            records[FEATURES] = ArraysSpec(feats, required=False)
+        if self.cfg["mupfl-init"] == "personal":
+            records[GLOBAL] = ArraysSpec({k: tensor_like(v) for k, v in net.state_dict().items()})
+        return records
 
     def load_global(self, model: nn.Module, content: RecordDict) -> None:
         super().load_global(model, content)
@@ -67,10 +83,10 @@ class MuPFLTrainer(FedAvgTrainer):
 
     def local_train(self, model: nn.Module, content: RecordDict) -> dict[str, float]:
         stats: dict[str, float] = {}
-        if len(self.data.y_test):
-            _, stats["start-accuracy"] = evaluate(
-                model, self.data.x_test, self.data.y_test, self.cfg["eval-batch-size"], self.device
-            )
+        if self.cfg["mupfl-pkcf"]:
+            self.match_weight = self.received[CLASSIFIER]["weight"].to(self.device)
+        if self.cfg["mupfl-init"] == "personal" and len(self.data.y_test):
+            _, stats["start-accuracy"] = self.evaluate_local(model)
         if self.cfg["mupfl-pkcf"] and FEATURES in self.received:
             t0 = time.perf_counter()
             feats = self.received[FEATURES]
@@ -91,6 +107,15 @@ class MuPFLTrainer(FedAvgTrainer):
             stats["bavd-seconds"] = sum(layer.seconds for layer in self.bavd)
         return stats
 
+    def received_global_model(self, model: nn.Module) -> nn.Module:
+        """w_glo: the received model, or under init 'personal' the `mupfl-global` the server sent
+        beside w~_i (in a model without BAVD layers: they are the identity at evaluation)."""
+        if self.cfg["mupfl-init"] != "personal":
+            return model
+        glo = super().build_model()
+        glo.load_state_dict(self.received[GLOBAL])
+        return glo
+
     def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """Cross-entropy; then fold this batch's activations into the BAVD maps (Eq. 6)."""
         loss = cross_entropy_loss(model, x, y)
@@ -109,7 +134,8 @@ class MuPFLTrainer(FedAvgTrainer):
         return loss
 
     def class_gradients(self, model: SplitNet) -> dict[str, torch.Tensor]:
-        """z_i^k (Eq. 16) for every class present locally, on <= n-real random samples, eval mode."""
+        """z_i^k (Eq. 16) for every class present locally, on <= n-real random samples of the trained
+        extractor's features (eval mode), at the classifier the server sent."""
         model.eval()
         out = {}
         y = self.data.y_train
@@ -119,7 +145,7 @@ class MuPFLTrainer(FedAvgTrainer):
             with torch.no_grad():
                 h = model.features(self.data.x_train[idx].to(self.device))
             labels = torch.full((len(idx),), k, dtype=torch.long, device=self.device)
-            out[str(k)] = class_gradients(model.classifier.weight.detach(), h, labels)[k].cpu()
+            out[str(k)] = class_gradients(self.match_weight, h, labels)[k].cpu()
         return out
 
     def extra_records(self, model: nn.Module) -> dict[str, Any]:
