@@ -1,9 +1,10 @@
 """`fedskew` command line: argument parsing and printing; the work is in `fedskew.launcher`.
 
-fedskew run [--run-config 'k=v ...'] [--num-supernodes N] [--federation-config 'k=v']
+fedskew run [--run-config 'k=v ...'] [--num-supernodes N] [--actors A] [--federation-config 'k=v']
     Validate the config (fails in about a second with one line), start a private SuperLink,
-    submit the app with `flwr run`, stream its log, print the summary, stop what it started,
-    and exit non-zero when the run failed (`flwr run` itself exits 0 on failed runs).
+    submit the app with `flwr run`, stream its log, print the summary, stop what it started
+    (also when interrupted), and exit non-zero when the run failed (`flwr run` itself exits 0
+    on failed runs). The simulation trains A clients at once (default: every core busy).
 fedskew experiment SUITE.yaml [--dry-run | --report]
     Run a suite of simulations (see `fedskew.experiments`).
 fedskew config
@@ -26,6 +27,7 @@ from fedskew.launcher import (
     find_app_dir,
     prepare_config,
     read_overrides,
+    resources_for,
     resume_overrides,
     run_simulation,
 )
@@ -54,8 +56,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         overrides, resumed_clients = resume_overrides(Path(args.resume))
         clients = args.num_supernodes or resumed_clients
     overrides.update(read_overrides(args.run_config))
-    _, overrides = prepare_config(app_dir, overrides, clients)
-    summary = run_simulation(app_dir, overrides, clients, args.federation_config)
+    cfg, overrides = prepare_config(app_dir, overrides, clients)
+    resources = resources_for(cfg, args.actors)
+    print(f"fedskew: {clients} clients, simulated with {resources.describe()}", flush=True)
+    summary = run_simulation(app_dir, overrides, clients, args.federation_config, resources=resources)
     print(format_summary(summary), flush=True)
     return 0
 
@@ -71,7 +75,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     if args.report:
         write_report(suite)
     else:
-        run_suite(suite, app_dir, stream=args.stream)
+        run_suite(suite, app_dir, stream=args.stream, actors=args.actors)
     print(f"results: {suite.folder / 'results.md'}")
     return 0
 
@@ -80,6 +84,12 @@ def cmd_config(args: argparse.Namespace) -> int:
     for key, p in all_params().items():
         print(f"{key:<26} {p.default!r:<18} {p.help} [{p.allowed()}]")
     return 0
+
+
+ACTORS_HELP = (
+    "clients trained at once (Ray actors of torch-threads threads each); default: every core busy, "
+    "cores // torch-threads"
+)
 
 
 def _terminate(signum: int, frame: object) -> None:
@@ -94,6 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--run-config", "-c", action="append", default=[], help="'k=v k2=\"s\"' or a TOML file")
     run.add_argument("--num-supernodes", "-n", type=int, help="number of clients (default 20)")
     run.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its checkpoint.pt")
+    run.add_argument("--actors", "-j", type=int, help=ACTORS_HELP)
     run.add_argument(
         "--federation-config",
         action="append",
@@ -107,13 +118,15 @@ def main(argv: list[str] | None = None) -> int:
     exp.add_argument("--dry-run", action="store_true", help="validate and list the cells, run nothing")
     exp.add_argument("--report", action="store_true", help="only (re)write the table and plots")
     exp.add_argument("--stream", action="store_true", help="show each run's log")
+    exp.add_argument("--actors", "-j", type=int, help=ACTORS_HELP)
     exp.set_defaults(fn=cmd_experiment)
     conf = sub.add_parser("config", help="list every run-config key")
     conf.set_defaults(fn=cmd_config)
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)  # so a killed `fedskew run` still stops its SuperLink
-    if (getattr(args, "num_supernodes", None) or 1) < 1:
-        parser.error("--num-supernodes must be >= 1")
+    for flag in ("num_supernodes", "actors"):
+        if (getattr(args, flag, None) or 1) < 1:
+            parser.error(f"--{flag.replace('_', '-')} must be >= 1")
     try:
         return int(args.fn(args))
     except (ConfigError, FileNotFoundError, ValueError) as e:

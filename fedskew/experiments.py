@@ -35,7 +35,7 @@ import yaml
 
 from fedskew.config import ConfigError, validate
 from fedskew.data.clients import client_indices
-from fedskew.launcher import RunFailed, prepare_config, run_simulation
+from fedskew.launcher import RunFailed, prepare_config, resources_for, run_simulation, simulation_link
 from fedskew.partitions import PartitionError
 
 SUITE_KEYS = {"name", "num-supernodes", "seeds", "out-dir", "base", "methods", "partitions"}
@@ -124,29 +124,33 @@ def _fmt_eta(seconds: float) -> str:
     return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
 
 
-def run_suite(suite: Suite, app_dir: Path, stream: bool = False) -> None:
-    """Run every cell not done yet, with progress and time left; then write the report."""
+def run_suite(suite: Suite, app_dir: Path, stream: bool = False, actors: int | None = None) -> None:
+    """Run every cell not done yet, one after the other on one private SuperLink (started once),
+    each with every core busy (or `actors` clients at once), with progress and time left; then
+    write the report."""
     suite.folder.mkdir(parents=True, exist_ok=True)
     todo = [c for c in suite.cells if not (suite.folder / c.run_name / "summary.json").is_file()]
     done_before = len(suite.cells) - len(todo)
     print(f"suite {suite.name}: {len(suite.cells)} cells, {done_before} already done -> {suite.folder}", flush=True)
     spent: list[float] = []
     failed = []
-    for i, cell in enumerate(todo, start=1):
-        t0 = time.perf_counter()
-        label = f"[{done_before + i}/{len(suite.cells)}] {cell.partition} / {cell.method} / seed {cell.seed}"
-        print(f"{label} ...", flush=True)
-        over = {**cell.overrides, "out-dir": str(suite.folder), "run-name": cell.run_name}
-        try:
-            _, subm = prepare_config(app_dir, over, suite.num_supernodes)
-            s = run_simulation(app_dir, subm, suite.num_supernodes, [], stream=stream)
-            result = f"global {s['final_global_accuracy']:.4f}, personalized {s['final_personalized_accuracy']:.4f}"
-        except RunFailed as e:
-            failed.append(cell)
-            result = f"FAILED: {e}"
-        spent.append(time.perf_counter() - t0)
-        left = np.mean(spent) * (len(todo) - i)
-        print(f"{label}: {result} in {spent[-1]:.0f} s; about {_fmt_eta(left)} left", flush=True)
+    with simulation_link(app_dir) as link:
+        for i, cell in enumerate(todo, start=1):
+            t0 = time.perf_counter()
+            label = f"[{done_before + i}/{len(suite.cells)}] {cell.partition} / {cell.method} / seed {cell.seed}"
+            print(f"{label} ...", flush=True)
+            over = {**cell.overrides, "out-dir": str(suite.folder), "run-name": cell.run_name}
+            try:
+                cfg, subm = prepare_config(app_dir, over, suite.num_supernodes)
+                resources = resources_for(cfg, actors)
+                s = run_simulation(app_dir, subm, suite.num_supernodes, stream=stream, resources=resources, link=link)
+                result = f"global {s['final_global_accuracy']:.4f}, personalized {s['final_personalized_accuracy']:.4f}"
+            except RunFailed as e:
+                failed.append(cell)
+                result = f"FAILED: {e}"
+            spent.append(time.perf_counter() - t0)
+            left = np.mean(spent) * (len(todo) - i)
+            print(f"{label}: {result} in {spent[-1]:.0f} s; about {_fmt_eta(left)} left", flush=True)
     write_report(suite)
     if failed:
         raise RunFailed(f"{len(failed)} cell(s) failed: " + ", ".join(c.run_name for c in failed))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -16,6 +17,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ from typing import Any
 import tomllib
 
 from fedskew.config import ConfigError, all_params, parse_overrides, validate
+from fedskew.resources import SimResources, plan_resources
 
 FLWR_ENV = {
     "FLWR_TELEMETRY_ENABLED": "0",
@@ -139,18 +142,72 @@ class PrivateSuperLink:
         raise RunFailed(f"flower-superlink did not answer in 60 s; see {self.log_path}")
 
     def __exit__(self, *exc: object) -> None:
-        if self.proc and self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+        # A second Ctrl-C or SIGTERM must not cut the clean-up short; it takes effect afterwards.
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        try:
+            if self.proc:
+                stop_process_tree(self.proc)
+            self._drop_connection()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+    def _drop_connection(self) -> None:
         cfg = self.home / "config.toml"
         if cfg.is_file():  # drop our connection again
             text = cfg.read_text()
             block = f'\n[superlink.{self.connection}]\naddress = "127.0.0.1:{self.port}"\ninsecure = true\n'
             cfg.write_text(text.replace(block, ""))
+
+
+def _descendants(root: int) -> list[int]:
+    """The processes `root` started, and theirs, found through `ps` (Linux and macOS)."""
+    res = subprocess.run(["ps", "-A", "-o", "pid=,ppid="], capture_output=True, text=True)
+    children: dict[int, list[int]] = {}
+    for line in res.stdout.splitlines():
+        pid, ppid = map(int, line.split())
+        children.setdefault(ppid, []).append(pid)
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` still runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with contextlib.suppress(OSError, IndexError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    return True
+
+
+def stop_process_tree(proc: subprocess.Popen, grace: float = 5.0) -> None:
+    """Stop `proc` and everything it started, also what left its process group: the SuperLink's
+    SuperExec opens a session of its own, in which `flwr-simulation`, Ray and the ClientApp actors
+    run, so signalling the SuperLink's group alone leaves the run going (and writing results).
+    Every group in the tree gets SIGTERM, then SIGKILL for whatever still runs after `grace` s."""
+    pids = [proc.pid, *_descendants(proc.pid)]
+    groups = set()
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            groups.add(os.getpgid(pid))
+    groups.discard(os.getpgrp())  # never our own (the CLI's) group
+
+    def signal_groups(sig: signal.Signals) -> None:
+        for group in groups:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, sig)
+
+    signal_groups(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and (proc.poll() is None or any(map(_running, pids[1:]))):
+        time.sleep(0.1)
+    signal_groups(signal.SIGKILL)
+    proc.wait()
 
 
 def _flwr_json(args: list[str], env: dict[str, str]) -> dict[str, Any]:
@@ -161,18 +218,50 @@ def _flwr_json(args: list[str], env: dict[str, str]) -> dict[str, Any]:
         raise RunFailed(f"`flwr {' '.join(args)}` failed: {(res.stdout + res.stderr).strip()[-2000:]}") from None
 
 
+def resources_for(cfg: dict[str, Any], actors: int | None = None) -> SimResources:
+    """The simulation's actors x threads (and GPU share) for a validated run config: every core
+    busy unless `actors` says otherwise (see `fedskew.resources`)."""
+    return plan_resources(cfg["torch-threads"], actors, use_gpu=cfg["device"] != "cpu")
+
+
+_PAIR = re.compile(r"(\S+?)=('[^']*'|\"[^\"]*\"|\S+)")  # as `flwr run --federation-config` reads them
+
+
+def federation_config(num_supernodes: int, resources: SimResources, extra: Sequence[str] = ()) -> str:
+    """The `--federation-config` string: the clients, the resources, then `extra` 'k=v' items, which
+    win (Flower refuses a key given twice)."""
+    fed = {"num-supernodes": str(num_supernodes), **resources.federation_config()}
+    for item in extra:
+        fed.update(_PAIR.findall(item))
+    return " ".join(f"{k}={v}" for k, v in fed.items())
+
+
+@contextlib.contextmanager
+def simulation_link(app_dir: Path) -> Iterator[PrivateSuperLink]:
+    """A private simulation SuperLink for one or several runs (a suite submits all its cells to one)."""
+    env = flower_env(app_dir)
+    with PrivateSuperLink(Path(env["FLWR_HOME"]), env) as link:
+        yield link
+
+
 def run_simulation(
     app_dir: Path,
     overrides: dict[str, Any],
     num_supernodes: int,
-    federation_config: list[str],
+    federation_config_items: Sequence[str] = (),
     stream: bool = True,
+    resources: SimResources | None = None,
+    link: PrivateSuperLink | None = None,
 ) -> dict[str, Any]:
-    """Run one simulation to its end on a private SuperLink; return the summary or raise RunFailed."""
-    env = flower_env(app_dir)
-    with PrivateSuperLink(Path(env["FLWR_HOME"]), env) as link:
-        fed = " ".join([f"num-supernodes={num_supernodes}", *federation_config])
-        return submit(app_dir, link, overrides, ["--federation-config", fed], stream)
+    """Run one simulation to its end (on `link`, else on a private SuperLink of its own); return the
+    summary or raise RunFailed. `resources` default: every core busy (`resources_for`)."""
+    if link is None:
+        with simulation_link(app_dir) as own:
+            return run_simulation(app_dir, overrides, num_supernodes, federation_config_items, stream, resources, own)
+    if resources is None:
+        resources = resources_for(validate({**app_defaults(app_dir), **overrides}))
+    fed = federation_config(num_supernodes, resources, federation_config_items)
+    return submit(app_dir, link, overrides, ["--federation-config", fed], stream)
 
 
 def flower_env(app_dir: Path) -> dict[str, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -34,7 +35,8 @@ def write(tmp_path: Path, text: str) -> Path:
 
 
 def fake_simulation(calls: list, crash_at: int | None = None):
-    def run(app_dir, overrides, n, fed, stream=True):
+    def run(app_dir, overrides, n, fed=(), stream=True, resources=None, link=None):
+        assert link == "one link for the suite" and resources.actors >= 1
         calls.append(overrides["run-name"])
         if crash_at is not None and len(calls) == crash_at:
             raise KeyboardInterrupt
@@ -59,6 +61,9 @@ def test_suite_runs_resumes_and_reports(tmp_path, monkeypatch, capsys) -> None:
     suite = load_suite(write(tmp_path, SUITE.format(out=tmp_path / "out")), app_defaults())
     assert len(suite.cells) == 8
     calls: list = []
+    monkeypatch.setattr(
+        experiments, "simulation_link", lambda app_dir: contextlib.nullcontext("one link for the suite")
+    )
     monkeypatch.setattr(experiments, "run_simulation", fake_simulation(calls, crash_at=3))
     with pytest.raises(KeyboardInterrupt):
         run_suite(suite, ROOT)
