@@ -39,33 +39,46 @@ PROCESSES = {  # timeline label -> a piece of the command line
     "flwr-simulation (ServerApp + Ray driver)": "flwr-simulation",
     "Ray GCS": "gcs_server",
     "Ray raylet": "raylet/raylet",
-    "first Ray worker (ClientApp actor)": "ray::",
+    "Ray workers (the ClientApp actors)": "default_worker.py",
+    "Ray's Python helpers (dashboard, agents, monitors)": "site-packages/ray/",
+    "`flwr log` CLI": "bin/flwr log",
+    "`flwr ls` CLI": "bin/flwr ls",
 }
 
 
 class ProcessStarts(threading.Thread):
-    """Every 0.5 s, the start time (epoch, 10 ms resolution, from /proc) of each new process under
-    this one; a process living less than 0.5 s may be missed."""
+    """Every 0.5 s, each process under this one: its start time (epoch, 10 ms resolution, from
+    /proc), command line and CPU seconds so far; a process living less than 0.5 s may be missed."""
 
     def __init__(self) -> None:
         super().__init__(daemon=True)
         self.done, self.started = threading.Event(), {}
-        ticks = os.sysconf("SC_CLK_TCK")
+        self.cpu: dict[int, list[tuple[float, float]]] = {}  # pid -> (epoch, CPU seconds so far)
         uptime = float(Path("/proc/uptime").read_text().split()[0])
-        self.boot, self.ticks = time.time() - uptime, ticks
+        self.boot, self.ticks = time.time() - uptime, os.sysconf("SC_CLK_TCK")
 
     def run(self) -> None:
         while not self.done.wait(0.5):
             for pid in tree_pids(os.getpid(), include_root=False):
-                if pid in self.started:
-                    continue
                 with contextlib.suppress(OSError, IndexError, ValueError):
                     stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-                    cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                    self.started[pid] = (self.boot + int(stat[19]) / self.ticks, cmd)
+                    if pid not in self.started:
+                        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                        self.started[pid] = (self.boot + int(stat[19]) / self.ticks, cmd)
+                    self.cpu.setdefault(pid, []).append((time.time(), (int(stat[11]) + int(stat[12])) / self.ticks))
 
     def first(self, piece: str) -> float | None:
         return min((t for t, cmd in self.started.values() if piece in cmd), default=None)
+
+    def cpu_by_kind(self, until: float) -> dict[str, float]:
+        """CPU seconds used before `until` (epoch) per kind of process (`PROCESSES`, else its command)."""
+        kinds: dict[str, float] = {}
+        for pid, samples in self.cpu.items():
+            before = [c for t, c in samples if t <= until]
+            cmd = self.started[pid][1]
+            kind = next((label for label, piece in PROCESSES.items() if piece in cmd), "other: " + cmd[-50:])
+            kinds[kind] = kinds.get(kind, 0.0) + (before[-1] if before else 0.0)
+        return kinds
 
 
 def one_run(clients: int, rounds: int) -> None:
@@ -98,6 +111,11 @@ def one_run(clients: int, rounds: int) -> None:
     for label, t in sorted(events.items(), key=lambda kv: kv[1] or float("inf")):
         print(f"  {label:<44} {'-' if t is None else f'{t - t0:7.2f}'}")
     rounds_s = sum(t["seconds"] for t in timings)
+    until = events["round 1 begins"] or events["last round ends"] or t_end
+    cpu = watch.cpu_by_kind(until)
+    print(f"  CPU seconds before round 1, by process ({sum(cpu.values()):.1f} s in all):")
+    for kind, seconds in sorted(cpu.items(), key=lambda kv: -kv[1]):
+        print(f"    {kind:<58} {seconds:6.2f}")
     if events["round 1 begins"] is not None:
         print(f"  start-up: command start to round 1          {events['round 1 begins'] - t0:7.2f} s")
         print(f"  tail: last round's end to the return        {t_end - events['last round ends']:7.2f} s")
