@@ -7,7 +7,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -155,6 +157,58 @@ class CpuSampler(threading.Thread):
         inside = [(t, c) for t, c in self.samples if start <= t <= end]
         (t0, c0), (t1, c1) = inside[0], inside[-1]
         return (c1 - c0) / ((t1 - t0) * cores)
+
+
+class GpuSampler(threading.Thread):
+    """Every 0.5 s, each GPU's utilization (%) from `nvidia-smi`, when there is one."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.samples: list[tuple[float, list[float]]] = []
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        query = ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"]
+        while shutil.which("nvidia-smi") and not self.done.wait(0.5):
+            out = subprocess.run(query, capture_output=True, text=True).stdout
+            with contextlib.suppress(ValueError):
+                self.samples.append((time.time(), [float(v) for v in out.split()]))
+
+    def busy(self, start: float, end: float) -> float | None:
+        """Mean utilization of all GPUs between two epoch instants (None without nvidia-smi)."""
+        values = [statistics.mean(u) for t, u in self.samples if start <= t <= end and u]
+        return statistics.mean(values) / 100 if values else None
+
+
+def measured_simulation(overrides: dict[str, Any], num_clients: int, actors: int | None = None) -> dict[str, Any]:
+    """One simulation with `actors` (None: the default, every core busy): the median round and
+    clients' part of rounds 2..R, the busy fraction of all cores (and GPUs) over them, the
+    start-up (wall time minus the rounds), the config and the metrics rows."""
+    from fedskew.launcher import resources_for
+    from fedskew.resources import available_cores
+
+    resources = resources_for(validate({**app_defaults(ROOT), **overrides}), actors)
+    cpu, gpu = CpuSampler(), GpuSampler()
+    for sampler in (cpu, gpu):
+        sampler.start()
+    try:
+        cfg, wall, _, timings, metrics = simulate(overrides, num_clients, resources=resources)
+    finally:
+        for sampler in (cpu, gpu):
+            sampler.done.set()
+            sampler.join()
+    steady = timings[1:]
+    start, end = steady[0]["started-at"], steady[-1]["started-at"] + steady[-1]["seconds"]
+    return {
+        "cfg": cfg,
+        "resources": resources,
+        "round": median(t["seconds"] for t in steady),
+        "clients": median(t["clients-seconds"] for t in steady),
+        "busy": cpu.busy_fraction(start, end, available_cores()),
+        "gpu busy": gpu.busy(start, end),
+        "startup": wall - sum(t["seconds"] for t in timings),
+        "metrics": metrics,
+    }
 
 
 def tree_pss(root_pid: int, include_root: bool = True) -> int:

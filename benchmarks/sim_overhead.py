@@ -28,11 +28,9 @@ import time
 
 import torch
 import torch.nn.functional as F
-from _common import ROOT, CpuSampler, simulate
+from _common import measured_simulation
 
-from fedskew.config import validate
 from fedskew.data.clients import load_client_data, load_test_set
-from fedskew.launcher import app_defaults, resources_for
 from fedskew.models import build_model
 from fedskew.resources import available_cores
 from fedskew.training import evaluate
@@ -65,29 +63,6 @@ def plain_round(cfg: dict, partitions: list[int], num_clients: int, with_eval: b
     return time.perf_counter() - t0
 
 
-def measure(over: dict, clients: int, actors: int | None, cores: int) -> dict:
-    """One simulation with `actors` (None: the default); its round times, busy fraction, start-up."""
-    resources = resources_for(validate({**app_defaults(ROOT), **over}), actors)
-    sampler = CpuSampler()
-    sampler.start()
-    try:
-        cfg, wall, _, timings, metrics = simulate(over, clients, resources=resources)
-    finally:
-        sampler.done.set()
-        sampler.join()
-    steady = timings[1:]
-    start, end = steady[0]["started-at"], steady[-1]["started-at"] + steady[-1]["seconds"]
-    return {
-        "cfg": cfg,
-        "label": resources.describe(),
-        "round": statistics.median(t["seconds"] for t in steady),
-        "clients": statistics.median(t["clients-seconds"] for t in steady),
-        "busy": sampler.busy_fraction(start, end, cores),
-        "startup": wall - sum(t["seconds"] for t in timings),
-        "metrics": metrics,
-    }
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--clients", type=int, default=20)
@@ -104,7 +79,7 @@ def main() -> None:
         "fraction-train": args.per_round / args.clients,
         "checkpoint-every": 0,
     }
-    runs = {"one actor": measure(over, args.clients, 1, cores), "default": measure(over, args.clients, None, cores)}
+    runs = {"one actor": measured_simulation(over, args.clients, 1), "default": measured_simulation(over, args.clients)}
     cfg, sampled = runs["default"]["cfg"], [m["partitions"] for m in runs["default"]["metrics"][1:]]
     plain_train = statistics.median(plain_round(cfg, p, args.clients, False) for p in sampled)
     plain_work = statistics.median(plain_round(cfg, p, args.clients, True) for p in sampled)
@@ -112,7 +87,7 @@ def main() -> None:
     print(f"{args.clients} clients, {args.per_round} per round, {args.rounds} rounds, {args.model}, {cores} cores")
     print(f"  plain loop, 1 thread: train {plain_train:.2f} s, round's work (train + evaluations) {plain_work:.2f} s")
     for name, r in runs.items():
-        print(f"  {name}: {r['label']}")
+        print(f"  {name}: {r['resources'].describe()}")
         print(f"    start-up (wall - rounds)                 {r['startup']:7.1f} s")
         print(f"    round, median of rounds 2..R             {r['round']:7.2f} s")
         print(f"    of which clients (send to last reply)    {r['clients']:7.2f} s")
