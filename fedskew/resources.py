@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import math
 import os
+import shutil
 from dataclasses import dataclass
+from pathlib import Path
 
 # Ray divides GPU shares in units of 1/10,000; a share rounded down always fits `actors` times.
 _GPU_SHARE_UNIT = 10_000
@@ -59,6 +61,9 @@ def available_cores() -> int:
 
 
 def available_gpus() -> int:
+    """CUDA GPUs as torch sees them; without an NVIDIA driver, 0 without importing torch (1 s)."""
+    if not (Path("/proc/driver/nvidia/gpus").is_dir() or shutil.which("nvidia-smi")):
+        return 0
     import torch
 
     return torch.cuda.device_count() if torch.cuda.is_available() else 0

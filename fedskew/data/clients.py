@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from fedskew.data import DATASET_INFO, load_dataset
 from fedskew.partitions import partition, split_local_test
@@ -25,6 +24,9 @@ PARTITION_KEYS = (
     "local-test-fraction",
     "seed",
 )
+
+if TYPE_CHECKING:  # torch is imported where tensors are made: the CLI checks partitions without it (1 s)
+    import torch
 
 
 @dataclass
@@ -45,6 +47,8 @@ class ClientData:
 
 def to_float(x: np.ndarray, dataset: str) -> torch.Tensor:
     """uint8 `[N, C, H, W]` -> float32, scaled to [0, 1] and normalised per channel."""
+    import torch
+
     info = DATASET_INFO[dataset]
     t = torch.from_numpy(np.array(x, dtype=np.float32)).div_(255.0)
     mean = torch.tensor(info.mean).view(1, -1, 1, 1)
@@ -76,6 +80,8 @@ def load_client_data(cfg: dict[str, Any], partition_id: int, num_partitions: int
     """The local data of client `partition_id` of `num_partitions`."""
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition-id={partition_id} must be in [0, num-partitions={num_partitions})")
+    import torch
+
     x, y, _, _ = load_dataset(cfg["dataset"], cfg["data-root"])
     tr, te = client_indices(cfg, num_partitions)[partition_id]
     return ClientData(
@@ -89,5 +95,7 @@ def load_client_data(cfg: dict[str, Any], partition_id: int, num_partitions: int
 
 def load_test_set(cfg: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
     """The official test split (balanced, all classes) for central evaluation."""
+    import torch
+
     _, _, x, y = load_dataset(cfg["dataset"], cfg["data-root"])
     return to_float(x, cfg["dataset"]), torch.from_numpy(y.copy())
