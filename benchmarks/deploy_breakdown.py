@@ -171,10 +171,10 @@ def end_to_end(pid: int, num: int, rounds: int, warm: bool) -> list[dict[str, fl
         with supernode(link, f"partition-id={pid} num-partitions={num}", warm) as (stamps, watch):
             submit(ROOT, link, overrides, [], stream=False)
         timings = read_jsonl(Path(out) / "bench" / "timings.jsonl")
-    return [message_parts(t, stamps, watch) for t in timings]
+    return [message_parts(t, stamps, watch, warm) for t in timings]
 
 
-def message_parts(t: dict, stamps: Stamped, watch: ChildWatch) -> dict[str, float]:
+def message_parts(t: dict, stamps: Stamped, watch: ChildWatch, warm: bool) -> dict[str, float]:
     """One round's message: its send-to-reply time, and its parts from the SuperNode's log lines
     and the ClientApp process's lifetime (rounds carry `started-at` since issue 14)."""
     parts = {"send to reply (ServerApp)": t["clients-seconds"]}
@@ -187,20 +187,25 @@ def message_parts(t: dict, stamps: Stamped, watch: ChildWatch) -> dict[str, floa
 
     received = first(stamps.times("Receiving: train message"), sent)
     stored = first(stamps.times("Received successfully"), received)
-    started, ended = min(((a, b) for a, b in watch.lifetimes() if a >= stored), default=(float("nan"),) * 2)
+    # the ClientApp process may start while the SuperNode still downloads the message
+    started, ended = min(
+        ((a, b) for a, b in watch.lifetimes() if received <= a <= replied), default=(float("nan"),) * 2
+    )
     sending = first(stamps.times("Sending: train message"), started)
     done = first(stamps.times("Sent successfully"), sending)
     parts.update(
         {
             "SuperLink -> SuperNode (node idle poll)": received - sent,
             "message download": stored - received,
-            "task pickup + process start": started - stored,
-            "process start -> reply at the SuperNode": sending - started,
+            "SuperNode has it -> ClientApp process starts": started - received,
+            "process start -> SuperNode sends the reply": sending - started,
             "reply upload": done - sending,
             "SuperLink -> ServerApp (server poll)": replied - done,
             "ClientApp process lifetime": ended - started,
         }
     )
+    if warm:  # a fork ends right after pushing reply and context: the rest is the SuperNode's wait
+        parts["of which the reply waits in the SuperNode"] = sending - ended
     return parts
 
 

@@ -35,7 +35,7 @@ import yaml
 
 from fedskew.config import ConfigError, validate
 from fedskew.data.clients import client_indices
-from fedskew.launcher import RunFailed, prepare_config, resources_for, run_simulation, simulation_link
+from fedskew.launcher import RunFailed, app_defaults, prepare_config, resources_for, run_simulation, simulation_link
 from fedskew.partitions import PartitionError
 
 SUITE_KEYS = {"name", "num-supernodes", "seeds", "out-dir", "base", "methods", "partitions"}
@@ -125,16 +125,19 @@ def _fmt_eta(seconds: float) -> str:
 
 
 def run_suite(suite: Suite, app_dir: Path, stream: bool = False, actors: int | None = None) -> None:
-    """Run every cell not done yet, one after the other on one private SuperLink (started once),
-    each with every core busy (or `actors` clients at once), with progress and time left; then
-    write the report."""
+    """Run every cell not done yet, one after the other on one private SuperLink and Ray head
+    (started once), each with every core busy (or `actors` clients at once), with progress and
+    time left; then write the report."""
     suite.folder.mkdir(parents=True, exist_ok=True)
     todo = [c for c in suite.cells if not (suite.folder / c.run_name / "summary.json").is_file()]
     done_before = len(suite.cells) - len(todo)
     print(f"suite {suite.name}: {len(suite.cells)} cells, {done_before} already done -> {suite.folder}", flush=True)
     spent: list[float] = []
     failed = []
-    with simulation_link(app_dir) as link:
+    defaults = app_defaults(app_dir)
+    plans = {resources_for(validate({**defaults, **c.overrides}), actors) for c in todo}
+    # one Ray head for the whole suite when every cell needs the same actors (the usual case)
+    with simulation_link(app_dir, plans.pop() if len(plans) == 1 else None) as link:
         for i, cell in enumerate(todo, start=1):
             t0 = time.perf_counter()
             label = f"[{done_before + i}/{len(suite.cells)}] {cell.partition} / {cell.method} / seed {cell.seed}"

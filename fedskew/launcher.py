@@ -107,6 +107,7 @@ class PrivateSuperLink:
         self.connection = f"fedskew-{self.port}"
         self.log_path = home / f"superlink-{self.port}.log"
         self.proc: subprocess.Popen | None = None
+        self.ray: RayHead | None = None  # the Ray head its simulations join, if any (`simulation_link`)
 
     def __enter__(self) -> PrivateSuperLink:
         self.home.mkdir(parents=True, exist_ok=True)
@@ -145,14 +146,10 @@ class PrivateSuperLink:
         raise RunFailed(f"flower-superlink did not answer in 60 s; see {self.log_path}")
 
     def __exit__(self, *exc: object) -> None:
-        # A second Ctrl-C or SIGTERM must not cut the clean-up short; it takes effect afterwards.
-        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
-        try:
+        with signals_deferred():
             if self.proc:
                 stop_process_tree(self.proc)
             self._drop_connection()
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
     def _drop_connection(self) -> None:
         cfg = self.home / "config.toml"
@@ -160,6 +157,68 @@ class PrivateSuperLink:
             text = cfg.read_text()
             block = f'\n[superlink.{self.connection}]\naddress = "127.0.0.1:{self.port}"\ninsecure = true\n'
             cfg.write_text(text.replace(block, ""))
+
+
+class RayHead:
+    """A Ray head node (`ray start --head --block` on free localhost ports) that the simulations of
+    one command join (`RAY_ADDRESS`) instead of each starting Ray: Ray's own start (GCS, raylet,
+    dashboard, agents: seconds of CPU) then runs beside the SuperLink's, once per suite. It owns
+    the CPUs (and GPUs) of `resources`, so the runs pass Flower no `init-args-*`."""
+
+    def __init__(self, resources: SimResources, home: Path, env: dict[str, str]) -> None:
+        self.resources, self.env = resources, dict(env)
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.log_path = home / f"ray-{self.port}.log"
+        self.proc: subprocess.Popen | None = None
+
+    def __enter__(self) -> RayHead:
+        r = self.resources
+        ports = {flag: str(free_port()) for flag in ("--dashboard-port", "--ray-client-server-port")}
+        ports["--dashboard-agent-listen-port"] = str(free_port())
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            [
+                flwr_bin("ray"),
+                "start",
+                "--head",
+                "--block",
+                "--node-ip-address=127.0.0.1",
+                f"--port={self.port}",
+                f"--num-cpus={r.actors * r.threads}",
+                f"--num-gpus={r.gpus if r.gpus_per_actor else 0}",
+                "--include-dashboard=false",
+                "--disable-usage-stats",
+                *(f"{flag}={port}" for flag, port in ports.items()),
+            ],
+            stdout=open(self.log_path, "w"),
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            start_new_session=True,
+        )
+        return self
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while "Ray runtime started" not in self.log_path.read_text(errors="replace"):
+            if self.proc is None or self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RunFailed(f"the Ray head did not start; see {self.log_path}")
+            time.sleep(0.2)
+
+    def __exit__(self, *exc: object) -> None:
+        with signals_deferred():
+            if self.proc:
+                stop_process_tree(self.proc)
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """A second Ctrl-C or SIGTERM must not cut a clean-up short: it takes effect afterwards."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def _descendants(root: int) -> dict[int, str]:
@@ -232,20 +291,34 @@ def resources_for(cfg: dict[str, Any], actors: int | None = None) -> SimResource
 _PAIR = re.compile(r"(\S+?)=('[^']*'|\"[^\"]*\"|\S+)")  # as `flwr run --federation-config` reads them
 
 
-def federation_config(num_supernodes: int, resources: SimResources, extra: Sequence[str] = ()) -> str:
-    """The `--federation-config` string: the clients, the resources, then `extra` 'k=v' items, which
-    win (Flower refuses a key given twice)."""
+def federation_config(
+    num_supernodes: int, resources: SimResources, extra: Sequence[str] = (), ray_head: bool = False
+) -> str:
+    """The `--federation-config` string: the clients, the resources (without Ray's `init-args-*`
+    when the run joins a `RayHead`), then `extra` 'k=v' items, which win (Flower refuses a key given
+    twice)."""
     fed = {"num-supernodes": str(num_supernodes), **resources.federation_config()}
+    if ray_head:
+        fed = {k: v for k, v in fed.items() if not k.startswith("init-args-")}
     for item in extra:
         fed.update(_PAIR.findall(item))
     return " ".join(f"{k}={v}" for k, v in fed.items())
 
 
 @contextlib.contextmanager
-def simulation_link(app_dir: Path) -> Iterator[PrivateSuperLink]:
-    """A private simulation SuperLink for one or several runs (a suite submits all its cells to one)."""
+def simulation_link(app_dir: Path, resources: SimResources | None = None) -> Iterator[PrivateSuperLink]:
+    """A private simulation SuperLink for one or several runs (a suite submits all its cells to one)
+    and, with `resources`, a Ray head started beside it that all those runs join (`RayHead`)."""
     env = flower_env(app_dir)
-    with PrivateSuperLink(Path(env["FLWR_HOME"]), env) as link:
+    home = Path(env["FLWR_HOME"])
+    with contextlib.ExitStack() as stack:
+        head = stack.enter_context(RayHead(resources, home, env)) if resources else None
+        if head:
+            env["RAY_ADDRESS"] = head.address  # flwr-simulation's ray.init joins it
+        link = stack.enter_context(PrivateSuperLink(home, env))
+        if head:
+            head.wait_ready()
+            link.ray = head
         yield link
 
 
@@ -258,14 +331,17 @@ def run_simulation(
     resources: SimResources | None = None,
     link: PrivateSuperLink | None = None,
 ) -> dict[str, Any]:
-    """Run one simulation to its end (on `link`, else on a private SuperLink of its own); return the
-    summary or raise RunFailed. `resources` default: every core busy (`resources_for`)."""
-    if link is None:
-        with simulation_link(app_dir) as own:
-            return run_simulation(app_dir, overrides, num_supernodes, federation_config_items, stream, resources, own)
+    """Run one simulation to its end (on `link`, else on a private SuperLink and Ray head of its
+    own); return the summary or raise RunFailed. `resources` default: every core busy
+    (`resources_for`). With Flower settings in `federation_config_items`, Flower starts Ray."""
     if resources is None:
         resources = resources_for(validate({**app_defaults(app_dir), **overrides}))
-    fed = federation_config(num_supernodes, resources, federation_config_items)
+    if link is None:
+        with simulation_link(app_dir, None if federation_config_items else resources) as own:
+            return run_simulation(app_dir, overrides, num_supernodes, federation_config_items, stream, resources, own)
+    if link.ray and link.ray.resources != resources:
+        raise RunFailed(f"the run needs {resources.describe()}, the Ray head has {link.ray.resources.describe()}")
+    fed = federation_config(num_supernodes, resources, federation_config_items, ray_head=link.ray is not None)
     return submit(app_dir, link, overrides, ["--federation-config", fed], stream)
 
 

@@ -61,8 +61,11 @@ def test_suite_runs_resumes_and_reports(tmp_path, monkeypatch, capsys) -> None:
     suite = load_suite(write(tmp_path, SUITE.format(out=tmp_path / "out")), app_defaults())
     assert len(suite.cells) == 8
     calls: list = []
+    heads: list = []  # the Ray head's plan each suite run starts (one for all its cells)
     monkeypatch.setattr(
-        experiments, "simulation_link", lambda app_dir: contextlib.nullcontext("one link for the suite")
+        experiments,
+        "simulation_link",
+        lambda app_dir, head: heads.append(head) or contextlib.nullcontext("one link for the suite"),
     )
     monkeypatch.setattr(experiments, "run_simulation", fake_simulation(calls, crash_at=3))
     with pytest.raises(KeyboardInterrupt):
@@ -74,6 +77,7 @@ def test_suite_runs_resumes_and_reports(tmp_path, monkeypatch, capsys) -> None:
     out = capsys.readouterr().out
     assert "8 cells, 2 already done" in out and "[8/8]" in out and "left" in out
     assert len(calls) == 6  # the two finished cells were skipped, the interrupted one re-run
+    assert len(heads) == 2 and heads[0] == heads[1] and heads[0].actors >= 1  # every cell: the same plan
     md = (suite.folder / "results.md").read_text()
     assert "| iid | rs | 2 | 75.00 ± 5.00 |" in md and "| c2 | fedavg | 2 | 55.00 ± 5.00 |" in md
     assert (suite.folder / "results.csv").read_text().count("\n") == 5

@@ -65,3 +65,9 @@ def test_federation_config_is_what_flower_accepts_and_user_keys_win() -> None:
     }
     sim = simulation_config_from_json({k.replace("-", "_"): v for k, v in parsed.items()})  # as `flwr run` does
     assert sim.num_supernodes == 20 and sim.client_resources_num_cpus == 2 and sim.init_args_num_cpus == 2
+
+
+def test_runs_joining_a_ray_head_leave_rays_init_args_to_it() -> None:
+    res = plan_resources(1, cores=4, gpus=1)
+    parsed = parse_config_args([federation_config(8, res, ray_head=True)])
+    assert parsed == {"num-supernodes": 8, "client-resources-num-cpus": 1, "client-resources-num-gpus": 0.25}
