@@ -174,8 +174,10 @@ class RayHead:
 
     def __enter__(self) -> RayHead:
         r = self.resources
-        ports = {flag: str(free_port()) for flag in ("--dashboard-port", "--ray-client-server-port")}
-        ports["--dashboard-agent-listen-port"] = str(free_port())
+        ports = [
+            f"--{name}={free_port()}"
+            for name in ("dashboard-port", "ray-client-server-port", "dashboard-agent-listen-port")
+        ]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
             [
@@ -189,7 +191,7 @@ class RayHead:
                 f"--num-gpus={r.gpus if r.gpus_per_actor else 0}",
                 "--include-dashboard=false",
                 "--disable-usage-stats",
-                *(f"{flag}={port}" for flag, port in ports.items()),
+                *ports,  # free ones: Ray's defaults would collide with other Ray instances on this machine
             ],
             stdout=open(self.log_path, "w"),
             stderr=subprocess.STDOUT,
