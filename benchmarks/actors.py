@@ -27,7 +27,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--model", default="lenet")
     ap.add_argument("--device", default="auto", help="run-config device: auto (cuda when present), cpu, cuda")
+    ap.add_argument("--quick", action="store_true", help="tiny: 1 and 2 actors, 10 clients, 4 a round, 2 rounds")
     args = ap.parse_args()
+    if args.quick:
+        args.actors, args.clients, args.per_round, args.rounds = "1,2", 10, 4, 2
     over = {
         "method": "fedavg",
         "model": args.model,
