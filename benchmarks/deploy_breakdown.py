@@ -7,13 +7,21 @@ start and exit, `import torch`, `import flwr`, `import fedskew.client_app.app` (
 trainer), the node's data load, and one round of local training through the real ClientApp. The
 data load is measured twice: the node's first message (partition computed from the whole data set
 and cached as .npz, `fedskew.data.node`) and every later one (slice read from the cache). A bare
-`python -c pass` is timed for reference. Then (unless `--no-e2e`) one real message end to end:
-a local insecure SuperLink and one SuperNode (`flower-supernode --insecure`), `--rounds` rounds of
-FedAvg; a round's send-to-reply time is one message (round 1: cold cache, later rounds: warm).
-Prints each part's share of the message's total and the ratio of the end-to-end time to the parts
-up to the reply (a `flwr-clientapp` pushes its reply before the interpreter exits).
+`python -c pass` is timed for reference.
 
-    .venv/bin/python benchmarks/deploy_breakdown.py [--partitions 20] [--repeats 3] [--rounds 3] [--quick]
+Then (unless `--no-e2e`) real messages end to end, for each of `--modes`: a local insecure
+SuperLink and one SuperNode started by `deploy/supernode.sh --insecure`, `--rounds` rounds of
+FedAvg, one message each (round 1 fills the node's data cache). `cold` is Flower's default
+isolation (`--cold`: a fresh `flwr-clientapp` process per message), `warm` the default of
+`supernode.sh` (`--isolation process` with `fedskew.clientexec`, which forks a process that has
+torch and Flower imported). Each message's send-to-reply time (as the ServerApp sees it) is split
+with the SuperNode's log lines (stamped as they arrive) and the ClientApp process's lifetime
+(watched every 10 ms): the SuperNode's idle poll of the SuperLink, the message download, the task
+pickup and process start, the ClientApp process until its reply reaches the SuperNode, the reply
+upload, and the ServerApp's poll. The overhead is the send-to-reply time minus the ClientApp call
+measured in process.
+
+    .venv/bin/python benchmarks/deploy_breakdown.py [--partitions 20] [--repeats 3] [--rounds 4] [--quick]
 """
 
 from __future__ import annotations
@@ -26,13 +34,15 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
-from _common import ROOT, median, private_cache, read_jsonl
+from _common import ROOT, median, private_cache, read_jsonl, tree_pids
 
-from fedskew.launcher import PrivateSuperLink, flower_env, flwr_bin, free_port, submit
+from fedskew.launcher import PrivateSuperLink, flower_env, free_port, submit
 
 CHILD = Path(__file__).resolve().parent / "_one_message.py"
 PARTS = ("import torch", "import flwr", "import ClientApp", "data load", "train (ClientApp call)")
@@ -67,29 +77,87 @@ def print_breakdown(title: str, runs: list[dict[str, float]]) -> float:
     return to_reply
 
 
+class Stamped(threading.Thread):
+    """Reads a process's output line by line, keeping each line with the epoch time it arrived."""
+
+    def __init__(self, stream: IO[str], log: IO[str]) -> None:
+        super().__init__(daemon=True)
+        self.stream, self.log, self.lines = stream, log, []
+
+    def run(self) -> None:
+        for line in self.stream:
+            self.lines.append((time.time(), line))
+            self.log.write(line)
+
+    def times(self, text: str) -> list[float]:
+        return [t for t, line in self.lines if text in line]
+
+
+class ChildWatch(threading.Thread):
+    """Every 10 ms, the children of the first process under `root` whose command line holds
+    `spawner` (flower-superexec, or fedskew.clientexec): when each ClientApp process started and
+    was last seen running."""
+
+    def __init__(self, root: int, spawner: str) -> None:
+        super().__init__(daemon=True)
+        self.root, self.spawner, self.done = root, spawner, threading.Event()
+        self.seen: dict[int, list[float]] = {}
+
+    def find(self) -> int | None:
+        for pid in tree_pids(self.root):
+            with contextlib.suppress(OSError):
+                if self.spawner in Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " "):
+                    return pid
+        return None
+
+    def run(self) -> None:
+        spawner = None
+        while spawner is None and not self.done.wait(0.1):
+            spawner = self.find()
+        while spawner and not self.done.wait(0.01):
+            with contextlib.suppress(OSError):
+                for pid in Path(f"/proc/{spawner}/task/{spawner}/children").read_text().split():
+                    now = time.time()
+                    self.seen.setdefault(int(pid), [now, now])[1] = now
+
+    def lifetimes(self) -> list[tuple[float, float]]:
+        return sorted((a, b) for a, b in self.seen.values())
+
+
 @contextlib.contextmanager
-def supernode(link: PrivateSuperLink, node_config: str) -> Iterator[subprocess.Popen]:
-    """One insecure SuperNode (subprocess isolation: a fresh flwr-clientapp per message)."""
+def supernode(link: PrivateSuperLink, node_config: str, warm: bool) -> Iterator[tuple[Stamped, ChildWatch]]:
+    """One insecure SuperNode started with the project's `deploy/supernode.sh`: warm (a
+    fedskew.clientexec fork per message) or cold (`--cold`: Flower's fresh flwr-clientapp per message)."""
     log = open(link.home / f"supernode-{link.port}.log", "w")
-    cmd = [flwr_bin("flower-supernode"), "--insecure", "--superlink", f"127.0.0.1:{link.port}"]
+    script = ROOT / "deploy" / "supernode.sh"
+    cold = ["--cold"] if "--cold" in script.read_text() and not warm else []  # an older checkout: always cold
+    cmd = [str(script), "--insecure", "-s", f"127.0.0.1:{link.port}", "-p", str(free_port()), *cold]
     proc = subprocess.Popen(
-        [*cmd, "--port", str(free_port()), "--node-config", node_config],
-        stdout=log,
+        [*cmd, "--", node_config],
+        stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
+        text=True,
         env=link.env,
         start_new_session=True,
     )
+    stamps = Stamped(proc.stdout, log)
+    watch = ChildWatch(proc.pid, "fedskew.clientexec" if warm else "flower-superexec")
+    stamps.start()
+    watch.start()
     try:
-        yield proc
+        yield stamps, watch
     finally:
+        watch.done.set()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(30)
+        stamps.join(5)
         log.close()
 
 
-def end_to_end(pid: int, num: int, rounds: int) -> list[float]:
-    """Send-to-reply seconds of each round's single message through a local SuperLink + SuperNode."""
+def end_to_end(pid: int, num: int, rounds: int, warm: bool) -> list[dict[str, float]]:
+    """Each round's single train message through a local SuperLink + SuperNode: send to reply as
+    the ServerApp sees it and, where the timings allow, its parts."""
     env = flower_env(ROOT)
     with tempfile.TemporaryDirectory() as out, PrivateSuperLink(Path(env["FLWR_HOME"]), env, simulation=False) as link:
         overrides = {
@@ -100,9 +168,57 @@ def end_to_end(pid: int, num: int, rounds: int) -> list[float]:
             "out-dir": out,
             "run-name": "bench",
         }
-        with supernode(link, f"partition-id={pid} num-partitions={num}"):
+        with supernode(link, f"partition-id={pid} num-partitions={num}", warm) as (stamps, watch):
             submit(ROOT, link, overrides, [], stream=False)
-        return [t["clients-seconds"] for t in read_jsonl(Path(out) / "bench" / "timings.jsonl")]
+        timings = read_jsonl(Path(out) / "bench" / "timings.jsonl")
+    return [message_parts(t, stamps, watch, warm) for t in timings]
+
+
+def message_parts(t: dict, stamps: Stamped, watch: ChildWatch, warm: bool) -> dict[str, float]:
+    """One round's message: its send-to-reply time, and its parts from the SuperNode's log lines
+    and the ClientApp process's lifetime (rounds carry `started-at` since issue 14)."""
+    parts = {"send to reply (ServerApp)": t["clients-seconds"]}
+    if "started-at" not in t:
+        return parts
+    sent, replied = t["started-at"], t["started-at"] + t["clients-seconds"]
+
+    def first(times: list[float], after: float) -> float:
+        return min((x for x in times if after <= x <= replied), default=float("nan"))
+
+    received = first(stamps.times("Receiving: train message"), sent)
+    stored = first(stamps.times("Received successfully"), received)
+    # the ClientApp process may start while the SuperNode still downloads the message
+    started, ended = min(
+        ((a, b) for a, b in watch.lifetimes() if received <= a <= replied), default=(float("nan"),) * 2
+    )
+    sending = first(stamps.times("Sending: train message"), started)
+    done = first(stamps.times("Sent successfully"), sending)
+    parts.update(
+        {
+            "SuperLink -> SuperNode (node idle poll)": received - sent,
+            "message download": stored - received,
+            "SuperNode has it -> ClientApp process starts": started - received,
+            "process start -> SuperNode sends the reply": sending - started,
+            "reply upload": done - sending,
+            "SuperLink -> ServerApp (server poll)": replied - done,
+            "ClientApp process lifetime": ended - started,
+        }
+    )
+    if warm:  # a fork ends right after pushing reply and context: the rest is the SuperNode's wait
+        parts["of which the reply waits in the SuperNode"] = sending - ended
+    return parts
+
+
+def print_e2e(mode: str, runs: list[dict[str, float]], call: float) -> None:
+    """Medians over rounds 2..R (round 1 fills the node's data cache) and the overhead beyond the
+    ClientApp call (measured in process above)."""
+    later = runs[1:] or runs
+    parts = {k: median(r[k] for r in later) for k in later[0]}
+    total = parts["send to reply (ServerApp)"]
+    print(f"end to end, {mode}: send to reply per round {[round(r['send to reply (ServerApp)'], 2) for r in runs]} s")
+    for k, v in parts.items():
+        print(f"  {k:<42} {v:8.3f} s")
+    print(f"  overhead beyond the ClientApp call ({call:.3f} s)  {total - call:8.3f} s")
 
 
 def main() -> None:
@@ -110,29 +226,32 @@ def main() -> None:
     ap.add_argument("--method", default="fedavg")
     ap.add_argument("--partitions", type=int, default=20)
     ap.add_argument("--repeats", type=int, default=3, help="warm-cache messages (and bare starts) to time")
-    ap.add_argument("--rounds", type=int, default=3, help="end-to-end rounds (one message each)")
-    ap.add_argument("--no-e2e", action="store_true", help="skip the SuperLink + SuperNode run")
+    ap.add_argument("--rounds", type=int, default=4, help="end-to-end rounds (one message each)")
+    ap.add_argument("--no-e2e", action="store_true", help="skip the SuperLink + SuperNode runs")
+    ap.add_argument("--modes", default="cold,warm", help="end-to-end SuperNode modes: cold (Flower's), warm")
     ap.add_argument("--quick", action="store_true", help="tiny: 200 partitions, 1 repeat, no end-to-end run")
     args = ap.parse_args()
     if args.quick:
         args.partitions, args.repeats, args.no_e2e = 200, 1, True
     pid = 0
     with private_cache():  # a node's very first message computes its slice
-        cold = one_message(args.method, pid, args.partitions)
-        warm = [one_message(args.method, pid, args.partitions) for _ in range(args.repeats)]
+        first = one_message(args.method, pid, args.partitions)
+        later = [one_message(args.method, pid, args.partitions) for _ in range(args.repeats)]
         bare = median(t1 - t0 for t0, t1, _ in (timed_run([sys.executable, "-c", "pass"]) for _ in range(args.repeats)))
-    with private_cache():  # the SuperNode starts with an empty cache too
-        e2e = [] if args.no_e2e else end_to_end(pid, args.partitions, args.rounds)
+    e2e = {}
+    for mode in [] if args.no_e2e else args.modes.split(","):
+        with private_cache():  # the SuperNode starts with an empty cache too
+            e2e[mode] = end_to_end(pid, args.partitions, args.rounds, warm=mode == "warm")
     print(f"{args.method}, partition {pid} of {args.partitions}, torch threads 1; bare `python -c pass` {bare:.3f} s")
-    cold_total = print_breakdown("first message on a node (partition computed and cached)", [cold])
-    warm_total = print_breakdown("later messages (slice from the .npz cache)", warm)
-    print(f"  ratio first / later message {cold_total / warm_total:.3f}")
-    if e2e:
-        later = median(e2e[1:]) if len(e2e) > 1 else e2e[0]
-        print(f"end to end through SuperLink + SuperNode, send to reply per round: {[round(s, 2) for s in e2e]} s")
-        print(f"  ratio first message e2e / its parts to the reply   {e2e[0] / cold_total:.3f}")
-        print(f"  ratio later messages e2e / their parts to the reply {later / warm_total:.3f}")
-        print(f"  the rest (Flower: SuperLink, SuperNode, FAB, context transfer), later  {later - warm_total:.3f} s")
+    first_total = print_breakdown("first message on a node (partition computed and cached)", [first])
+    later_total = print_breakdown("later messages (slice from the .npz cache)", later)
+    print(f"  ratio first / later message {first_total / later_total:.3f}")
+    call = median(r["train (ClientApp call)"] for r in later)
+    for mode, runs in e2e.items():
+        print_e2e(mode, runs, call)
+    if {"cold", "warm"} <= set(e2e):
+        per_message = {m: median(r["send to reply (ServerApp)"] for r in e2e[m][1:] or e2e[m]) for m in e2e}
+        print(f"  ratio send to reply warm / cold {per_message['warm'] / per_message['cold']:.3f}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Start a fedskew SuperNode that connects to the SuperLink over TLS and authenticates with its key.
 #
-#   deploy/supernode.sh -s SUPERLINK:PORT -k KEY [-c CA] [-p PORT] [--insecure] -- NODE-CONFIG
+#   deploy/supernode.sh -s SUPERLINK:PORT -k KEY [-c CA] [-p PORT] [--insecure] [--cold] -- NODE-CONFIG
 #
 #   -s ADDR     the SuperLink, as named in its certificate's SANs, e.g. superlink.example.org:8100
 #   -k KEY      this node's private key made by deploy/make-certs.sh (e.g. certs/node0); its .pub
@@ -9,26 +9,42 @@
 #   -c CA       the CA certificate (default: ca.crt beside KEY)
 #   -p PORT     this node's local Runtime API port (default 9094; distinct per node on one host)
 #   --insecure  plain HTTP, no authentication: only when asked for explicitly
+#   --cold      Flower's default isolation: a fresh flwr-clientapp process per message (about 2 s
+#               more each). Default: a warm executor (fedskew.clientexec, --isolation process)
 #   NODE-CONFIG e.g. 'partition-id=0 num-partitions=2 device="cuda:0" data-root="/data" cache-dir="/var/cache/fedskew"'
 set -euo pipefail
-SUPERLINK="" KEY="" CA="" PORT=9094 INSECURE=0
+SUPERLINK="" KEY="" CA="" PORT=9094 INSECURE=0 WARM=1
 while [ $# -gt 0 ]; do
   case $1 in
     -s) SUPERLINK=$2; shift 2 ;; -k) KEY=$2; shift 2 ;; -c) CA=$2; shift 2 ;; -p) PORT=$2; shift 2 ;;
-    --insecure) INSECURE=1; shift ;; --) shift; break ;;
-    *) sed -n '2,14p' "$0"; exit 2 ;;
+    --insecure) INSECURE=1; shift ;; --cold) WARM=0; shift ;; --) shift; break ;;
+    *) sed -n '2,16p' "$0"; exit 2 ;;
   esac
 done
-[ $# -eq 1 ] && [ -n "$SUPERLINK" ] || { sed -n '2,14p' "$0"; exit 2; }
+[ $# -eq 1 ] && [ -n "$SUPERLINK" ] || { sed -n '2,16p' "$0"; exit 2; }
 NODE_CONFIG=$1
 . "$(dirname "$0")/_common.sh"
 find_flower flower-supernode
+RUNTIME=(--port "$PORT")
+# warm_executor: the SuperNode (exec'd below, keeping this script's pid $$) only serves its Runtime
+# API; fedskew.clientexec runs the ClientApps from there until the SuperNode is gone (restarted
+# should it ever die).
+warm_executor() {
+  [ "$WARM" = 1 ] || return 0
+  RUNTIME=(--isolation process --host 127.0.0.1 --port "$PORT")
+  (while kill -0 $$ 2>/dev/null; do
+     "$(dirname "$BIN")/python" -m fedskew.clientexec --runtime-api-address "127.0.0.1:$PORT" --parent-pid $$
+     sleep 1
+   done) &
+}
 if [ "$INSECURE" = 1 ]; then
   echo "supernode.sh: WARNING: --insecure: no TLS, no SuperNode authentication" >&2
-  exec "$BIN" --insecure --superlink "$SUPERLINK" --port "$PORT" --node-config "$NODE_CONFIG"
+  warm_executor
+  exec "$BIN" --insecure --superlink "$SUPERLINK" "${RUNTIME[@]}" --node-config "$NODE_CONFIG"
 fi
 [ -n "$KEY" ] && [ -f "$KEY" ] || { echo "supernode.sh: -k KEY (a private key from deploy/make-certs.sh) is required without --insecure" >&2; exit 1; }
 CA=${CA:-$(dirname "$KEY")/ca.crt}
 [ -f "$CA" ] || { echo "supernode.sh: CA certificate $CA missing (-c CA)" >&2; exit 1; }
+warm_executor
 exec "$BIN" --root-certificates "$CA" --superlink "$SUPERLINK" --auth-supernode-private-key "$KEY" \
-  --port "$PORT" --node-config "$NODE_CONFIG"
+  "${RUNTIME[@]}" --node-config "$NODE_CONFIG"

@@ -1,9 +1,10 @@
 """`fedskew` command line: argument parsing and printing; the work is in `fedskew.launcher`.
 
-fedskew run [--run-config 'k=v ...'] [--num-supernodes N] [--federation-config 'k=v']
+fedskew run [--run-config 'k=v ...'] [--num-supernodes N] [--actors A] [--federation-config 'k=v']
     Validate the config (fails in about a second with one line), start a private SuperLink,
-    submit the app with `flwr run`, stream its log, print the summary, stop what it started,
-    and exit non-zero when the run failed (`flwr run` itself exits 0 on failed runs).
+    submit the app with `flwr run`, stream its log, print the summary, stop what it started
+    (also when interrupted), and exit non-zero when the run failed (`flwr run` itself exits 0
+    on failed runs). The simulation trains A clients at once (default: every core busy).
 fedskew experiment SUITE.yaml [--dry-run | --report]
     Run a suite of simulations (see `fedskew.experiments`).
 fedskew config
@@ -32,6 +33,7 @@ from fedskew.launcher import (
     find_app_dir,
     prepare_config,
     read_overrides,
+    resources_for,
     resume_overrides,
     run_simulation,
 )
@@ -58,15 +60,15 @@ def format_summary(s: dict[str, Any]) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    if args.num_supernodes is not None and args.num_supernodes < 1:
-        raise ConfigError(f"--num-supernodes {args.num_supernodes} is not allowed: must be >= 1")
     app_dir = find_app_dir(args.app)
     overrides, clients = read_overrides(args.run_config), args.num_supernodes or 20
     if args.resume:
         overrides, resumed_clients = resume_overrides(Path(args.resume), overrides)
         clients = args.num_supernodes or resumed_clients
-    _, overrides = prepare_config(app_dir, overrides, clients)
-    summary = run_simulation(app_dir, overrides, clients, args.federation_config)
+    cfg, overrides = prepare_config(app_dir, overrides, clients)
+    resources = resources_for(cfg, args.actors)
+    print(f"fedskew: {clients} clients, simulated with {resources.describe()}", flush=True)
+    summary = run_simulation(app_dir, overrides, clients, args.federation_config, resources=resources)
     print(format_summary(summary), flush=True)
     return 0
 
@@ -82,7 +84,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     if args.report:
         write_report(suite)
     else:
-        run_suite(suite, app_dir, stream=args.stream)
+        run_suite(suite, app_dir, stream=args.stream, actors=args.actors)
     print(f"results: {suite.folder / 'results.md'}")
     return 0
 
@@ -102,6 +104,12 @@ def cmd_data(args: argparse.Namespace) -> int:
     return 0
 
 
+ACTORS_HELP = (
+    "clients trained at once (Ray actors of torch-threads threads each); default: every core busy, "
+    "cores // torch-threads"
+)
+
+
 def _terminate(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -114,6 +122,7 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--run-config", "-c", action="append", default=[], help="'k=v k2=\"s\"' or a TOML file")
     run.add_argument("--num-supernodes", "-n", type=int, help="number of clients (default 20)")
     run.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its checkpoint.pt")
+    run.add_argument("--actors", "-j", type=int, help=ACTORS_HELP)
     run.add_argument(
         "--federation-config",
         action="append",
@@ -127,6 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     exp.add_argument("--dry-run", action="store_true", help="validate and list the cells, run nothing")
     exp.add_argument("--report", action="store_true", help="only (re)write the table and plots")
     exp.add_argument("--stream", action="store_true", help="show each run's log")
+    exp.add_argument("--actors", "-j", type=int, help=ACTORS_HELP)
     exp.set_defaults(fn=cmd_experiment)
     conf = sub.add_parser("config", help="list every run-config key")
     conf.set_defaults(fn=cmd_config)
@@ -141,6 +151,10 @@ def main(argv: list[str] | None = None) -> int:
         p.set_defaults(fn=cmd_data)
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)  # so a killed `fedskew run` still stops its SuperLink
+    for flag in ("num_supernodes", "actors"):
+        value = getattr(args, flag, None)
+        if value is not None and value < 1:
+            parser.error(f"--{flag.replace('_', '-')} {value} is not allowed: must be >= 1")
     try:
         return int(args.fn(args))
     except (ConfigError, FileNotFoundError, ValueError) as e:

@@ -37,7 +37,7 @@ import yaml
 
 from fedskew.config import ConfigError, validate
 from fedskew.data.clients import client_indices
-from fedskew.launcher import RunFailed, prepare_config, run_simulation
+from fedskew.launcher import RunFailed, app_defaults, prepare_config, resources_for, run_simulation, simulation_link
 from fedskew.partitions import PartitionError
 from fedskew.server_app.results import LAST_ROUNDS, read_jsonl, round_statistics
 
@@ -137,36 +137,43 @@ def _fmt_eta(seconds: float) -> str:
     return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
 
 
-def run_suite(suite: Suite, app_dir: Path, stream: bool = False) -> None:
-    """Run every cell not done yet, with progress and time left; then write the report."""
+def run_suite(suite: Suite, app_dir: Path, stream: bool = False, actors: int | None = None) -> None:
+    """Run every cell not done yet, one after the other on one private SuperLink and Ray head
+    (started once), each with every core busy (or `actors` clients at once), with progress and
+    time left; then write the report."""
     suite.folder.mkdir(parents=True, exist_ok=True)
     todo = [c for c in suite.cells if not (suite.folder / c.run_name / "summary.json").is_file()]
     done_before = len(suite.cells) - len(todo)
     print(f"suite {suite.name}: {len(suite.cells)} cells, {done_before} already done -> {suite.folder}", flush=True)
     spent: list[float] = []
     failed = []
-    for i, cell in enumerate(todo, start=1):
-        t0 = time.perf_counter()
-        label = f"[{done_before + i}/{len(suite.cells)}] {cell.partition} / {cell.method} / seed {cell.seed}"
-        print(f"{label} ...", flush=True)
-        over = {**cell.overrides, "out-dir": str(suite.folder), "run-name": cell.run_name}
-        try:
-            _, subm = prepare_config(app_dir, over, cell.num_supernodes)
-            s = run_simulation(app_dir, subm, cell.num_supernodes, [], stream=stream)
-            result = "last 10 rounds: " + ", ".join(
-                f"{name} {s[key]:.4f}" if s.get(key) is not None else f"{name} n/a"
-                for name, key in (
-                    ("global", "last10_global_accuracy"),
-                    ("client-global", "last10_client_global_accuracy"),
-                    ("personalized", "last10_personalized_accuracy"),
+    defaults = app_defaults(app_dir)
+    plans = {resources_for(validate({**defaults, **c.overrides}), actors) for c in todo}
+    # one Ray head for the whole suite when every cell needs the same actors (the usual case)
+    with simulation_link(app_dir, plans.pop() if len(plans) == 1 else None) as link:
+        for i, cell in enumerate(todo, start=1):
+            t0 = time.perf_counter()
+            label = f"[{done_before + i}/{len(suite.cells)}] {cell.partition} / {cell.method} / seed {cell.seed}"
+            print(f"{label} ...", flush=True)
+            over = {**cell.overrides, "out-dir": str(suite.folder), "run-name": cell.run_name}
+            try:
+                cfg, subm = prepare_config(app_dir, over, cell.num_supernodes)
+                resources = resources_for(cfg, actors)
+                s = run_simulation(app_dir, subm, cell.num_supernodes, stream=stream, resources=resources, link=link)
+                result = "last 10 rounds: " + ", ".join(
+                    f"{name} {s[key]:.4f}" if s.get(key) is not None else f"{name} n/a"
+                    for name, key in (
+                        ("global", "last10_global_accuracy"),
+                        ("client-global", "last10_client_global_accuracy"),
+                        ("personalized", "last10_personalized_accuracy"),
+                    )
                 )
-            )
-        except RunFailed as e:
-            failed.append(cell)
-            result = f"FAILED: {e}"
-        spent.append(time.perf_counter() - t0)
-        left = np.mean(spent) * (len(todo) - i)
-        print(f"{label}: {result} in {spent[-1]:.0f} s; about {_fmt_eta(left)} left", flush=True)
+            except RunFailed as e:
+                failed.append(cell)
+                result = f"FAILED: {e}"
+            spent.append(time.perf_counter() - t0)
+            left = np.mean(spent) * (len(todo) - i)
+            print(f"{label}: {result} in {spent[-1]:.0f} s; about {_fmt_eta(left)} left", flush=True)
     write_report(suite)
     if failed:
         raise RunFailed(f"{len(failed)} cell(s) failed: " + ", ".join(c.run_name for c in failed))

@@ -6,8 +6,10 @@ experiment suites (`fedskew.experiments`); it prints nothing but the run's own l
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -16,6 +18,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -24,12 +27,16 @@ import tomllib
 
 from fedskew.config import ConfigError, all_params, parse_overrides, validate
 from fedskew.data import is_hf
+from fedskew.resources import SimResources, plan_resources
 
 FLWR_ENV = {
     "FLWR_TELEMETRY_ENABLED": "0",
     "FLWR_DISABLE_UPDATE_CHECK": "1",
     "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
     "RAY_DEDUP_LOGS": "0",
+    # SuperExec asks the SuperLink for new runs every second by default; 0.25 s starts a run
+    # sooner for about 1 % more of one core while idle.
+    "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.25",
 }
 
 
@@ -108,17 +115,24 @@ class PrivateSuperLink:
         self.connection = f"fedskew-{self.port}"
         self.log_path = home / f"superlink-{self.port}.log"
         self.proc: subprocess.Popen | None = None
+        self.ray: RayHead | None = None  # the Ray head its simulations join, if any (`simulation_link`)
 
-    def __enter__(self) -> PrivateSuperLink:
+    @property
+    def _block(self) -> str:
+        return f'\n[superlink.{self.connection}]\naddress = "127.0.0.1:{self.port}"\ninsecure = true\n'
+
+    def _edit_config(self, edit: Callable[[str], str]) -> None:
+        """Rewrite FLWR_HOME's config.toml under a lock: concurrent fedskew commands sharing one
+        FLWR_HOME each add and drop their own connection without losing another's."""
         self.home.mkdir(parents=True, exist_ok=True)
         cfg = self.home / "config.toml"
-        text = (
-            cfg.read_text()
-            if cfg.is_file()
-            else '[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = ":local:"\n'
-        )
-        text += f'\n[superlink.{self.connection}]\naddress = "127.0.0.1:{self.port}"\ninsecure = true\n'
-        cfg.write_text(text)
+        with open(self.home / "config.toml.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            default = '[superlink]\ndefault = "local"\n\n[superlink.local]\naddress = ":local:"\n'
+            cfg.write_text(edit(cfg.read_text() if cfg.is_file() else default))
+
+    def __enter__(self) -> PrivateSuperLink:
+        self._edit_config(lambda text: text + self._block)
         self.proc = subprocess.Popen(
             [
                 flwr_bin("flower-superlink"),
@@ -146,18 +160,136 @@ class PrivateSuperLink:
         raise RunFailed(f"flower-superlink did not answer in 60 s; see {self.log_path}")
 
     def __exit__(self, *exc: object) -> None:
-        if self.proc and self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-        cfg = self.home / "config.toml"
-        if cfg.is_file():  # drop our connection again
-            text = cfg.read_text()
-            block = f'\n[superlink.{self.connection}]\naddress = "127.0.0.1:{self.port}"\ninsecure = true\n'
-            cfg.write_text(text.replace(block, ""))
+        with signals_deferred():
+            if self.proc:
+                stop_process_tree(self.proc)
+            self._drop_connection()
+
+    def _drop_connection(self) -> None:
+        self._edit_config(lambda text: text.replace(self._block, ""))
+
+
+class RayHead:
+    """A Ray head node (`ray start --head --block` on free localhost ports) that the simulations of
+    one command join (`RAY_ADDRESS`) instead of each starting Ray: Ray's own start (GCS, raylet,
+    dashboard, agents: seconds of CPU) then runs beside the SuperLink's, once per suite. It owns
+    the CPUs (and GPUs) of `resources`, so the runs pass Flower no `init-args-*`."""
+
+    def __init__(self, resources: SimResources, home: Path, env: dict[str, str]) -> None:
+        self.resources, self.env = resources, dict(env)
+        self.port = free_port()
+        self.address = f"127.0.0.1:{self.port}"
+        self.log_path = home / f"ray-{self.port}.log"
+        self.proc: subprocess.Popen | None = None
+        self.temp_dir = ""
+
+    def __enter__(self) -> RayHead:
+        # a private Ray folder: `ray start` records its address in <temp-dir>/ray_current_cluster,
+        # which a later plain `ray.init()` (e.g. a user's `flwr run`) would otherwise try to join
+        self.temp_dir = tempfile.mkdtemp(prefix="fedskew-ray-")
+        r = self.resources
+        ports = [
+            f"--{name}={free_port()}"
+            for name in ("dashboard-port", "ray-client-server-port", "dashboard-agent-listen-port")
+        ]
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen(
+            [
+                flwr_bin("ray"),
+                "start",
+                "--head",
+                "--block",
+                "--node-ip-address=127.0.0.1",
+                f"--port={self.port}",
+                f"--num-cpus={r.actors * r.threads}",
+                f"--num-gpus={r.gpus if r.gpus_per_actor else 0}",
+                "--include-dashboard=false",
+                "--disable-usage-stats",
+                f"--temp-dir={self.temp_dir}",
+                *ports,  # free ones: Ray's defaults would collide with other Ray instances on this machine
+            ],
+            stdout=open(self.log_path, "w"),
+            stderr=subprocess.STDOUT,
+            env=self.env,
+            start_new_session=True,
+        )
+        return self
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout
+        while "Ray runtime started" not in self.log_path.read_text(errors="replace"):
+            if self.proc is None or self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RunFailed(f"the Ray head did not start; see {self.log_path}")
+            time.sleep(0.2)
+
+    def __exit__(self, *exc: object) -> None:
+        with signals_deferred():
+            if self.proc:
+                stop_process_tree(self.proc)
+            shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def signals_deferred() -> Iterator[None]:
+    """A second Ctrl-C or SIGTERM must not cut a clean-up short: it takes effect afterwards."""
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+
+def _descendants(root: int) -> dict[int, str]:
+    """The live processes `root` started, and theirs, with their command lines, found through `ps`
+    (Linux and macOS); zombies (ended, not yet reaped by their parent) are left out."""
+    res = subprocess.run(["ps", "-A", "-o", "pid=,ppid=,stat=,args="], capture_output=True, text=True)
+    children: dict[int, list[tuple[int, str]]] = {}
+    for line in res.stdout.splitlines():
+        pid, ppid, state, *args = line.split(maxsplit=3)
+        if not state.startswith("Z"):
+            children.setdefault(int(ppid), []).append((int(pid), args[0] if args else ""))
+    found, todo = {}, [root]
+    while todo:
+        for child, args in children.get(todo.pop(), []):
+            found[child] = args
+            todo.append(child)
+    return found
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` still runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with contextlib.suppress(OSError, IndexError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    return True
+
+
+def stop_process_tree(proc: subprocess.Popen, grace: float = 5.0) -> None:
+    """Stop `proc` and everything it started, also what left its process group: the SuperLink's
+    SuperExec opens a session of its own, in which `flwr-simulation`, Ray and the ClientApp actors
+    run, so signalling the SuperLink's group alone leaves the run going (and writing results).
+    Every group in the tree gets SIGTERM, then SIGKILL for whatever still runs after `grace` s."""
+    pids = [proc.pid, *_descendants(proc.pid)]
+    groups = set()
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            groups.add(os.getpgid(pid))
+    groups.discard(os.getpgrp())  # never our own (the CLI's) group
+
+    def signal_groups(sig: signal.Signals) -> None:
+        for group in groups:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(group, sig)
+
+    signal_groups(signal.SIGTERM)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and (proc.poll() is None or any(map(_running, pids[1:]))):
+        time.sleep(0.1)
+    signal_groups(signal.SIGKILL)
+    proc.wait()
 
 
 def _flwr_json(args: list[str], env: dict[str, str]) -> dict[str, Any]:
@@ -168,18 +300,67 @@ def _flwr_json(args: list[str], env: dict[str, str]) -> dict[str, Any]:
         raise RunFailed(f"`flwr {' '.join(args)}` failed: {(res.stdout + res.stderr).strip()[-2000:]}") from None
 
 
+def resources_for(cfg: dict[str, Any], actors: int | None = None) -> SimResources:
+    """The simulation's actors x threads (and GPU share) for a validated run config: every core
+    busy unless `actors` says otherwise (see `fedskew.resources`)."""
+    return plan_resources(cfg["torch-threads"], actors, use_gpu=cfg["device"] != "cpu")
+
+
+_PAIR = re.compile(r"(\S+?)=('[^']*'|\"[^\"]*\"|\S+)")  # as `flwr run --federation-config` reads them
+
+
+def federation_config(
+    num_supernodes: int, resources: SimResources, extra: Sequence[str] = (), ray_head: bool = False
+) -> str:
+    """The `--federation-config` string: the clients, the resources (without Ray's `init-args-*`
+    when the run joins a `RayHead`), then `extra` 'k=v' items, which win (Flower refuses a key given
+    twice)."""
+    fed = {"num-supernodes": str(num_supernodes), **resources.federation_config()}
+    if ray_head:
+        fed = {k: v for k, v in fed.items() if not k.startswith("init-args-")}
+    for item in extra:
+        fed.update(_PAIR.findall(item))
+    return " ".join(f"{k}={v}" for k, v in fed.items())
+
+
+@contextlib.contextmanager
+def simulation_link(app_dir: Path, resources: SimResources | None = None) -> Iterator[PrivateSuperLink]:
+    """A private simulation SuperLink for one or several runs (a suite submits all its cells to one)
+    and, with `resources`, a Ray head started beside it that all those runs join (`RayHead`)."""
+    env = flower_env(app_dir)
+    home = Path(env["FLWR_HOME"])
+    with contextlib.ExitStack() as stack:
+        head = stack.enter_context(RayHead(resources, home, env)) if resources else None
+        if head:
+            env["RAY_ADDRESS"] = head.address  # flwr-simulation's ray.init joins it
+        link = stack.enter_context(PrivateSuperLink(home, env))
+        if head:
+            head.wait_ready()
+            link.ray = head
+        yield link
+
+
 def run_simulation(
     app_dir: Path,
     overrides: dict[str, Any],
     num_supernodes: int,
-    federation_config: list[str],
+    federation_config_items: Sequence[str] = (),
     stream: bool = True,
+    resources: SimResources | None = None,
+    link: PrivateSuperLink | None = None,
 ) -> dict[str, Any]:
-    """Run one simulation to its end on a private SuperLink; return the summary or raise RunFailed."""
-    env = flower_env(app_dir)
-    with PrivateSuperLink(Path(env["FLWR_HOME"]), env) as link:
-        fed = " ".join([f"num-supernodes={num_supernodes}", *federation_config])
-        return submit(app_dir, link, overrides, ["--federation-config", fed], stream)
+    """Run one simulation to its end (on `link`, else on a private SuperLink and Ray head of its
+    own); return the summary or raise RunFailed. `resources` default: every core busy
+    (`resources_for`). With Flower settings in `federation_config_items`, Flower starts Ray."""
+    if resources is None:
+        resources = resources_for(validate({**app_defaults(app_dir), **overrides}))
+    if link is None:
+        with simulation_link(app_dir, None if federation_config_items else resources) as own:
+            return run_simulation(app_dir, overrides, num_supernodes, federation_config_items, stream, resources, own)
+    if link.ray and link.ray.resources != resources:
+        raise RunFailed(f"the run needs {resources.describe()}, the Ray head has {link.ray.resources.describe()}")
+    fed = federation_config(num_supernodes, resources, federation_config_items, ray_head=link.ray is not None)
+    return submit(app_dir, link, overrides, ["--federation-config", fed], stream)
 
 
 def flower_env(app_dir: Path) -> dict[str, str]:
@@ -187,6 +368,9 @@ def flower_env(app_dir: Path) -> dict[str, str]:
     env = {**os.environ, **FLWR_ENV}
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # flower-superexec etc.
     env.setdefault("FLWR_HOME", str(app_dir / ".flwr-home"))
+    # a run that joins no RayHead starts its own Ray: without this, ray.init() joins the cluster
+    # named in /tmp/ray/ray_current_cluster, which a killed `ray start` leaves behind (a hang)
+    env["RAY_ADDRESS"] = "local"
     return env
 
 
@@ -195,46 +379,100 @@ def submit(
 ) -> dict[str, Any]:
     """`flwr run` the app on `link` (extra `flwr_args`), wait for its end; the summary or RunFailed."""
     env = link.env
+    summary_path = Path(overrides["out-dir"]) / overrides["run-name"] / "summary.json"
     with tempfile.TemporaryDirectory() as tmp:
         conf = Path(tmp) / "run-config.toml"
         conf.write_text("".join(f"{json.dumps(k)} = {json.dumps(v)}\n" for k, v in overrides.items()))
-        started = _flwr_json(["run", str(app_dir), link.connection, "--run-config", str(conf), *flwr_args], env)
+        app = stage_app(app_dir, Path(tmp) / "app")
+        watch = RunWatch(link, summary_path)
+        started = _flwr_json(["run", str(app), link.connection, "--run-config", str(conf), *flwr_args], env)
         if not started.get("success", True) or "run-id" not in started:
             raise RunFailed(f"flwr run refused the job: {started}")
         run_id = started["run-id"]
-        logger = subprocess.Popen(
-            [flwr_bin("flwr"), "log", str(run_id), link.connection, "--stream"],
-            stdout=None if stream else subprocess.DEVNULL,
-            stderr=subprocess.STDOUT,
-            env=env,
+        # the log stream (a second `flwr` process, about a second of CPU to start) only when shown
+        logger = (
+            subprocess.Popen([flwr_bin("flwr"), "log", str(run_id), link.connection, "--stream"], env=env)
+            if stream
+            else None
         )
         try:
-            status = _wait(run_id, link.connection, env, logger)
+            status = watch.wait(lambda: _run_status(run_id, link.connection, env))
         finally:
-            time.sleep(1.0)
-            logger.terminate()
-            logger.wait()
-    run_dir = Path(overrides["out-dir"]) / overrides["run-name"]
-    summary_path = run_dir / "summary.json"
+            if logger:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    logger.wait(2.0)  # the stream's last lines, once the run has ended
+                logger.terminate()
+                logger.wait()
     if status != "finished:completed" or not summary_path.is_file():
         raise RunFailed(
-            f"run {run_id} ended with status {status!r} (results: {run_dir}; SuperLink log: {link.log_path})"
+            f"run {run_id} ended with status {status!r} (results: {summary_path.parent}; "
+            f"SuperLink log: {link.log_path})"
         )
     return json.loads(summary_path.read_text())
 
 
-def _wait(run_id: int, connection: str, env: dict[str, str], logger: subprocess.Popen) -> str:
-    """Poll the run's status (each `flwr ls` costs a Python start, so not too often)."""
-    while True:
-        for _ in range(10):  # ~5 s, or sooner once the log stream has ended
-            time.sleep(0.5)
-            if logger.poll() is not None:
-                break
-        info = _flwr_json(["ls", connection, "--run-id", str(run_id)], env)
-        runs = info.get("runs") or []
-        status = runs[0].get("status", "") if runs else ""
-        if status.startswith("finished"):
-            return status
+def stage_app(app_dir: Path, dest: Path) -> Path:
+    """A copy of what the app's FAB needs: `pyproject.toml` and the packages of its ServerApp and
+    ClientApp. `flwr run` walks every file under the folder it is given before filtering (a
+    checkout holds a virtual environment, data and outputs: some 40,000 files, seconds of start-up)."""
+    dest.mkdir(parents=True)
+    shutil.copy2(app_dir / "pyproject.toml", dest / "pyproject.toml")
+    components = tomllib.loads((app_dir / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["components"]
+    for package in sorted({ref.split(".")[0].split(":")[0] for ref in components.values()}):
+        source = app_dir / package
+        if source.is_dir():
+            shutil.copytree(source, dest / package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(app_dir / f"{package}.py", dest / f"{package}.py")
+    return dest
+
+
+def _run_status(run_id: int, connection: str, env: dict[str, str]) -> str:
+    runs = _flwr_json(["ls", connection, "--run-id", str(run_id)], env).get("runs") or []
+    return runs[0].get("status", "") if runs else ""
+
+
+class RunWatch:
+    """Notices a run's end without asking the SuperLink often (each `flwr ls` costs a Python start
+    and a second or more of CPU): the run is complete once its `summary.json` appears (the
+    ServerApp writes it last); it has ended, maybe failed, once its app process (`flwr-simulation`
+    or `flwr-serverapp`, which the SuperLink's SuperExec starts) has come and gone. Only then,
+    or once a minute in case the process was never seen, is the status asked for."""
+
+    APP_PROCESSES = ("flwr-simulation", "flwr-serverapp")
+
+    def __init__(self, link: PrivateSuperLink, summary: Path) -> None:
+        assert link.proc is not None
+        self.link_pid, self.summary = link.proc.pid, summary
+        self.before = set(_descendants(self.link_pid))  # earlier runs' processes are not this run's
+        self.since = time.time()
+        self.app: int | None = None
+
+    def app_ended(self) -> bool:
+        procs = _descendants(self.link_pid)
+        if self.app is None:
+            new = [
+                p for p, args in procs.items() if p not in self.before and any(a in args for a in self.APP_PROCESSES)
+            ]
+            self.app = min(new, default=None)
+            return False
+        return self.app not in procs
+
+    def wait(self, status: Callable[[], str]) -> str:
+        """The run's final status, "finished:completed" as soon as its summary is written."""
+        asked = looked = time.monotonic()
+        while True:
+            time.sleep(0.2)
+            if self.summary.is_file() and self.summary.stat().st_mtime >= self.since:  # not an earlier run's
+                return "finished:completed"
+            now = time.monotonic()
+            if now - looked < 1.0:
+                continue
+            looked = now
+            if self.app_ended() or now - asked > 60:
+                asked, current = now, status()
+                if current.startswith("finished"):
+                    return current
 
 
 RESUME_FIXED = ("method", "model", "dataset")  # what the checkpoint's arrays and state belong to

@@ -40,12 +40,15 @@ SMALL_JOB: dict[str, Any] = {
 @pytest.fixture
 def flwr_job(tmp_path: Path):
     """Run a real simulation through `flwr run` on a private SuperLink; return (summary, run_dir)."""
-    from fedskew.launcher import prepare_config, run_simulation
+    from fedskew.launcher import prepare_config, resources_for, run_simulation
 
-    def run(overrides: dict[str, Any], num_supernodes: int = 5, name: str = "job") -> tuple[dict, Path]:
+    def run(
+        overrides: dict[str, Any], num_supernodes: int = 5, name: str = "job", actors: int | None = None
+    ) -> tuple[dict, Path]:
+        """`actors`: clients trained at once (default: every core busy)."""
         merged = {**SMALL_JOB, **overrides, "out-dir": str(tmp_path / "out"), "run-name": name}
-        _, subm = prepare_config(ROOT, merged, num_supernodes)
-        summary = run_simulation(ROOT, subm, num_supernodes, [], stream=False)
+        cfg, subm = prepare_config(ROOT, merged, num_supernodes)
+        summary = run_simulation(ROOT, subm, num_supernodes, stream=False, resources=resources_for(cfg, actors))
         run_dir = Path(summary["run_dir"])
         assert json.loads((run_dir / "summary.json").read_text()) == summary
         return summary, run_dir

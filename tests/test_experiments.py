@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -34,7 +35,8 @@ def write(tmp_path: Path, text: str) -> Path:
 
 
 def fake_simulation(calls: list, crash_at: int | None = None):
-    def run(app_dir, overrides, n, fed, stream=True):
+    def run(app_dir, overrides, n, fed=(), stream=True, resources=None, link=None):
+        assert link == "one link for the suite" and resources.actors >= 1
         calls.append(overrides["run-name"])
         if crash_at is not None and len(calls) == crash_at:
             raise KeyboardInterrupt
@@ -59,6 +61,12 @@ def test_suite_runs_resumes_and_reports(tmp_path, monkeypatch, capsys) -> None:
     suite = load_suite(write(tmp_path, SUITE.format(out=tmp_path / "out")), app_defaults())
     assert len(suite.cells) == 8
     calls: list = []
+    heads: list = []  # the Ray head's plan each suite run starts (one for all its cells)
+    monkeypatch.setattr(
+        experiments,
+        "simulation_link",
+        lambda app_dir, head: heads.append(head) or contextlib.nullcontext("one link for the suite"),
+    )
     monkeypatch.setattr(experiments, "run_simulation", fake_simulation(calls, crash_at=3))
     with pytest.raises(KeyboardInterrupt):
         run_suite(suite, ROOT)
@@ -69,6 +77,7 @@ def test_suite_runs_resumes_and_reports(tmp_path, monkeypatch, capsys) -> None:
     out = capsys.readouterr().out
     assert "8 cells, 2 already done" in out and "[8/8]" in out and "left" in out
     assert len(calls) == 6  # the two finished cells were skipped, the interrupted one re-run
+    assert len(heads) == 2 and heads[0] == heads[1] and heads[0].actors >= 1  # every cell: the same plan
     md = (suite.folder / "results.md").read_text()
     # columns: global last-10 mean, final, best, ... (global accuracy is acc * r / 3 over rounds 1-3)
     # the oscillation is the std over rounds of acc * r / 3: acc * 0.272, averaged over the two seeds

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from fedskew.data import DATASET_INFO, DatasetInfo, dataset_info, load_arrays
 from fedskew.partitions import partition, split_local_test
@@ -31,6 +30,9 @@ PARTITION_KEYS = (
     "hf-test-fraction",
 )
 
+if TYPE_CHECKING:  # torch is imported where tensors are made: the CLI checks partitions without it (1 s)
+    import torch
+
 
 @dataclass
 class ClientData:
@@ -51,6 +53,8 @@ class ClientData:
 def to_float(x: np.ndarray, info: DatasetInfo | str) -> torch.Tensor:
     """uint8 `[N, C, H, W]` -> float32, scaled to [0, 1] and normalised per channel (`info`: the
     data set's, or the name of a standard set)."""
+    import torch
+
     info = DATASET_INFO[info] if isinstance(info, str) else info
     t = torch.from_numpy(np.array(x, dtype=np.float32)).div_(255.0)
     mean = torch.tensor(info.mean).view(1, -1, 1, 1)
@@ -82,6 +86,8 @@ def load_client_data(cfg: dict[str, Any], partition_id: int, num_partitions: int
     """The local data of client `partition_id` of `num_partitions`."""
     if not 0 <= partition_id < num_partitions:
         raise ValueError(f"partition-id={partition_id} must be in [0, num-partitions={num_partitions})")
+    import torch
+
     x, y, _, _ = load_arrays(cfg)
     tr, te = client_indices(cfg, num_partitions)[partition_id]
     info = dataset_info(cfg)
@@ -92,5 +98,7 @@ def load_client_data(cfg: dict[str, Any], partition_id: int, num_partitions: int
 
 def load_test_set(cfg: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
     """The official test split (balanced, all classes) for central evaluation."""
+    import torch
+
     _, _, x, y = load_arrays(cfg)
     return to_float(x, dataset_info(cfg)), torch.from_numpy(y.copy())

@@ -1,0 +1,95 @@
+"""How many clients a simulation trains at once, and with how many torch threads and how much GPU.
+
+Flower's Ray backend starts as many ClientApp actors as fit its resources: Ray's CPUs divided by
+each actor's `client-resources-num-cpus` (and GPUs divided by `client-resources-num-gpus`). Left
+alone, it gives every actor 2 CPUs, so a 2-core machine trains one client at a time with one torch
+thread: half the machine idles. fedskew instead fills every core: `actors` ClientApp actors of
+`threads` torch threads each (the run config's `torch-threads`, default 1), Ray told exactly
+`actors x threads` CPUs. With CUDA present (and `device` not "cpu"), every actor also reserves a
+fraction of a GPU, so several actors share one GPU (not checked on a GPU here).
+
+Results do not depend on the number of actors: clients are seeded by (seed, partition, round) and
+the server sorts replies by partition. They do depend on `torch-threads` (float sums split across
+threads round differently), which is why that, not the actor count, is a run-config key.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+# Ray divides GPU shares in units of 1/10,000; a share rounded down always fits `actors` times.
+_GPU_SHARE_UNIT = 10_000
+
+
+@dataclass(frozen=True)
+class SimResources:
+    """Ray actors (parallel clients), torch threads per actor and the GPU share of each actor."""
+
+    actors: int
+    threads: int
+    gpus_per_actor: float = 0.0
+    cores: int = 0
+    gpus: int = 0
+
+    def federation_config(self) -> dict[str, str]:
+        """The `flwr run --federation-config` keys that make Ray start exactly `actors` actors."""
+        fed = {
+            "client-resources-num-cpus": str(self.threads),
+            "init-args-num-cpus": str(self.actors * self.threads),
+            "client-resources-num-gpus": repr(self.gpus_per_actor),
+        }
+        if self.gpus_per_actor:
+            fed["init-args-num-gpus"] = str(self.gpus)
+        return fed
+
+    def describe(self) -> str:
+        gpu = f", {self.gpus_per_actor:g} of a GPU each ({self.gpus} GPU)" if self.gpus_per_actor else ", CPU only"
+        thread = "thread" if self.threads == 1 else "threads"
+        return f"{self.actors} actors x {self.threads} torch {thread} ({self.cores} cores{gpu})"
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity, which containers and taskset limit)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
+
+
+def available_gpus() -> int:
+    """CUDA GPUs as torch sees them; without an NVIDIA driver, 0 without importing torch (1 s)."""
+    if not (Path("/proc/driver/nvidia/gpus").is_dir() or shutil.which("nvidia-smi")):
+        return 0
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def plan_resources(
+    torch_threads: int,
+    actors: int | None = None,
+    *,
+    cores: int | None = None,
+    gpus: int | None = None,
+    use_gpu: bool = True,
+) -> SimResources:
+    """Actors x threads that fill `cores` (default: all of this machine's), or `actors` if given.
+
+    `torch_threads` 0 means torch's default, i.e. one actor using every core. With `gpus` > 0 and
+    `use_gpu`, each actor gets an equal share of the GPUs (at most one whole GPU).
+    """
+    cores = available_cores() if cores is None else cores
+    threads = torch_threads if torch_threads > 0 else cores
+    if actors is None:
+        actors = max(1, cores // threads)
+    if actors < 1:
+        raise ValueError(f"actors={actors} must be >= 1")
+    gpus = (available_gpus() if use_gpu else 0) if gpus is None else gpus
+    share = 0.0
+    if use_gpu and gpus > 0:
+        share = min(1.0, math.floor(gpus / actors * _GPU_SHARE_UNIT) / _GPU_SHARE_UNIT)
+    return SimResources(actors=actors, threads=threads, gpus_per_actor=share, cores=cores, gpus=gpus if share else 0)

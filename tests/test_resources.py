@@ -1,0 +1,73 @@
+"""How a simulation fills the machine: actors x torch threads (and GPU shares), as Flower reads them."""
+
+from __future__ import annotations
+
+import pytest
+from flwr.common.config import parse_config_args
+from flwr.supercore.utils import simulation_config_from_json
+
+from fedskew.config import validate
+from fedskew.launcher import federation_config, resources_for
+from fedskew.resources import SimResources, plan_resources
+
+
+def ray_pool_size(fed: dict[str, float]) -> int:
+    """The actor count Flower's Ray backend derives (`pool_size_from_resources`, one Ray node)."""
+    actors = int(fed["init-args-num-cpus"] / fed["client-resources-num-cpus"])
+    if fed.get("client-resources-num-gpus", 0.0) > 0:
+        actors = min(actors, int(fed.get("init-args-num-gpus", 0) / fed["client-resources-num-gpus"]))
+    return actors
+
+
+@pytest.mark.parametrize(
+    ("threads", "actors", "cores", "gpus", "expected"),
+    [
+        (1, None, 2, 0, (2, 1, 0.0)),  # this machine: both cores train a client each
+        (2, None, 2, 0, (1, 2, 0.0)),
+        (0, None, 16, 0, (1, 16, 0.0)),  # torch-threads 0 (torch's default): one actor, every core
+        (3, None, 16, 0, (5, 3, 0.0)),
+        (1, 6, 2, 0, (6, 1, 0.0)),  # asked for more actors than cores: Ray is told 6 CPUs
+        (1, None, 16, 1, (16, 1, 0.0625)),  # 16 actors share one GPU
+        (1, None, 12, 1, (12, 1, 0.0833)),  # a share rounded down, so 12 of them fit
+        (2, None, 8, 2, (4, 2, 0.5)),
+        (1, None, 2, 4, (2, 1, 1.0)),  # more GPUs than actors: one whole GPU each
+    ],
+)
+def test_plan_fills_the_cores_and_shares_gpus(threads, actors, cores, gpus, expected) -> None:
+    res = plan_resources(threads, actors, cores=cores, gpus=gpus)
+    assert (res.actors, res.threads, res.gpus_per_actor) == expected
+    fed = {k: float(v) for k, v in res.federation_config().items()}
+    assert ray_pool_size(fed) == res.actors
+    assert res.actors * res.gpus_per_actor <= max(gpus, 0)
+
+
+def test_cpu_device_reserves_no_gpu() -> None:
+    assert plan_resources(1, cores=4, gpus=2, use_gpu=False) == SimResources(4, 1, 0.0, cores=4, gpus=0)
+    res = resources_for(validate({"device": "cpu", "torch-threads": 2}))
+    assert res.gpus_per_actor == 0.0 and res.threads == 2
+
+
+def test_actors_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="actors=0"):
+        plan_resources(1, 0, cores=2, gpus=0)
+
+
+def test_federation_config_is_what_flower_accepts_and_user_keys_win() -> None:
+    res = plan_resources(1, cores=2, gpus=0)
+    text = federation_config(20, res, ["client-resources-num-cpus=2 verbose=true", "init-args-num-cpus=2"])
+    parsed = parse_config_args([text])  # a key given twice would raise here
+    assert parsed == {
+        "num-supernodes": 20,
+        "client-resources-num-cpus": 2,
+        "init-args-num-cpus": 2,
+        "client-resources-num-gpus": 0.0,
+        "verbose": True,
+    }
+    sim = simulation_config_from_json({k.replace("-", "_"): v for k, v in parsed.items()})  # as `flwr run` does
+    assert sim.num_supernodes == 20 and sim.client_resources_num_cpus == 2 and sim.init_args_num_cpus == 2
+
+
+def test_runs_joining_a_ray_head_leave_rays_init_args_to_it() -> None:
+    res = plan_resources(1, cores=4, gpus=1)
+    parsed = parse_config_args([federation_config(8, res, ray_head=True)])
+    assert parsed == {"num-supernodes": 8, "client-resources-num-cpus": 1, "client-resources-num-gpus": 0.25}
