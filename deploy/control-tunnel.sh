@@ -22,10 +22,10 @@ GATEWAY="" CERT="" CA="" LISTEN=127.0.0.1:8101
 while getopts "s:k:c:l:h" opt; do
   case $opt in
     s) GATEWAY=$OPTARG ;; k) CERT=$OPTARG ;; c) CA=$OPTARG ;; l) LISTEN=$OPTARG ;;
-    *) sed -n '2,20p' "$0"; exit 2 ;;
+    *) sed -n '2,19p' "$0"; exit 2 ;;
   esac
 done
-[ -n "$GATEWAY" ] && [ -n "$CERT" ] || { sed -n '2,20p' "$0"; exit 2; }
+[ -n "$GATEWAY" ] && [ -n "$CERT" ] || { sed -n '2,19p' "$0"; exit 2; }
 . "$(dirname "$0")/_common.sh"
 need_nginx
 CA=${CA:-$(dirname "$CERT")/ca.crt}

@@ -23,7 +23,7 @@ OUT=certs NODES=2 ADMINS=admin SANS="" DAYS=365
 while getopts "o:n:a:s:d:h" opt; do
   case $opt in
     o) OUT=$OPTARG ;; n) NODES=$OPTARG ;; a) ADMINS=$OPTARG ;; s) SANS=$OPTARG ;; d) DAYS=$OPTARG ;;
-    *) sed -n '2,22p' "$0"; exit 2 ;;
+    *) sed -n '2,20p' "$0"; exit 2 ;;
   esac
 done
 for extra in DNS:localhost IP:127.0.0.1; do

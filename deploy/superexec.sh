@@ -17,10 +17,10 @@ ADDRESS="" STORE="" CA="" SECRET=""
 while getopts "r:a:c:s:h" opt; do
   case $opt in
     r) ADDRESS=$OPTARG ;; a) STORE=$OPTARG ;; c) CA=$OPTARG ;; s) SECRET=$OPTARG ;;
-    *) sed -n '2,15p' "$0"; exit 2 ;;
+    *) sed -n '2,14p' "$0"; exit 2 ;;
   esac
 done
-[ -n "$ADDRESS" ] || { sed -n '2,15p' "$0"; exit 2; }
+[ -n "$ADDRESS" ] || { sed -n '2,14p' "$0"; exit 2; }
 . "$(dirname "$0")/_common.sh"
 find_flower flower-superexec
 [ "$(id -u)" != 0 ] || { echo "superexec.sh: refusing to run as root: apps run here; use an unprivileged user" >&2; exit 1; }

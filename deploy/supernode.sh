@@ -23,10 +23,10 @@ while [ $# -gt 0 ]; do
   case $1 in
     -s) SUPERLINK=$2; shift 2 ;; -k) KEY=$2; shift 2 ;; -a) STORE=$2; shift 2 ;; -c) CA=$2; shift 2 ;;
     -p) PORT=$2; shift 2 ;; --insecure) INSECURE=1; shift ;; --) shift; break ;;
-    *) sed -n '2,20p' "$0"; exit 2 ;;
+    *) sed -n '2,19p' "$0"; exit 2 ;;
   esac
 done
-[ $# -ge 1 ] && [ -n "$SUPERLINK" ] || { sed -n '2,20p' "$0"; exit 2; }
+[ $# -ge 1 ] && [ -n "$SUPERLINK" ] || { sed -n '2,19p' "$0"; exit 2; }
 NODE_CONFIG=$1
 shift
 . "$(dirname "$0")/_common.sh"

@@ -13,10 +13,10 @@
 set -euo pipefail
 STORE=""
 while getopts "s:h" opt; do
-  case $opt in s) STORE=$OPTARG ;; *) sed -n '2,14p' "$0"; exit 2 ;; esac
+  case $opt in s) STORE=$OPTARG ;; *) sed -n '2,12p' "$0"; exit 2 ;; esac
 done
 shift $((OPTIND - 1))
-[ -n "$STORE" ] && [ $# -ge 1 ] || { sed -n '2,14p' "$0"; exit 2; }
+[ -n "$STORE" ] && [ $# -ge 1 ] || { sed -n '2,12p' "$0"; exit 2; }
 . "$(dirname "$0")/_common.sh"
 find_flower flwr
 TMP=$(mktemp -d)

@@ -9,7 +9,9 @@
 #
 #   --offline    build without a container registry or the PyTorch index: the base image from
 #                Debian's packages (docker/make-base-image.sh, needs root and debootstrap), the
-#                wheels from this machine's pip into docker/wheels/, then `docker build --network none`
+#                wheels from this machine's pip into docker/wheels/, then `docker build --network none`.
+#                torch comes from pip's configured indexes (here a local CPU wheel); elsewhere set
+#                TORCH_INDEX=https://download.pytorch.org/whl/cpu, or PyPI's CUDA build is taken
 #   --rounds N   rounds of the job (default 3)
 #   --kill-node  kill the supernode-2 container once round 1 is over: the job must still complete,
 #                with node 2's lost replies in failures.jsonl
@@ -24,7 +26,7 @@ while [ $# -gt 0 ]; do
   case $1 in
     --offline) OFFLINE=1; shift ;; --kill-node) KILL=1; shift ;; --keep) KEEP=1; shift ;;
     --rounds) ROUNDS=$2; shift 2 ;;
-    *) sed -n '2,21p' "$0"; exit 2 ;;
+    *) sed -n '2,22p' "$0"; exit 2 ;;
   esac
 done
 cd "$(dirname "$0")/.."
@@ -73,8 +75,9 @@ if [ "$OFFLINE" = 1 ]; then
   PIP=$( [ -x .venv/bin/pip ] && echo .venv/bin/pip || echo "python3 -m pip")
   echo "wheels for the image from this machine's pip ($PIP) into docker/wheels/"
   pip_log=$(mktemp)
-  $PIP download -q --only-binary=:all: -d docker/wheels "torch==2.13.0" \
-    "flwr>=1.41,<1.43" "numpy>=1.26" "pyyaml>=6" "matplotlib>=3.7" "scipy>=1.10" >"$pip_log" 2>&1 ||
+  { $PIP download -q --only-binary=:all: -d docker/wheels ${TORCH_INDEX:+--index-url "$TORCH_INDEX"} "torch==2.13.0" &&
+    $PIP download -q --only-binary=:all: -d docker/wheels \
+      "flwr>=1.41,<1.43" "numpy>=1.26" "pyyaml>=6" "matplotlib>=3.7" "scipy>=1.10"; } >"$pip_log" 2>&1 ||
     die "pip download failed: $(tail -5 "$pip_log")"
   rm -f "$pip_log"
   build_args=(--network none --build-arg BASE_IMAGE=fedskew-base:bookworm --build-arg PIP_OFFLINE=1)
