@@ -9,7 +9,7 @@ export FLWR_TELEMETRY_ENABLED=0
 export FLWR_DISABLE_UPDATE_CHECK=1
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1
 
-.PHONY: venv data run test lint clean
+.PHONY: venv data deploy-tools run test lint clean demo
 
 venv: $(VENV)/.installed
 
@@ -29,11 +29,23 @@ data:
 		(apt-get install -y -qq dataset-fashion-mnist || (apt-get update -qq && apt-get install -y -qq dataset-fashion-mnist)) >/dev/null; \
 	else echo "Fashion-MNIST missing: apt-get install dataset-fashion-mnist (as root), or $(VENV)/bin/fedskew data get fashion-mnist"; exit 1; fi
 
+# nginx: the SuperLink's gateway in deployments (deploy/gateway.sh), which the multi-host test starts.
+deploy-tools:
+	@if command -v nginx >/dev/null || [ -x /usr/sbin/nginx ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+		echo "installing Debian's nginx-light (the deployment gateway)"; \
+		(apt-get install -y -qq nginx-light || (apt-get update -qq && apt-get install -y -qq nginx-light)) >/dev/null; \
+	else echo "nginx missing (apt-get install nginx-light): the multi-host deployment test will be skipped"; fi
+
 run: venv data
 	$(VENV)/bin/fedskew run $(ARGS)
 
-test: venv data
+test: venv data deploy-tools
 	$(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The Docker demo (README "Docker demo"): DEMO_ARGS=--offline builds without a registry.
+demo: venv data
+	docker/demo.sh $(DEMO_ARGS)
 
 lint: venv
 	$(VENV)/bin/ruff check fedskew tests benchmarks

@@ -17,6 +17,18 @@ import subprocess
 import time
 from pathlib import Path
 
+# Run a command as nobody, the unprivileged user of SuperNodes in the tests. This machine kind keeps
+# its Python under /root (0700), so nobody keeps the one capability of reading and traversing any
+# path (never of writing one): whatever is read-only for nobody, such as a trusted app store, stays so.
+AS_NOBODY = [
+    "setpriv",
+    "--reuid=65534",
+    "--regid=65534",
+    "--clear-groups",
+    "--inh-caps=+dac_read_search",
+    "--ambient-caps=+dac_read_search",
+]
+
 
 class NetLabUnavailable(RuntimeError):
     """Network namespaces cannot be created here (not root, no `ip`, a restricted container)."""
