@@ -151,11 +151,11 @@ def main(argv: list[str] | None = None) -> int:
         p.set_defaults(fn=cmd_data)
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)  # so a killed `fedskew run` still stops its SuperLink
-    for flag in ("num_supernodes", "actors"):
-        value = getattr(args, flag, None)
-        if value is not None and value < 1:
-            parser.error(f"--{flag.replace('_', '-')} {value} is not allowed: must be >= 1")
     try:
+        for flag in ("num_supernodes", "actors"):
+            value = getattr(args, flag, None)
+            if value is not None and value < 1:
+                raise ConfigError(f"--{flag.replace('_', '-')} {value} is not allowed: must be >= 1")
         return int(args.fn(args))
     except (ConfigError, FileNotFoundError, ValueError) as e:
         print(f"fedskew: config error: {e}", file=sys.stderr)

@@ -134,6 +134,7 @@ def write_evil_cifar(root):
     ("args", "needle"),
     [
         (["-n", "0"], "--num-supernodes"),
+        (["-j", "0"], "--actors"),
         (["-c", "seed=9223372036854775808"], "seed=9223372036854775808"),
         (["-c", "num-server-rounds=1e20"], "num-server-rounds="),
         (["-c", 'method="fedmr" fedmr-private-classes="abc"'], "fedmr-private-classes='abc'"),
