@@ -16,7 +16,8 @@ count, but it slows the run), the start-up (run wall time minus its rounds), and
 simulations wrote the same `metrics.jsonl` (they must: clients are seeded by seed, partition and
 round, and replies are sorted by partition).
 
-    .venv/bin/python benchmarks/sim_overhead.py [--clients 20] [--per-round 10] [--rounds 6]
+    .venv/bin/python benchmarks/sim_overhead.py [--clients 20] [--per-round 10] [--rounds 6] [--epochs 1]
+        [--also-actors N]
 """
 
 from __future__ import annotations
@@ -69,6 +70,8 @@ def main() -> None:
     ap.add_argument("--per-round", type=int, default=10)
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--model", default="lenet")
+    ap.add_argument("--epochs", type=int, default=1, help="local epochs (more: less overhead per sample)")
+    ap.add_argument("--also-actors", type=int, default=0, help="a third simulation with this many actors")
     args = ap.parse_args()
     torch.set_num_threads(1)
     cores = available_cores()
@@ -78,13 +81,19 @@ def main() -> None:
         "num-server-rounds": args.rounds,
         "fraction-train": args.per_round / args.clients,
         "checkpoint-every": 0,
+        "local-epochs": args.epochs,
     }
     runs = {"one actor": measured_simulation(over, args.clients, 1), "default": measured_simulation(over, args.clients)}
+    if args.also_actors:
+        runs[f"{args.also_actors} actors"] = measured_simulation(over, args.clients, args.also_actors)
     cfg, sampled = runs["default"]["cfg"], [m["partitions"] for m in runs["default"]["metrics"][1:]]
     plain_train = statistics.median(plain_round(cfg, p, args.clients, False) for p in sampled)
     plain_work = statistics.median(plain_round(cfg, p, args.clients, True) for p in sampled)
-    same = json.dumps(runs["one actor"]["metrics"]) == json.dumps(runs["default"]["metrics"])
-    print(f"{args.clients} clients, {args.per_round} per round, {args.rounds} rounds, {args.model}, {cores} cores")
+    same = all(json.dumps(r["metrics"]) == json.dumps(runs["default"]["metrics"]) for r in runs.values())
+    print(
+        f"{args.clients} clients, {args.per_round} per round, {args.rounds} rounds, {args.model}, "
+        f"{args.epochs} local epoch(s), {cores} cores"
+    )
     print(f"  plain loop, 1 thread: train {plain_train:.2f} s, round's work (train + evaluations) {plain_work:.2f} s")
     for name, r in runs.items():
         print(f"  {name}: {r['resources'].describe()}")
@@ -95,7 +104,7 @@ def main() -> None:
         print(f"    ratio round / plain train                {r['round'] / plain_train:7.3f}")
         print(f"    CPU busy, all cores, rounds 2..R         {r['busy']:7.1%}   (target >= 85 %)")
     print(f"  ratio round default / one actor            {runs['default']['round'] / runs['one actor']['round']:7.3f}")
-    print(f"  same metrics.jsonl with one actor and the default: {same}")
+    print(f"  same metrics.jsonl in every simulation: {same}")
 
 
 if __name__ == "__main__":

@@ -100,9 +100,10 @@ def one_run(clients: int, rounds: int) -> None:
     events["ServerApp main entered"] = server
     if server is not None:
         parts = summary["start_seconds"]
-        events["test set loaded"] = server + parts["config_and_test_set"]
-        events["nodes discovered (query.info answered)"] = events["test set loaded"] + parts["node_discovery"]
-        events["partition files written"] = events["nodes discovered (query.info answered)"] + parts["partition_files"]
+        events["config read, test set loading"] = server + parts["config"]
+        discovered = events["config read, test set loading"] + parts["node_discovery_and_test_set"]
+        events["nodes discovered and test set loaded"] = discovered
+        events["partition files written"] = discovered + parts["partition_files"]
     events["round 1 begins"] = timings[0].get("started-at")
     last = timings[-1].get("started-at")
     events["last round ends"] = None if last is None else last + timings[-1]["seconds"]

@@ -29,6 +29,7 @@ from fedskew.config import ConfigError, all_params, parse_overrides, validate
 from fedskew.data import is_hf
 from fedskew.resources import SimResources, plan_resources
 
+STOP_GRACE = 1.5  # s between SIGTERM and SIGKILL when a SuperLink or Ray head is stopped
 FLWR_ENV = {
     "FLWR_TELEMETRY_ENABLED": "0",
     "FLWR_DISABLE_UPDATE_CHECK": "1",
@@ -161,8 +162,8 @@ class PrivateSuperLink:
 
     def __exit__(self, *exc: object) -> None:
         with signals_deferred():
-            if self.proc:
-                stop_process_tree(self.proc)
+            if self.proc:  # results are on disk by now: no state to save, a short grace
+                stop_process_tree(self.proc, grace=STOP_GRACE)
             self._drop_connection()
 
     def _drop_connection(self) -> None:
@@ -225,7 +226,7 @@ class RayHead:
     def __exit__(self, *exc: object) -> None:
         with signals_deferred():
             if self.proc:
-                stop_process_tree(self.proc)
+                stop_process_tree(self.proc, grace=STOP_GRACE)
             shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
