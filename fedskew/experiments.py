@@ -28,6 +28,7 @@ import csv
 import io
 import json
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -277,9 +278,14 @@ def plot_partition(suite: Suite, partition: str) -> None:
         rounds = [row["round"] for row in runs[0][:n]]
         for key, style in (("global-accuracy", "-"), ("client-global-accuracy", ":"), ("personalized-accuracy", "--")):
             vals = np.array([[row.get(key) if row.get(key) is not None else np.nan for row in r[:n]] for r in runs])
+            if np.isnan(vals).all():  # not measured (e.g. no local test split): no line
+                continue
+            with warnings.catch_warnings():  # a round no seed measured stays a gap
+                warnings.simplefilter("ignore", RuntimeWarning)
+                mean = np.nanmean(vals, axis=0)
             ax.plot(
                 rounds,
-                np.nanmean(vals, axis=0),
+                mean,
                 style,
                 color=f"C{i}",
                 label=f"{m} ({key.removesuffix('-accuracy')})",
