@@ -148,7 +148,8 @@ def main(grid: Grid, context: Context) -> None:
     device = pick_device(cfg["device"])
     out = RunOutput(cfg, context.run_id)
     # the test set loads while the nodes are discovered (their ClientApps are starting meanwhile)
-    test_set = concurrent.futures.ThreadPoolExecutor(max_workers=1).submit(load_test_set, cfg)
+    loader = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    test_set = loader.submit(load_test_set, cfg)
     strategy: FedAvgStrategy = get_method(cfg["method"]).strategy_class()(cfg, device)
     log.info(
         "fedskew: method=%s dataset=%s model=%s partition=%s -> %s",
@@ -162,6 +163,7 @@ def main(grid: Grid, context: Context) -> None:
     t_nodes = time.perf_counter()
     nodes = wait_for_nodes(grid, strategy, cfg["min-nodes"], cfg["round-timeout"])
     x_test, y_test = test_set.result()
+    loader.shutdown()
     num_partitions = strategy.num_partitions or len(nodes)
     t_partition = time.perf_counter()
     save_partition(cfg, num_partitions, out)
