@@ -131,3 +131,44 @@ def test_resume_restores_the_strategy_state(job, tmp_path, over: dict) -> None:
         job(crash, **over, **{"run-name": "cut", "round-retries": 0})
     job(**over, **{"run-name": "cut", "resume": True})
     assert (tmp_path / "cut" / "metrics.jsonl").read_text() == (full / "metrics.jsonl").read_text()
+
+
+def test_central_evaluation_runs_beside_the_next_rounds_training(job, monkeypatch) -> None:
+    """Round r's evaluation overlaps round r + 1's training, and the records stay in round order
+    with round r's own accuracy."""
+    import threading
+    import time
+
+    import fedskew.server_app.app as server
+
+    spans: dict[str, list[tuple[float, float]]] = {"eval": [], "train": []}
+    evaluate, train_round = server.evaluate, server.train_round
+
+    def slow_evaluate(*args, **kwargs):
+        t = time.perf_counter()
+        time.sleep(0.3)  # a central evaluation longer than a round's training
+        result = evaluate(*args, **kwargs)
+        spans["eval"].append((t, time.perf_counter()))
+        assert threading.current_thread() is not threading.main_thread()
+        return result
+
+    def timed_train_round(*args, **kwargs):
+        t = time.perf_counter()
+        result = train_round(*args, **kwargs)
+        spans["train"].append((t, time.perf_counter()))
+        return result
+
+    monkeypatch.setattr(server, "evaluate", slow_evaluate)
+    monkeypatch.setattr(server, "train_round", timed_train_round)
+    run_dir = job(**{"run-name": "overlap", "num-server-rounds": 3, "checkpoint-every": 1})
+    ev, tr = spans["eval"], spans["train"]
+    for r in (1, 2):  # round r's evaluation while round r + 1 trains (lists are 0-based)
+        assert ev[r - 1][0] < tr[r][1] and tr[r][0] < ev[r - 1][1]
+    metrics, timings = rows(run_dir / "metrics.jsonl"), rows(run_dir / "timings.jsonl")
+    assert [m["round"] for m in metrics] == [t["round"] for t in timings] == [1, 2, 3]
+    assert all(m["global-accuracy"] is not None for m in metrics)
+    assert all(t["eval-seconds"] >= 0.3 for t in timings)
+    wall = timings[-1]["started-at"] + timings[-1]["seconds"] - timings[0]["started-at"]
+    assert sum(t["seconds"] for t in timings) == pytest.approx(wall, abs=0.05)  # rounds tile the loop
+    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
+    assert ckpt["round"] == 3 and ckpt["global-accuracy"] == metrics[-1]["global-accuracy"]

@@ -2,15 +2,19 @@
 evaluate the global model centrally each round and write the results folder.
 
 The round loop is ours (not `Strategy.start`) so that every round is timed, logged and written as
-it ends: configure_train -> send_and_receive -> aggregate_train -> central evaluation.
+it ends: configure_train -> send_and_receive -> aggregate_train -> central evaluation. Round r's
+central evaluation runs in a thread beside round r + 1's training (the clients' actors rarely fill
+every core at the round's edges); its records are still written in round order.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
+import copy
 import logging
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message
@@ -130,6 +134,56 @@ def train_round(
     )
 
 
+@dataclass
+class EvaluatedRound:
+    """A trained round whose central evaluation runs beside the next round's training.
+
+    `evaluate` (the evaluation thread) measures the global model and logs the round's line; `write`
+    (the round loop, in round order) appends the round's records, the round's wall time being from
+    its start to `end` (the next round's start), and saves its checkpoint."""
+
+    r: int
+    t0: float
+    started_at: float
+    t_clients: float
+    metrics: dict[str, Any]
+    failures: list[dict[str, Any]]
+    checkpoint: dict[str, Any] | None
+    future: concurrent.futures.Future = field(default=None, repr=False)  # type: ignore[assignment]
+    g_loss: float | None = None
+    g_acc: float | None = None
+    eval_seconds: float = 0.0
+
+    def evaluate(self, model: Any, x_test: Any, y_test: Any, cfg: dict[str, Any], device: Any, rounds: int) -> None:
+        t = time.perf_counter()
+        if model is not None:
+            self.g_loss, self.g_acc = evaluate(model, x_test, y_test, cfg["eval-batch-size"], device)
+        self.eval_seconds = time.perf_counter() - t
+        log.info(round_line(self.r, rounds, time.perf_counter() - self.t0, self.g_acc, self.metrics))
+
+    def write(self, out: RunOutput, end: float) -> dict[str, Any]:
+        """Wait for the evaluation, append the records, save the checkpoint; the round's metrics."""
+        self.future.result()  # re-raises the evaluation's error
+        metrics = dict(self.metrics)
+        # metrics.jsonl stays deterministic (also across a resume): times and client-state counters go aside
+        timings = {k: metrics.pop(k) for k in list(metrics) if "seconds" in k or k == "participations"}
+        out.log_round(
+            {"round": self.r, "global-accuracy": self.g_acc, "global-loss": self.g_loss, **metrics},
+            {
+                "round": self.r,
+                "started-at": self.started_at,  # epoch seconds, to line the round up with other logs
+                "seconds": max(end, self.t0 + self.t_clients) - self.t0,  # to the next round's start
+                "clients-seconds": self.t_clients,
+                "eval-seconds": self.eval_seconds,  # beside the next round's training
+                **timings,
+            },
+            self.failures,
+        )
+        if self.checkpoint is not None:
+            out.save_checkpoint({**self.checkpoint, "global-accuracy": self.g_acc, "metrics": metrics})
+        return metrics
+
+
 class RoundFailedError(RuntimeError):
     """A round without enough usable replies after every retry; `failures` lists each lost reply."""
 
@@ -175,57 +229,51 @@ def main(grid: Grid, context: Context) -> None:
 
     arrays = strategy.initial_arrays()
     rounds = cfg["num-server-rounds"]
-    g_acc, last_metrics, start = None, {}, 1
+    last_metrics, start = {}, 1
     ckpt = out.load_checkpoint() if cfg["resume"] else None
     if ckpt is not None:
         arrays = ArrayRecord(ckpt["arrays"])
         strategy.load_state_dict(ckpt["strategy"])
-        g_acc, last_metrics, start = ckpt["global-accuracy"], ckpt["metrics"], ckpt["round"] + 1
+        last_metrics, start = ckpt["metrics"], ckpt["round"] + 1
         log.info("fedskew: resuming after round %d from %s", ckpt["round"], out.dir / "checkpoint.pt")
-    for r in range(start, rounds + 1):
-        seed_everything(cfg["seed"], r)  # server randomness depends on (seed, round) only: resumable
-        t0, round_started_at = time.perf_counter(), time.time()
-        try:
-            new, metrics, failures = train_round(strategy, grid, r, arrays, cfg)
-        except RoundFailedError as e:
-            out.log_failures(r, e.failures)  # the run stops: keep the reasons on disk
-            raise
-        t_clients = time.perf_counter() - t0
-        if new is None:
-            log.warning("round %d: no usable reply; the global model is unchanged", r)
-        else:
-            arrays = new
-        t_eval = time.perf_counter()
-        g_acc = g_loss = None
-        if r % cfg["eval-every"] == 0 or r == rounds:
-            g_loss, g_acc = evaluate(strategy.global_model(arrays), x_test, y_test, cfg["eval-batch-size"], device)
-        seconds = time.perf_counter() - t0
-        # metrics.jsonl stays deterministic (also across a resume): times and client-state counters go aside
-        timings = {k: metrics.pop(k) for k in list(metrics) if "seconds" in k or k == "participations"}
-        out.log_round(
-            {"round": r, "global-accuracy": g_acc, "global-loss": g_loss, **metrics},
-            {
-                "round": r,
-                "started-at": round_started_at,  # epoch seconds, to line the round up with other logs
-                "seconds": seconds,
-                "clients-seconds": t_clients,
-                "eval-seconds": time.perf_counter() - t_eval,
-                **timings,
-            },
-            failures,
-        )
-        log.info(round_line(r, rounds, seconds, g_acc, metrics))
-        last_metrics = metrics
-        if cfg["checkpoint-every"] and (r % cfg["checkpoint-every"] == 0 or r == rounds):
-            out.save_checkpoint(
-                {
+    # round r's central evaluation runs in this thread while round r + 1 trains; its record is
+    # written (in order) once round r + 1's replies are in, the checkpoint from a snapshot at round end
+    evaluator = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedskew-eval")
+    pending: EvaluatedRound | None = None
+    try:
+        for r in range(start, rounds + 1):
+            seed_everything(cfg["seed"], r)  # server randomness depends on (seed, round) only: resumable
+            t0, round_started_at = time.perf_counter(), time.time()
+            try:
+                new, metrics, failures = train_round(strategy, grid, r, arrays, cfg)
+            except RoundFailedError as e:
+                if pending is not None:  # the round before is kept
+                    pending.write(out, t0)
+                out.log_failures(r, e.failures)  # the run stops: keep the reasons on disk
+                raise
+            t_clients = time.perf_counter() - t0
+            if new is None:
+                log.warning("round %d: no usable reply; the global model is unchanged", r)
+            else:
+                arrays = new
+            if pending is not None:
+                last_metrics = pending.write(out, t0)
+            checkpoint = None
+            if cfg["checkpoint-every"] and (r % cfg["checkpoint-every"] == 0 or r == rounds):
+                checkpoint = {  # the state at this round's end (the strategy's may change next round)
                     "round": r,
                     "arrays": arrays.to_torch_state_dict(),
-                    "strategy": strategy.state_dict(),
-                    "global-accuracy": g_acc,
-                    "metrics": last_metrics,
+                    "strategy": copy.deepcopy(strategy.state_dict()),
                 }
-            )
+            due = r % cfg["eval-every"] == 0 or r == rounds
+            model = strategy.global_model(arrays) if due else None
+            pending = EvaluatedRound(r, t0, round_started_at, t_clients, metrics, failures, checkpoint)
+            pending.future = evaluator.submit(pending.evaluate, model, x_test, y_test, cfg, device, rounds)
+        if pending is not None:
+            pending.future.result()  # the last round's wall time ends with its evaluation
+            last_metrics = pending.write(out, time.perf_counter())
+    finally:
+        evaluator.shutdown(wait=True, cancel_futures=True)
 
     final_model = strategy.global_model(arrays)
     summary = {
