@@ -7,8 +7,10 @@ twice, then, in this process with one torch thread, two plain loops over the sam
 (same samples, model, epochs, batch size, optimiser):
 
 - "train": the clients' local training only;
-- "round's work": the same training, plus each client's evaluation on its local test split and the
-  central evaluation on the test set: everything a fedskew round computes.
+- "round's work": the same training, plus each client's two evaluations on its local test split
+  (the received global model before training: `client-global-accuracy`; the trained model after:
+  personalized accuracy) and the central evaluation on the test set: everything a fedskew round
+  computes.
 
 Prints the median round time (rounds 2..R) of each simulation over each plain loop, the CPU busy
 fraction of all cores during rounds 2..R (the run's own processes only: other users' load does not
@@ -39,7 +41,8 @@ from fedskew.training import evaluate
 
 def plain_round(cfg: dict, partitions: list[int], num_clients: int, with_eval: bool) -> float:
     """Seconds to train the given clients one after the other in a minimal loop (and, with
-    `with_eval`, to evaluate each on its local test split, then one model on the test set)."""
+    `with_eval`, to evaluate each on its local test split before and after training, then one model
+    on the test set)."""
     data = [load_client_data(cfg, p, num_clients) for p in partitions]  # loaded before timing
     x_test, y_test = load_test_set(cfg)
     cpu = torch.device("cpu")
@@ -49,6 +52,8 @@ def plain_round(cfg: dict, partitions: list[int], num_clients: int, with_eval: b
         opt = torch.optim.SGD(
             model.parameters(), lr=cfg["lr"], momentum=cfg["momentum"], weight_decay=cfg["weight-decay"]
         )
+        if with_eval:
+            evaluate(model, d.x_test, d.y_test, cfg["eval-batch-size"], cpu)
         model.train()
         for _ in range(cfg["local-epochs"]):
             perm = torch.randperm(len(d.y_train))
