@@ -18,8 +18,10 @@ Suite file::
       p5c2: {partition: classes-per-client, classes-per-client: 2, num-supernodes: 5}
 
 Every cell's config is validated before anything runs. A cell whose `summary.json` exists is
-skipped, so an interrupted suite resumes where it stopped. At the end (and with `--report`) the
-suite folder gets `results.md`, `results.csv` and one `accuracy-<partition>.png` per partition.
+skipped, and a cell stopped part-way continues from its `checkpoint.pt` when its saved config is
+the cell's, so an interrupted suite resumes where it stopped (within `checkpoint-every` rounds).
+At the end (and with `--report`) the suite folder gets `results.md`, `results.csv` and one
+`accuracy-<partition>.png` per partition.
 """
 
 from __future__ import annotations
@@ -159,6 +161,10 @@ def run_suite(suite: Suite, app_dir: Path, stream: bool = False, actors: int | N
             over = {**cell.overrides, "out-dir": str(suite.folder), "run-name": cell.run_name}
             try:
                 cfg, subm = prepare_config(app_dir, over, cell.num_supernodes)
+                stopped_at = stopped_round(suite.folder / cell.run_name, cfg)
+                if stopped_at:  # a cell stopped part-way with this very config continues from its checkpoint
+                    print(f"{label}: resuming after round {stopped_at}", flush=True)
+                    cfg, subm = prepare_config(app_dir, {**over, "resume": True}, cell.num_supernodes)
                 resources = resources_for(cfg, actors)
                 s = run_simulation(app_dir, subm, cell.num_supernodes, stream=stream, resources=resources, link=link)
                 result = "last 10 rounds: " + ", ".join(
@@ -178,6 +184,20 @@ def run_suite(suite: Suite, app_dir: Path, stream: bool = False, actors: int | N
     write_report(suite)
     if failed:
         raise RunFailed(f"{len(failed)} cell(s) failed: " + ", ".join(c.run_name for c in failed))
+
+
+def stopped_round(run_dir: Path, cfg: dict[str, Any]) -> int:
+    """The round of `run_dir`'s checkpoint when that run stopped part-way with the config `cfg` (an
+    interrupted suite cell), else 0: a changed config, or no readable checkpoint, starts afresh."""
+    import torch
+
+    try:
+        saved = json.loads((run_dir / "config.json").read_text())
+        if json.loads(json.dumps({**cfg, "resume": False})) != saved:
+            return 0
+        return int(torch.load(run_dir / "checkpoint.pt", weights_only=True)["round"])
+    except (OSError, ValueError, KeyError, RuntimeError):
+        return 0
 
 
 def _read_rows(run_dir: Path) -> list[dict[str, Any]]:

@@ -121,3 +121,42 @@ def test_a_partition_may_set_its_own_number_of_clients(tmp_path) -> None:
     suite = load_suite(write(tmp_path, text), app_defaults())
     assert {c.partition: c.num_supernodes for c in suite.cells} == {"p5": 5, "p10": 10}
     assert all("num-supernodes" not in c.overrides for c in suite.cells)  # not a run-config key
+
+
+def test_a_cell_stopped_part_way_resumes_from_its_checkpoint(tmp_path, monkeypatch, capsys, task_identity) -> None:
+    """A real run stopped in round 3 (checkpoint after round 2): the suite continues it with
+    resume=true; the same cell with a changed config starts afresh."""
+    from flwr.app import Error, Message
+
+    from tests.harness import run_in_process
+
+    text = SUITE.format(out=tmp_path / "out").replace(
+        "base: {{num-server-rounds: 3, partition: iid}}".format(),  # the template's braces, unescaped
+        "base: {num-server-rounds: 3, partition: iid, model: mlp, checkpoint-every: 1, round-retries: 0}",
+    )
+    suite = load_suite(write(tmp_path, text), app_defaults())
+    cell = suite.cells[0]
+    over = {**cell.overrides, "out-dir": str(suite.folder), "run-name": cell.run_name}
+    cfg, _ = experiments.prepare_config(ROOT, over, cell.num_supernodes)
+    crash = {(p, 3): lambda msg, reply: Message(Error(code=0, reason="stop"), reply_to=msg) for p in range(5)}
+    with pytest.raises(RuntimeError):
+        run_in_process(cfg, cell.num_supernodes, crash)
+    run_dir = suite.folder / cell.run_name
+    assert experiments.stopped_round(run_dir, cfg) == 2
+    assert experiments.stopped_round(run_dir, {**cfg, "lr": cfg["lr"] / 2}) == 0  # another config: afresh
+
+    seen: dict = {}
+    monkeypatch.setattr(
+        experiments, "simulation_link", lambda app_dir, head: contextlib.nullcontext("one link for the suite")
+    )
+
+    def resume_only_the_stopped_cell(app_dir, overrides, n, **kwargs):
+        seen[overrides["run-name"]] = overrides.get("resume", False)
+        if overrides.get("resume"):  # what the ServerApp does with resume=true: continue from round 3
+            run_in_process({**cfg, "resume": True}, cell.num_supernodes)
+        return fake_simulation([])(app_dir, overrides, n, **kwargs)
+
+    monkeypatch.setattr(experiments, "run_simulation", resume_only_the_stopped_cell)
+    run_suite(suite, ROOT)
+    assert seen.pop(cell.run_name) is True and not any(seen.values())
+    assert "resuming after round 2" in capsys.readouterr().out
