@@ -172,3 +172,24 @@ def test_central_evaluation_runs_beside_the_next_rounds_training(job, monkeypatc
     assert sum(t["seconds"] for t in timings) == pytest.approx(wall, abs=0.05)  # rounds tile the loop
     ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=True)
     assert ckpt["round"] == 3 and ckpt["global-accuracy"] == metrics[-1]["global-accuracy"]
+    assert (run_dir / "partition.png").is_file()  # drawn in the background while round 1 trained
+
+
+def test_the_partition_picture_is_drawn_beside_round_one_and_its_failure_is_only_a_warning(
+    job, monkeypatch, caplog
+) -> None:
+    import threading
+
+    import fedskew.server_app.app as server
+
+    drawn = []
+
+    def plot(counts, path, title):
+        drawn.append(threading.current_thread() is threading.main_thread())
+        raise OSError("disk full")
+
+    monkeypatch.setattr(server, "plot_counts", plot)
+    run_dir = job(**{"run-name": "picture", "num-server-rounds": 1})
+    assert drawn == [False]  # in the background thread
+    assert (run_dir / "summary.json").is_file() and (run_dir / "partition.json").is_file()
+    assert "partition.png not written: disk full" in caplog.text

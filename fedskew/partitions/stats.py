@@ -31,14 +31,12 @@ def format_counts(counts: np.ndarray, max_rows: int = 20) -> str:
 def plot_counts(counts: np.ndarray, path: str | Path, title: str = "", max_inches: float = 16.0) -> None:
     """Save a bubble chart (client on x, class on y, area proportional to the count); with more
     than 60 clients or classes a heatmap instead, so the figure stays at most `max_inches` wide."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.figure import Figure  # not pyplot: safe in a thread (the ServerApp draws it in one)
 
     k, c = counts.shape
     size = (min(max_inches, max(4.0, 0.3 * k + 2)), min(max_inches, max(3.0, 0.3 * c + 1.5)))
-    fig, ax = plt.subplots(figsize=size)
+    fig = Figure(figsize=size)
+    ax = fig.subplots()
     if k <= 60 and c <= 60:
         xs, ys = np.meshgrid(np.arange(k), np.arange(c), indexing="ij")
         sizes = 400.0 * counts / max(counts.max(), 1)
@@ -52,4 +50,3 @@ def plot_counts(counts: np.ndarray, path: str | Path, title: str = "", max_inche
     ax.set_title(title or f"{k} clients, {c} classes")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
-    plt.close(fig)

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 from flwr.serverapp import Grid, ServerApp
 
@@ -73,8 +74,9 @@ def wait_for_nodes(grid: Grid, strategy: FedAvgStrategy, minimum: int, timeout: 
         time.sleep(1.0)
 
 
-def save_partition(cfg: dict[str, Any], num_partitions: int, out: RunOutput) -> None:
-    """Write the class counts per client (text, JSON, picture) of the configured partition."""
+def save_partition(cfg: dict[str, Any], num_partitions: int, out: RunOutput) -> np.ndarray:
+    """Write the class counts per client (text, JSON) of the configured partition; return the
+    training counts (clients x classes) for its picture (`plot_counts`)."""
     _, y_train, _, _ = load_arrays(cfg)
     parts = client_indices(cfg, num_partitions)
     c = dataset_info(cfg).num_classes
@@ -82,8 +84,8 @@ def save_partition(cfg: dict[str, Any], num_partitions: int, out: RunOutput) -> 
     test = class_counts(y_train, [te for _, te in parts], c)
     (out.dir / "partition.txt").write_text(format_counts(train, max_rows=10_000) + "\n")
     write_json(out.dir / "partition.json", {"train": train.tolist(), "test": test.tolist()})
-    plot_counts(train, out.dir / "partition.png", f"{cfg['partition']}: {num_partitions} clients")
     log.info("partition (train samples per class, first clients):\n%s", format_counts(train, max_rows=10))
+    return train
 
 
 def round_line(r: int, rounds: int, seconds: float, g_acc: float | None, m: dict[str, Any]) -> str:
@@ -201,9 +203,10 @@ def main(grid: Grid, context: Context) -> None:
     seed_everything(cfg["seed"])
     device = pick_device(cfg["device"])
     out = RunOutput(cfg, context.run_id)
-    # the test set loads while the nodes are discovered (their ClientApps are starting meanwhile)
-    loader = concurrent.futures.ThreadPoolExecutor(max_workers=1)
-    test_set = loader.submit(load_test_set, cfg)
+    # the test set loads while the nodes are discovered (their ClientApps are starting meanwhile),
+    # the partition's picture is drawn while round 1 trains
+    background = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedskew-start")
+    test_set = background.submit(load_test_set, cfg)
     strategy: FedAvgStrategy = get_method(cfg["method"]).strategy_class()(cfg, device)
     log.info(
         "fedskew: method=%s dataset=%s model=%s partition=%s -> %s",
@@ -217,10 +220,12 @@ def main(grid: Grid, context: Context) -> None:
     t_nodes = time.perf_counter()
     nodes = wait_for_nodes(grid, strategy, cfg["min-nodes"], cfg["round-timeout"])
     x_test, y_test = test_set.result()
-    loader.shutdown()
     num_partitions = strategy.num_partitions or len(nodes)
     t_partition = time.perf_counter()
-    save_partition(cfg, num_partitions, out)
+    counts = save_partition(cfg, num_partitions, out)
+    title = f"{cfg['partition']}: {num_partitions} clients"
+    picture = background.submit(plot_counts, counts, out.dir / "partition.png", title)
+    background.shutdown(wait=False)  # its thread ends after the picture
     start_seconds = {  # where the ServerApp's own start goes (the rest of a run's start is Flower's)
         "config": t_nodes - t_start,
         "node_discovery_and_test_set": t_partition - t_nodes,  # the test set loads beside the discovery
@@ -274,6 +279,8 @@ def main(grid: Grid, context: Context) -> None:
             last_metrics = pending.write(out, time.perf_counter())
     finally:
         evaluator.shutdown(wait=True, cancel_futures=True)
+    if picture.exception() is not None:  # a picture is not worth the run
+        log.warning("fedskew: %s not written: %s", out.dir / "partition.png", picture.exception())
 
     final_model = strategy.global_model(arrays)
     summary = {
