@@ -12,6 +12,16 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def app_folder(parent: Path) -> Path:
+    """This checkout's app as `flwr build` and `flwr run` accept it wherever the checkout sits: a
+    folder named `fedskew` under `parent` (the same one on every call) holding what the FAB needs
+    (Flower refuses an app folder whose name is not a valid app name, e.g. a clone in /tmp/tmp.x1Y)."""
+    from fedskew.launcher import stage_app
+
+    dest = parent / "app" / "fedskew"
+    return dest if dest.is_dir() else stage_app(ROOT, dest)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _flower_env() -> None:
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")

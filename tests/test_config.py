@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import sys
-import time
 
 import pytest
 import tomllib
@@ -88,15 +88,19 @@ def test_fuzzed_configs_fail_cleanly() -> None:
             assert str(e) and "\n" not in str(e)
 
 
-def test_cli_rejects_bad_value_fast_with_one_line() -> None:
-    t0 = time.monotonic()
+def test_cli_rejects_bad_value_fast_with_one_line(tmp_path) -> None:
+    """Rejected before anything of Flower starts: its home folder (config.toml, SuperLink state) is
+    never created (not a timing: these machines are shared)."""
+    home = tmp_path / "flwr-home"
     res = subprocess.run(
         [sys.executable, "-m", "fedskew.cli", "run", "-c", 'fedrs-alpha=2.0 method="fedrs"'],
         capture_output=True,
         text=True,
         cwd=ROOT,
+        env={**os.environ, "FLWR_HOME": str(home)},
+        timeout=120,
     )
-    assert time.monotonic() - t0 < 5
+    assert not home.exists()
     assert res.returncode == 2
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and "fedrs-alpha=2.0" in lines[0], res.stderr
@@ -155,7 +159,7 @@ def write_evil_cifar(root):
     ],
 )
 def test_cli_refuses_up_front_with_one_line(tmp_path, monkeypatch, capsys, args: list[str], needle: str) -> None:
-    """Each fails in about a second with one line and exit 2, before any SuperLink starts."""
+    """Each fails with one line and exit 2, before any SuperLink starts (`no_superlink`)."""
     import torch
 
     from fedskew import cli
@@ -173,8 +177,6 @@ def test_cli_refuses_up_front_with_one_line(tmp_path, monkeypatch, capsys, args:
     write_run_dir(tmp_path / "nopartition", "{}", partition=None)
     write_run_dir(tmp_path / "badpartition", "{}", partition='{"train": 5}')
     write_run_dir(tmp_path / "lenet", '{"model": "lenet", "method": "fedavg"}')
-    t0 = time.monotonic()
     code = cli.main(["run", *[a.replace("{tmp}", str(tmp_path)) for a in args]])
     err = capsys.readouterr().err.strip().splitlines()
-    assert time.monotonic() - t0 < 10
     assert code == 2 and len(err) == 1 and needle in err[0], err

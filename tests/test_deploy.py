@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, app_folder
 from tests.multihost import AS_NOBODY
 
 DEPLOY = ROOT / "deploy"
@@ -89,7 +89,7 @@ def trusted_store(shared_dir: Path) -> Path:
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
         pytest.skip("needs root and setpriv to act as an unprivileged node user")
     store = shared_dir / "store"
-    res = _run([str(DEPLOY / "trust-app.sh"), "-s", str(store), str(ROOT)])
+    res = _run([str(DEPLOY / "trust-app.sh"), "-s", str(store), str(app_folder(shared_dir))])
     assert res.returncode == 0, res.stderr
     assert "trusted fedskew.fedskew" in res.stdout
     return store
@@ -116,7 +116,7 @@ def test_a_read_only_store_runs_only_its_fabs(trusted_store: Path, shared_dir: P
     shutil.copy(ROOT / "pyproject.toml", other)
     (other / "fedskew" / "extra.py").write_text("print('this code must never run on a node')\n")
     fabs = {}
-    for name, app in [("trusted", ROOT), ("other", other)]:
+    for name, app in [("trusted", app_folder(shared_dir)), ("other", other)]:
         out = shared_dir / f"fab-{name}"
         out.mkdir()
         res = _run([str(BIN / "flwr"), "build", "--app", str(app)], cwd=out, env={"FLWR_HOME": str(out / "home")})

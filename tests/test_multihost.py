@@ -41,6 +41,7 @@ import tomllib
 import torch
 
 from fedskew.config import validate
+from fedskew.launcher import stage_app
 from fedskew.server_app.results import read_jsonl
 from tests.multihost import AS_NOBODY, NetLab, NetLabUnavailable
 
@@ -131,7 +132,10 @@ def test_deployment_across_namespaces(tmp_path: Path, method: str) -> None:
         )
         assert r == 0, "deploy/make-certs.sh failed"
         store = hosts / "trusted-apps"
-        assert os.system(f"{ROOT}/deploy/trust-app.sh -s {store} {ROOT} >/dev/null") == 0
+        # the app as `flwr build` / `flwr run` accept it wherever the checkout sits (its folder's name
+        # must be a valid app name: a clone in e.g. /tmp/tmp.x1Y is not)
+        app = stage_app(ROOT, hosts / "operator-app" / "fedskew")
+        assert os.system(f"{ROOT}/deploy/trust-app.sh -s {store} {app} >/dev/null") == 0
 
         # 2. the SuperLink on its host's loopback, the gateway on the network
         sl_log, gw_log = logs / "superlink.log", logs / "gateway.log"
@@ -214,7 +218,7 @@ def test_deployment_across_namespaces(tmp_path: Path, method: str) -> None:
             ),
             "run": lab.popen(
                 "rogue",
-                [*cli, "run", str(ROOT), "rogue", "--format", "json"],
+                [*cli, "run", str(app), "rogue", "--format", "json"],
                 logs / "rogue-run.log",
                 cli_env,
                 tmp_path,
@@ -261,7 +265,7 @@ def test_deployment_across_namespaces(tmp_path: Path, method: str) -> None:
         ]
         submit = lab.popen(
             "operator",
-            [*cli, "run", str(ROOT), "op", "--run-config", str(run_cfg), "--format", "json"],
+            [*cli, "run", str(app), "op", "--run-config", str(run_cfg), "--format", "json"],
             logs / "submit.log",
             cli_env,
             tmp_path,
