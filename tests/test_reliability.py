@@ -4,6 +4,7 @@ run in process (tests/harness.py)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -152,15 +153,27 @@ def test_central_evaluation_runs_beside_the_next_rounds_training(job, monkeypatc
         assert threading.current_thread() is not threading.main_thread()
         return result
 
-    def timed_train_round(*args, **kwargs):
+    seen_before_next_round_ended = []
+
+    def timed_train_round(strategy, grid, r, *args, **kwargs):
         t = time.perf_counter()
-        result = train_round(*args, **kwargs)
+        result = train_round(strategy, grid, r, *args, **kwargs)
+        if r > 1:  # round r - 1's record reaches the disk while round r still trains (it does not lag)
+            done = run_dir_of(strategy) / "metrics.jsonl"
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and len(rows(done) if done.exists() else []) < r - 1:
+                time.sleep(0.01)
+            seen_before_next_round_ended.append(len(rows(done)) == r - 1)
         spans["train"].append((t, time.perf_counter()))
         return result
+
+    def run_dir_of(strategy):
+        return Path(strategy.cfg["out-dir"]) / strategy.cfg["run-name"]
 
     monkeypatch.setattr(server, "evaluate", slow_evaluate)
     monkeypatch.setattr(server, "train_round", timed_train_round)
     run_dir = job(**{"run-name": "overlap", "num-server-rounds": 3, "checkpoint-every": 1})
+    assert seen_before_next_round_ended == [True, True]
     ev, tr = spans["eval"], spans["train"]
     for r in (1, 2):  # round r's evaluation while round r + 1 trains (lists are 0-based)
         assert ev[r - 1][0] < tr[r][1] and tr[r][0] < ev[r - 1][1]

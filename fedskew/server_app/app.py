@@ -4,7 +4,7 @@ evaluate the global model centrally each round and write the results folder.
 The round loop is ours (not `Strategy.start`) so that every round is timed, logged and written as
 it ends: configure_train -> send_and_receive -> aggregate_train -> central evaluation. Round r's
 central evaluation runs in a thread beside round r + 1's training (the clients' actors rarely fill
-every core at the round's edges); its records are still written in round order.
+every core at the round's edges), which writes round r's records as soon as it is done, in round order.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import copy
 import logging
+import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -140,11 +141,12 @@ def train_round(
 class EvaluatedRound:
     """A trained round whose central evaluation runs beside the next round's training.
 
-    `evaluate` (the evaluation thread) measures the global model and logs the round's line; `write`
-    (the round loop, in round order) appends the round's records, the round's wall time being from
-    its start to `end` (the next round's start), and saves its checkpoint."""
+    `finish` (the evaluation thread, one round after the other) evaluates the global model, then,
+    once the next round has started (`next_round_started`), appends the round's records (its wall
+    time runs to the next round's start), saves its checkpoint and logs its line."""
 
     r: int
+    rounds: int
     t0: float
     started_at: float
     t_clients: float
@@ -152,37 +154,42 @@ class EvaluatedRound:
     failures: list[dict[str, Any]]
     checkpoint: dict[str, Any] | None
     future: concurrent.futures.Future = field(default=None, repr=False)  # type: ignore[assignment]
-    g_loss: float | None = None
-    g_acc: float | None = None
-    eval_seconds: float = 0.0
+    _next_start: float | None = None
+    _next: threading.Event = field(default_factory=threading.Event, repr=False)
 
-    def evaluate(self, model: Any, x_test: Any, y_test: Any, cfg: dict[str, Any], device: Any, rounds: int) -> None:
+    def next_round_started(self, t0: float | None) -> None:
+        """The next round began at `t0` (None: this was the last round; its time ends when it is written)."""
+        if not self._next.is_set():
+            self._next_start = t0
+            self._next.set()
+
+    def finish(self, model: Any, x_test: Any, y_test: Any, cfg: dict[str, Any], device: Any, out: RunOutput) -> dict:
+        """Evaluate, write the records and checkpoint, log the round's line; the round's metrics."""
         t = time.perf_counter()
+        g_loss = g_acc = None
         if model is not None:
-            self.g_loss, self.g_acc = evaluate(model, x_test, y_test, cfg["eval-batch-size"], device)
-        self.eval_seconds = time.perf_counter() - t
-        log.info(round_line(self.r, rounds, time.perf_counter() - self.t0, self.g_acc, self.metrics))
-
-    def write(self, out: RunOutput, end: float) -> dict[str, Any]:
-        """Wait for the evaluation, append the records, save the checkpoint; the round's metrics."""
-        self.future.result()  # re-raises the evaluation's error
+            g_loss, g_acc = evaluate(model, x_test, y_test, cfg["eval-batch-size"], device)
+        eval_seconds = time.perf_counter() - t
+        self._next.wait()
+        end = self._next_start if self._next_start is not None else time.perf_counter()
         metrics = dict(self.metrics)
         # metrics.jsonl stays deterministic (also across a resume): times and client-state counters go aside
         timings = {k: metrics.pop(k) for k in list(metrics) if "seconds" in k or k == "participations"}
         out.log_round(
-            {"round": self.r, "global-accuracy": self.g_acc, "global-loss": self.g_loss, **metrics},
+            {"round": self.r, "global-accuracy": g_acc, "global-loss": g_loss, **metrics},
             {
                 "round": self.r,
                 "started-at": self.started_at,  # epoch seconds, to line the round up with other logs
                 "seconds": max(end, self.t0 + self.t_clients) - self.t0,  # to the next round's start
                 "clients-seconds": self.t_clients,
-                "eval-seconds": self.eval_seconds,  # beside the next round's training
+                "eval-seconds": eval_seconds,  # beside the next round's training
                 **timings,
             },
             self.failures,
         )
         if self.checkpoint is not None:
-            out.save_checkpoint({**self.checkpoint, "global-accuracy": self.g_acc, "metrics": metrics})
+            out.save_checkpoint({**self.checkpoint, "global-accuracy": g_acc, "metrics": metrics})
+        log.info(round_line(self.r, self.rounds, time.perf_counter() - self.t0, g_acc, self.metrics))
         return metrics
 
 
@@ -241,19 +248,21 @@ def main(grid: Grid, context: Context) -> None:
         strategy.load_state_dict(ckpt["strategy"])
         last_metrics, start = ckpt["metrics"], ckpt["round"] + 1
         log.info("fedskew: resuming after round %d from %s", ckpt["round"], out.dir / "checkpoint.pt")
-    # round r's central evaluation runs in this thread while round r + 1 trains; its record is
-    # written (in order) once round r + 1's replies are in, the checkpoint from a snapshot at round end
+    # round r's central evaluation runs in this thread while round r + 1 trains; it writes round r's
+    # records as soon as it is done (one round after the other), the checkpoint from a round-end snapshot
     evaluator = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedskew-eval")
     pending: EvaluatedRound | None = None
     try:
         for r in range(start, rounds + 1):
             seed_everything(cfg["seed"], r)  # server randomness depends on (seed, round) only: resumable
             t0, round_started_at = time.perf_counter(), time.time()
+            if pending is not None:
+                pending.next_round_started(t0)
             try:
                 new, metrics, failures = train_round(strategy, grid, r, arrays, cfg)
             except RoundFailedError as e:
                 if pending is not None:  # the round before is kept
-                    pending.write(out, t0)
+                    pending.future.result()
                 out.log_failures(r, e.failures)  # the run stops: keep the reasons on disk
                 raise
             t_clients = time.perf_counter() - t0
@@ -262,7 +271,7 @@ def main(grid: Grid, context: Context) -> None:
             else:
                 arrays = new
             if pending is not None:
-                last_metrics = pending.write(out, t0)
+                last_metrics = pending.future.result()  # re-raises its error
             checkpoint = None
             if cfg["checkpoint-every"] and (r % cfg["checkpoint-every"] == 0 or r == rounds):
                 checkpoint = {  # the state at this round's end (the strategy's may change next round)
@@ -272,12 +281,14 @@ def main(grid: Grid, context: Context) -> None:
                 }
             due = r % cfg["eval-every"] == 0 or r == rounds
             model = strategy.global_model(arrays) if due else None
-            pending = EvaluatedRound(r, t0, round_started_at, t_clients, metrics, failures, checkpoint)
-            pending.future = evaluator.submit(pending.evaluate, model, x_test, y_test, cfg, device, rounds)
+            pending = EvaluatedRound(r, rounds, t0, round_started_at, t_clients, metrics, failures, checkpoint)
+            pending.future = evaluator.submit(pending.finish, model, x_test, y_test, cfg, device, out)
         if pending is not None:
-            pending.future.result()  # the last round's wall time ends with its evaluation
-            last_metrics = pending.write(out, time.perf_counter())
+            pending.next_round_started(None)  # the last round's wall time ends with its evaluation
+            last_metrics = pending.future.result()
     finally:
+        if pending is not None:
+            pending.next_round_started(None)  # never leave the evaluation thread waiting
         evaluator.shutdown(wait=True, cancel_futures=True)
     if picture.exception() is not None:  # a picture is not worth the run
         log.warning("fedskew: %s not written: %s", out.dir / "partition.png", picture.exception())
