@@ -195,7 +195,8 @@ def stopped_round(run_dir: Path, cfg: dict[str, Any]) -> int:
         saved = json.loads((run_dir / "config.json").read_text())
         if json.loads(json.dumps({**cfg, "resume": False})) != saved:
             return 0
-        return int(torch.load(run_dir / "checkpoint.pt", weights_only=True)["round"])
+        # mmap: only the round number is read here (the ServerApp loads the whole checkpoint)
+        return int(torch.load(run_dir / "checkpoint.pt", weights_only=True, mmap=True)["round"])
     except (OSError, ValueError, KeyError, RuntimeError):
         return 0
 

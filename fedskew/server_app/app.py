@@ -3,8 +3,9 @@ evaluate the global model centrally each round and write the results folder.
 
 The round loop is ours (not `Strategy.start`) so that every round is timed, logged and written as
 it ends: configure_train -> send_and_receive -> aggregate_train -> central evaluation. Round r's
-central evaluation runs in a thread beside round r + 1's training (the clients' actors rarely fill
-every core at the round's edges), which writes round r's records as soon as it is done, in round order.
+central evaluation runs in a thread beside round r + 1's training, so round r + 1's messages do not
+wait for it (on a machine whose cores the clients already fill it competes with them instead: see
+docs/benchmarks.md); that thread writes round r's records as soon as it is done, in round order.
 """
 
 from __future__ import annotations
@@ -290,8 +291,8 @@ def main(grid: Grid, context: Context) -> None:
         if pending is not None:
             pending.next_round_started(None)  # never leave the evaluation thread waiting
         evaluator.shutdown(wait=True, cancel_futures=True)
-    if picture.exception() is not None:  # a picture is not worth the run
-        log.warning("fedskew: %s not written: %s", out.dir / "partition.png", picture.exception())
+    if (error := picture.exception()) is not None:  # a picture is not worth the run
+        log.warning("fedskew: %s not written: %s", out.dir / "partition.png", error)
 
     final_model = strategy.global_model(arrays)
     summary = {
