@@ -173,8 +173,9 @@ class PrivateSuperLink:
 class RayHead:
     """A Ray head node (`ray start --head --block` on free localhost ports) that the simulations of
     one command join (`RAY_ADDRESS`) instead of each starting Ray: Ray's own start (GCS, raylet,
-    dashboard, agents: seconds of CPU) then runs beside the SuperLink's, once per suite. It owns
-    the CPUs (and GPUs) of `resources`, so the runs pass Flower no `init-args-*`."""
+    dashboard, agents: seconds of CPU) then runs beside the SuperLink's, once per suite, without the
+    Ray Client server and autoscaler monitor it would otherwise start (`resources.lean_ray_head`).
+    It owns the CPUs (and GPUs) of `resources`, so the runs pass Flower no `init-args-*`."""
 
     def __init__(self, resources: SimResources, home: Path, env: dict[str, str]) -> None:
         self.resources, self.env = resources, dict(env)
@@ -191,7 +192,7 @@ class RayHead:
         r = self.resources
         ports = [
             f"--{name}={free_port()}"
-            for name in ("dashboard-port", "ray-client-server-port", "dashboard-agent-listen-port")
+            for name in ("dashboard-port", "dashboard-agent-listen-port")
         ]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
@@ -211,7 +212,7 @@ class RayHead:
             ],
             stdout=open(self.log_path, "w"),
             stderr=subprocess.STDOUT,
-            env=self.env,
+            env={**self.env, "RAY_START_HOOK": "fedskew.resources.lean_ray_head"},
             start_new_session=True,
         )
         return self
