@@ -16,6 +16,10 @@ import pytest
 
 from tests.conftest import ROOT
 
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
 pytestmark = pytest.mark.slow
 
 
@@ -55,6 +59,9 @@ def test_interrupt_stops_the_whole_job(tmp_path: Path, how: str) -> None:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own group, as a shell job: Ctrl-C signals the whole group
+            # a foreground job's default Ctrl-C: under `make test &` the test inherits SIGINT ignored
+            # (a shell ignores it in background jobs), and Python then never raises KeyboardInterrupt
+            preexec_fn=_default_sigint,
         )
         try:
             deadline = time.monotonic() + 300
