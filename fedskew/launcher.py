@@ -190,10 +190,7 @@ class RayHead:
         # which a later plain `ray.init()` (e.g. a user's `flwr run`) would otherwise try to join
         self.temp_dir = tempfile.mkdtemp(prefix="fedskew-ray-")
         r = self.resources
-        ports = [
-            f"--{name}={free_port()}"
-            for name in ("dashboard-port", "dashboard-agent-listen-port")
-        ]
+        ports = [f"--{name}={free_port()}" for name in ("dashboard-port", "dashboard-agent-listen-port")]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
             [

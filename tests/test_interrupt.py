@@ -20,6 +20,7 @@ from tests.conftest import ROOT
 def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
+
 pytestmark = pytest.mark.slow
 
 
@@ -51,39 +52,41 @@ def test_interrupt_stops_the_whole_job(tmp_path: Path, how: str) -> None:
     cmd.append(
         f'num-server-rounds=100 fraction-train=1.0 checkpoint-every=0 out-dir="{tmp_path / "out"}" run-name="job"'
     )
-    with open(tmp_path / "fedskew.log", "w") as log:
-        proc = subprocess.Popen(
-            cmd,
-            cwd=ROOT,
-            env={**os.environ, "FLWR_HOME": str(home)},
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own group, as a shell job: Ctrl-C signals the whole group
-            # a foreground job's default Ctrl-C: under `make test &` the test inherits SIGINT ignored
-            # (a shell ignores it in background jobs), and Python then never raises KeyboardInterrupt
-            preexec_fn=_default_sigint,
-        )
-        try:
-            deadline = time.monotonic() + 300
-            while rows(run_dir / "metrics.jsonl") < 1:
-                assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "fedskew.log").read_text()
-                time.sleep(0.5)
-            if how == "SIGTERM":
-                proc.send_signal(signal.SIGTERM)
-            else:
-                os.killpg(proc.pid, signal.SIGINT)
-            assert proc.wait(60) == 130
-        finally:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-    left = processes_with(marker)
-    written = rows(run_dir / "metrics.jsonl")
-    time.sleep(5)
-    grew = rows(run_dir / "metrics.jsonl") > written
-    for pid, cmdline in left.items():  # this test started them: do not leave them to the next one
-        print("left running:", pid, cmdline)
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    try:
+        with open(tmp_path / "fedskew.log", "w") as log:
+            proc = subprocess.Popen(
+                cmd,
+                cwd=ROOT,
+                env={**os.environ, "FLWR_HOME": str(home)},
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # its own group, as a shell job: Ctrl-C signals the whole group
+                # a foreground job's default Ctrl-C: under `make test &` the test inherits SIGINT ignored
+                # (a shell ignores it in background jobs), and Python then never raises KeyboardInterrupt
+                preexec_fn=_default_sigint,
+            )
+            try:
+                deadline = time.monotonic() + 300
+                while rows(run_dir / "metrics.jsonl") < 1:
+                    assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "fedskew.log").read_text()
+                    time.sleep(0.5)
+                if how == "SIGTERM":
+                    proc.send_signal(signal.SIGTERM)
+                else:
+                    os.killpg(proc.pid, signal.SIGINT)
+                assert proc.wait(60) == 130
+            finally:
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
+        left = processes_with(marker)
+        written = rows(run_dir / "metrics.jsonl")
+        time.sleep(5)
+        grew = rows(run_dir / "metrics.jsonl") > written
+    finally:  # this test started them: leave none to the next one, also when an assert above failed
+        for pid, cmdline in processes_with(marker).items():
+            print("left running:", pid, cmdline)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
     assert not left, f"{len(left)} processes of the job still run after `fedskew run` exited"
     assert not grew, "the job went on writing rounds"
     assert not (run_dir / "summary.json").exists()
