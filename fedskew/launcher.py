@@ -241,7 +241,9 @@ def signals_deferred() -> Iterator[None]:
 def _descendants(root: int) -> dict[int, str]:
     """The live processes `root` started, and theirs, with their command lines, found through `ps`
     (Linux and macOS); zombies (ended, not yet reaped by their parent) are left out."""
-    res = subprocess.run(["ps", "-A", "-o", "pid=,ppid=,stat=,args="], capture_output=True, text=True)
+    # -ww: whole command lines; otherwise ps cuts them at $COLUMNS (80 under pytest), and a deep
+    # venv path loses the program name that `RunWatch` looks for
+    res = subprocess.run(["ps", "-A", "-ww", "-o", "pid=,ppid=,stat=,args="], capture_output=True, text=True)
     children: dict[int, list[tuple[int, str]]] = {}
     for line in res.stdout.splitlines():
         pid, ppid, state, *args = line.split(maxsplit=3)
