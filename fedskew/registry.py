@@ -115,6 +115,9 @@ METHODS: dict[str, MethodSpec] = {
                 "MuPFL BAVD: psi = prev - cur loss, or the paper's cur - prev",
                 choices=("improvement", "paper"),
             ),
+            bavd_rescale=Param(
+                bool, False, "MuPFL BAVD: scale kept activations by positions / kept (inverted dropout)"
+            ),
             bavd_reset=Param(
                 str,
                 "epoch",

@@ -19,7 +19,7 @@ from tests.conftest import ROOT
         ("server_steps.py", ["t(N)/t(3)", "mupfl ACMU", "mupfl PKCF", "fedmr prototypes"]),
         ("scale.py", ["ratio 40/20", "round - central eval s", "Python memory per extra idle node"]),
         ("deploy_breakdown.py", ["share", "ratio first / later message", "import torch"]),
-        ("mupfl_bavd.py", ["ratio bavd / plain accuracy", "activations kept"]),
+        ("mupfl_bavd.py", ["ratio bavd / plain accuracy", "activations kept", "rescaled", "top-K 90 %"]),
     ],
 )
 def test_benchmark_prints_its_ratios(script: str, expected: list[str]) -> None:

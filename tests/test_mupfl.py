@@ -68,6 +68,37 @@ def test_bavd_is_identity_at_eval_and_masks_in_training() -> None:
     assert not torch.allclose(model(x), plain(x))
 
 
+def test_attach_bavd_builds_its_layers_with_the_given_factory() -> None:
+    class Closed(BAVD):  # another reading of Eq. 5: its mask drops everything
+        def mask(self) -> torch.Tensor:
+            return torch.zeros_like(self.map)
+
+    torch.manual_seed(0)
+    model = build_model("lenet", "fashion-mnist").train()
+    layers = attach_bavd(model, Closed)
+    assert len(layers) == 2 and all(isinstance(layer, Closed) for layer in layers)
+    x = torch.randn(8, 1, 28, 28)
+    model(x)
+    for layer in layers:
+        layer.update(0, 0.0)
+    # every activation after the first conv block is zeroed: the logits no longer depend on the input
+    logits = model(x)
+    assert torch.allclose(logits, logits[:1].expand_as(logits)) and not torch.allclose(model.eval()(x), logits)
+
+
+def test_bavd_rescale_keeps_each_channels_sum_as_inverted_dropout() -> None:
+    m = torch.randn(4, 6, 6)
+    keep, scaled = bavd_mask(m), bavd_mask(m, rescale=True)
+    assert torch.equal(scaled > 0, keep > 0)  # the same positions
+    assert torch.allclose(scaled.sum(dim=(1, 2)), torch.full((4,), 36.0))  # each channel sums to H x W
+    assert torch.equal(bavd_mask(torch.zeros(2, 3, 3), rescale=True), torch.ones(2, 3, 3))  # zero map: identity
+    layer = BAVD(rescale=True).train()
+    h = torch.rand(5, 4, 6, 6)
+    layer(h)
+    layer.map = m
+    assert torch.allclose(layer(h), h * scaled)
+
+
 def test_bavd_mask_rule() -> None:
     assert torch.equal(bavd_mask(torch.zeros(3, 4, 4)), torch.ones(3, 4, 4))  # zero map keeps all
     assert torch.equal(bavd_mask(torch.full((2, 5), 0.3)), torch.ones(2, 5))  # constant slices too

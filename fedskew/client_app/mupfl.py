@@ -25,6 +25,7 @@ the ACMU update w~_i needs every cluster member's update, which only the server 
 
 from __future__ import annotations
 
+import functools
 import math
 import time
 from typing import Any
@@ -53,7 +54,8 @@ class MuPFLTrainer(FedAvgTrainer):
 
     def build_model(self) -> SplitNet:
         model = super().build_model()
-        self.bavd: list[BAVD] = attach_bavd(model) if self.cfg["mupfl-bavd"] else []
+        make = functools.partial(BAVD, rescale=self.cfg["mupfl-bavd-rescale"])
+        self.bavd: list[BAVD] = attach_bavd(model, make) if self.cfg["mupfl-bavd"] else []
         return model
 
     def server_records(self) -> dict[str, ArraysSpec]:

@@ -10,8 +10,10 @@ iteration lambda from the batch-mean pre-mask activation h_bar (shape C x H x W,
 
 and the forward pass at iteration lambda keeps the positions where the min-max normalised map of
 iteration lambda-1 is >= its per-channel mean over H x W (spec A4; the mask is invariant to any
-positive affine normalisation), h_out = h * mask, no rescaling. The zero map keeps everything,
-and BAVD is the identity in eval mode (spec §10 props 1-2).
+positive affine normalisation), h_out = h * mask; with `rescale` (`mupfl-bavd-rescale`) the kept
+positions are scaled by (positions / kept) per channel, as the standard (inverted) dropout layer
+BAVD replaces does ("we substitute the standard dropout layer with our BAVD layer", Sec. 3.3). The
+zero map keeps everything, and BAVD is the identity in eval mode (spec §10 props 1-2).
 
 BAVD is attached by forward hooks (`attach_bavd`) after every conv-block ReLU (a ReLU preceded by a
 Conv2d/BatchNorm2d inside an nn.Sequential) and after every ResNet BasicBlock, so the model's
@@ -54,7 +56,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -63,8 +65,10 @@ from torch import nn
 # ----------------------------------------------------------------------------- BAVD
 
 
-def bavd_mask(activation_map: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
-    """{0,1} mask of the positions where the min-max normalised map is >= its mean.
+def bavd_mask(activation_map: torch.Tensor, rescale: bool = False, eps: float = 1e-12) -> torch.Tensor:
+    """{0,1} mask of the positions where the min-max normalised map is >= its mean; with `rescale`,
+    each slice's kept positions are (positions / kept) instead of 1 (inverted dropout: a slice's
+    mask sums to its number of positions).
 
     A map of shape (C, *spatial) is thresholded per channel over its spatial positions, a 1-D map
     (D,) over all D units. A constant slice (e.g. the zero initial map) keeps every position, and
@@ -75,7 +79,9 @@ def bavd_mask(activation_map: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
     lo, hi = flat.min(1, keepdim=True).values, flat.max(1, keepdim=True).values
     span = hi - lo
     norm = torch.where(span > eps, (flat - lo) / span.clamp_min(eps), torch.zeros_like(flat))
-    keep = norm >= norm.mean(1, keepdim=True) - 1e-6
+    keep = (norm >= norm.mean(1, keepdim=True) - 1e-6).float()
+    if rescale:
+        keep = keep * (keep.shape[1] / keep.sum(1, keepdim=True))  # every slice keeps >= 1 position
     return keep.to(activation_map.dtype).reshape(activation_map.shape)
 
 
@@ -100,12 +106,13 @@ class BAVD(nn.Module):
     """Biased activation value dropout with its activation map (not a parameter, not in state_dict).
 
     In train mode, `forward` caches the batch mean of its input (pre-mask, detached) and masks the
-    input with `bavd_mask(self.map)`; `update(iteration, psi)` then folds the cached mean into the
-    map (Eq. 6). In eval mode it is the identity.
+    input with `self.mask()`, `bavd_mask(self.map, self.rescale)`; `update(iteration, psi)` then folds
+    the cached mean into the map (Eq. 6). In eval mode it is the identity.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, rescale: bool = False) -> None:
         super().__init__()
+        self.rescale = rescale
         self.map: torch.Tensor | None = None
         self.h_bar: torch.Tensor | None = None
         self.seconds = 0.0  # wall time spent in BAVD (mask + map update), for the per-module timing
@@ -115,9 +122,13 @@ class BAVD(nn.Module):
             return h
         t0 = time.perf_counter()
         self.h_bar = h.detach().mean(0)
-        out = h if self.map is None else h * bavd_mask(self.map).to(h.device)
+        out = h if self.map is None else h * self.mask().to(h.device)
         self.seconds += time.perf_counter() - t0
         return out
+
+    def mask(self) -> torch.Tensor:
+        """The mask applied in train mode (Eq. 5): `bavd_mask` of the current map."""
+        return bavd_mask(self.map, self.rescale)
 
     def update(self, iteration: int, psi: float) -> None:
         if self.h_bar is not None:
@@ -142,14 +153,13 @@ def _bavd_targets(model: nn.Module) -> list[nn.Module]:
     return targets
 
 
-def attach_bavd(model: nn.Module) -> list[BAVD]:
-    """Hook a BAVD layer after every conv-block ReLU and ResNet block of `model`; return the layers.
-
-    A hooked layer follows the train/eval mode of the module it is attached to.
+def attach_bavd(model: nn.Module, make: Callable[[], BAVD] = BAVD) -> list[BAVD]:
+    """Hook a BAVD layer (`make()`) after every conv-block ReLU and ResNet block of `model`; return
+    the layers. A hooked layer follows the train/eval mode of the module it is attached to.
     """
     layers = []
     for target in _bavd_targets(model):
-        layer = BAVD()
+        layer = make()
 
         def hook(module: nn.Module, _inputs: tuple, output: torch.Tensor, layer: BAVD = layer) -> torch.Tensor:
             layer.train(module.training)
