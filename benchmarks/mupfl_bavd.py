@@ -12,7 +12,12 @@ section 3.6 (K = 50 % or 90 % of each channel's positions; the paper never gives
 client's accuracy on its local test split, the fraction of activations the final masks keep, and
 the means.
 
-    .venv/bin/python benchmarks/mupfl_bavd.py [--step 5] [--epochs 10] [--readings] [--quick]
+`--start model.pt` starts every model from a run's global model (e.g. FedAvg's final one on this
+split, `outputs/suites/paper-mupfl/if10-a05--fedavg--s0/model.pt`) instead of a random
+initialisation: the situation of a federated round, where the client's locally trained model is
+its personalized model.
+
+    .venv/bin/python benchmarks/mupfl_bavd.py [--step 5] [--epochs 10] [--readings] [--start model.pt] [--quick]
 """
 
 from __future__ import annotations
@@ -79,6 +84,7 @@ def main() -> None:
     ap.add_argument("--step", type=int, default=5, help="every step-th of the 50 clients")
     ap.add_argument("--epochs", type=int, default=10)
     ap.add_argument("--readings", action="store_true", help="also the other readings of Eq. 5-6")
+    ap.add_argument("--start", help="a global model's state dict (a run's model.pt) to start from")
     ap.add_argument("--quick", action="store_true", help="2 clients, 1 epoch, every reading")
     args = ap.parse_args()
     step, epochs = (25, 1) if args.quick else (args.step, args.epochs)
@@ -86,6 +92,7 @@ def main() -> None:
     suite = yaml.safe_load((ROOT / "suites" / "paper-mupfl.yaml").read_text())
     cfg = validate({**app_defaults(ROOT), **suite["base"], **suite["partitions"]["if10-a05"], "seed": 0})
     cpu = torch.device("cpu")
+    start = torch.load(args.start, map_location=cpu, weights_only=True) if args.start else None
     rows = []
     for p in range(0, suite["num-supernodes"], step):
         d = load_client_data(cfg, p, suite["num-supernodes"])
@@ -93,6 +100,8 @@ def main() -> None:
         for variant in ("plain", "bavd", *(READINGS if args.readings or args.quick else ())):
             torch.manual_seed(100 + p)  # the same initial model for all
             model = build_model(cfg["model"], cfg["dataset"])
+            if start is not None:
+                model.load_state_dict(start)
             reading = dict(READINGS.get(variant, {}))
             sign = reading.pop("sign", "improvement")
             make = functools.partial(TopK if "top" in reading else BAVD, **reading)
