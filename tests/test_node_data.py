@@ -4,6 +4,8 @@ participation counter in client state; the server logging sampled nodes that nev
 from __future__ import annotations
 
 import gzip
+import io
+import os
 import struct
 import subprocess
 import sys
@@ -102,6 +104,33 @@ def test_a_damaged_cache_file_is_recomputed(tmp_path: Path) -> None:
     _, again = load_node_data(CFG, nc)
     assert torch.equal(again.x_train, good.x_train)
     assert np.load(path)["y_train"].shape[0] == len(good.y_train)  # rewritten
+
+
+def test_a_process_checks_a_cached_slice_once_and_again_after_any_change(tmp_path: Path, monkeypatch) -> None:
+    nc = {"partition-id": 5, "num-partitions": 20, "cache-dir": str(tmp_path)}
+    _, first = load_node_data(CFG, nc)  # computed and written
+    calls = []
+    digest = node_mod.slice_digest
+    monkeypatch.setattr(node_mod, "slice_digest", lambda a: calls.append(1) or digest(a))
+    load_node_data(CFG, nc)
+    load_node_data(CFG, nc)
+    assert len(calls) == 1  # checked on the first read only
+    # one pixel changed in place (same file, same size), its times set back: only the ctime tells
+    (path,) = tmp_path.glob("*.npz")
+    st = path.stat()
+    with np.load(path) as z:
+        arrays = {k: z[k].copy() for k in node_mod.SLICE_ARRAYS}
+    arrays["x_train"][0, 0, 0] ^= 0xFF
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    assert len(buf.getvalue()) == st.st_size
+    with open(path, "r+b") as f:
+        f.write(buf.getvalue())
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (path.stat().st_ino, path.stat().st_mtime_ns) == (st.st_ino, st.st_mtime_ns)
+    _, again = load_node_data(CFG, nc)
+    assert len(calls) == 3  # checked again: refused (digest), then the recomputed slice is written
+    assert torch.equal(again.x_train, first.x_train)
 
 
 def test_own_data_mode_uses_the_node_folder_and_caches_beside_it(own_data: Path) -> None:

@@ -23,10 +23,12 @@ The cache key hashes every setting that determines the slice (the partition keys
 source of the partitioning code, so a changed setting or a code update never reads a stale slice.
 The file is `<key>-<digest>.npz`, the digest a SHA-256 of the slice's arrays: a slice that does
 not match it (damaged, or edited), or whose labels are not class ids, is deleted and recomputed.
+A process checks a file once while it stays the same file (its inode, size and ctime; a simulation
+actor serves the same clients round after round).
 Changing the data files in place is not detected: delete the cache folder then. The folder is
-bounded: after a write, the least recently used slices beyond `$FEDSKEW_CACHE_MAX_MB` (default
-2048) are deleted. Only fedskew's own slices (`CACHE_FILE`) are ever deleted: the cache folder may
-be shared with other files.
+bounded: after a write, the least recently used slices (by mtime, refreshed at most every 10
+minutes) beyond `$FEDSKEW_CACHE_MAX_MB` (default 2048) are deleted. Only fedskew's own slices
+(`CACHE_FILE`) are ever deleted: the cache folder may be shared with other files.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import json
 import logging
 import os
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,23 +174,44 @@ def slice_digest(arrays: dict[str, np.ndarray]) -> str:
     return h.hexdigest()[:16]
 
 
+# Slices this process has checked, by path: the file's identity (device, inode, size, ctime in ns)
+# when it was checked. A file with the same identity is the same bytes (any write or rename changes
+# the inode or the ctime, which no user call can set back), so a simulation actor that serves the
+# same client again skips the SHA-256 (a tenth of a 1-epoch client call). Keyed by the file only,
+# so it stays right when Ray reuses the process for another run.
+_CHECKED: dict[str, tuple[int, int, int, int]] = {}
+TOUCH_AFTER_S = 600  # a slice's mtime (its recency for `prune`) is refreshed at most this often
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    return st.st_dev, st.st_ino, st.st_size, st.st_ctime_ns
+
+
 def read_cached(folder: Path, key: str, info: DatasetInfo) -> dict[str, np.ndarray] | None:
-    """The cached slice `key` after checking it against the digest in its name and its labels; a
-    cached slice that fails is deleted (it is ours: its name says so), with a warning."""
+    """The cached slice `key` after checking it against the digest in its name and its labels
+    (once per process while the file stays the same: `_CHECKED`); a cached slice that fails is
+    deleted (it is ours: its name says so), with a warning."""
     for path in sorted(folder.glob(f"{key}-*.npz")):
         try:
-            with np.load(path, allow_pickle=False) as z:
-                arrays = {k: z[k] for k in SLICE_ARRAYS}
-            if path.stem.rsplit("-", 1)[-1] != slice_digest(arrays):
-                raise ValueError("its arrays do not match the digest in its name")
-            checked_split(key, path, "train", arrays["x_train"], arrays["y_train"], info)
-            checked_split(key, path, "test", arrays["x_test"], arrays["y_test"], info)
+            with open(path, "rb") as f:  # identity and bytes from one open file
+                st = os.fstat(f.fileno())
+                with np.load(f, allow_pickle=False) as z:
+                    arrays = {k: z[k] for k in SLICE_ARRAYS}
+                if _CHECKED.get(str(path)) != _identity(st):
+                    if path.stem.rsplit("-", 1)[-1] != slice_digest(arrays):
+                        raise ValueError("its arrays do not match the digest in its name")
+                    checked_split(key, path, "train", arrays["x_train"], arrays["y_train"], info)
+                    checked_split(key, path, "test", arrays["x_test"], arrays["y_test"], info)
+                if time.time() - st.st_mtime > TOUCH_AFTER_S:
+                    os.utime(f.fileno())  # recently used: kept by `prune` (changes the ctime)
+                    st = os.fstat(f.fileno())
+                _CHECKED[str(path)] = _identity(st)
         except (OSError, ValueError, KeyError) as e:  # damaged or edited: recompute and rewrite
+            _CHECKED.pop(str(path), None)
             log.warning("data cache %s refused (%s): recomputing the slice", path, e)
             if CACHE_FILE.fullmatch(path.name):
                 path.unlink(missing_ok=True)
             continue
-        os.utime(path)  # recently used: kept by `prune`
         return arrays
     return None
 
