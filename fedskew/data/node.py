@@ -176,7 +176,8 @@ def slice_digest(arrays: dict[str, np.ndarray]) -> str:
 
 # Slices this process has checked, by path: the file's identity (device, inode, size, ctime in ns)
 # when it was checked. A file with the same identity is the same bytes (any write or rename changes
-# the inode or the ctime, which no user call can set back), so a simulation actor that serves the
+# the inode or the ctime, which no user call can set back; on a file system with nanosecond times,
+# as ext4, xfs, btrfs, tmpfs and overlayfs have), so a simulation actor that serves the
 # same client again skips the SHA-256 (a tenth of a 1-epoch client call). Keyed by the file only,
 # so it stays right when Ray reuses the process for another run.
 _CHECKED: dict[str, tuple[int, int, int, int]] = {}
