@@ -20,6 +20,7 @@ from tests.conftest import ROOT
         ("scale.py", ["ratio 40/20", "round - central eval s", "Python memory per extra idle node"]),
         ("deploy_breakdown.py", ["share", "ratio first / later message", "import torch"]),
         ("mupfl_bavd.py", ["ratio bavd / plain accuracy", "activations kept", "rescaled", "top-K 90 %"]),
+        ("fedgela_etf.py", ["cos class mean / classifier", "ratio adapted / plain-ETF evaluation", "no adaptation"]),
     ],
 )
 def test_benchmark_prints_its_ratios(script: str, expected: list[str]) -> None:

@@ -14,7 +14,7 @@ from fedskew.client_app.fedgela import FedGELATrainer
 from fedskew.client_app.state import ClientState
 from fedskew.config import validate
 from fedskew.data.clients import ClientData
-from fedskew.losses.fedgela import ETFNet, etf_checksum, etf_net, gela_logits, local_phi, make_etf
+from fedskew.losses.fedgela import ETFNet, class_geometry, etf_checksum, etf_net, gela_logits, local_phi, make_etf
 from fedskew.models import build_model
 from fedskew.partitions.core import classes_per_client_pmcn, dirichlet
 from fedskew.records import Rejected, check_content
@@ -132,6 +132,31 @@ def test_papers_head_reaches_the_etf_where_relu_features_cannot() -> None:
         aligned[head] = etf_alignment(net, x, y)
     assert aligned["relu-only"] <= bound + 1e-4
     assert aligned["paper"] > 0.99 > bound + 0.1, aligned
+
+
+def test_class_geometry_measures_the_distance_to_the_etf() -> None:
+    """Features at their class's ETF vector: no within-class spread, every pair of class means at
+    -1/(C-1), each aligned with its classifier vector; noise, a shift of all features, a wrong
+    classifier and a missing class each move the measure they should."""
+    d, c = 32, 5
+    etf = make_etf(d, c, seed=3)
+    y = torch.arange(c).repeat(40)
+    h = 7.0 * etf.T[y] + 2.0  # any scale and any common offset
+    g = class_geometry(h, y, etf.T, c)
+    assert g["within / between"] == pytest.approx(0.0, abs=1e-12)
+    assert g["cos between class means"] == pytest.approx(-1 / (c - 1))
+    assert g["std of those cosines"] == pytest.approx(0.0, abs=1e-6)
+    assert g["cos class mean / classifier"] == pytest.approx(1.0)
+    noisy = class_geometry(h + 3.0 * torch.randn(h.shape, generator=torch.Generator().manual_seed(0)), y, etf.T, c)
+    # within: 3^2 * d per sample; between: 7^2 * ||m_c||^2 = 49
+    assert noisy["within / between"] == pytest.approx(9 * d / 49, rel=0.25)
+    assert noisy["cos class mean / classifier"] < 0.99
+    swapped = class_geometry(h, y, etf.T[[1, 0, 2, 3, 4]], c)
+    assert swapped["cos class mean / classifier"] == pytest.approx((3 - 2 / (c - 1)) / c)
+    four = class_geometry(h[y != 4], y[y != 4], etf.T, c)  # class 4 absent: left out, the rest re-centred
+    assert four["cos between class means"] == pytest.approx(-1 / 3) and four["within / between"] < 1e-12
+    with pytest.raises(ValueError, match="at least 2 classes"):
+        class_geometry(h[y == 0], y[y == 0], etf.T, c)
 
 
 # ---------------------------------------------------------------- client and server

@@ -202,3 +202,35 @@ def etf_net(
     """FedGELA's network: backbone = `trunk` + `feature_head(head)`, classifier = the ETF."""
     backbone = nn.Sequential(trunk, feature_head(feature_dim, head))
     return ETFNet(backbone, etf, logit_scale(head, ew, temperature), phi, mode, normalize=head == "paper")
+
+
+def class_geometry(h: torch.Tensor, y: torch.Tensor, w: torch.Tensor, num_classes: int) -> dict[str, float]:
+    """How close features `h [N, d]` with labels `y` and classifier vectors `w [C, d]` are to the
+    simplex ETF that FedGELA fixes (the neural-collapse measures of Papyan et al., PNAS'20):
+
+        within / between = (1/N) sum_i ||h_i - mu_{y_i}||^2  /  (1/C) sum_c ||mu_c - mu_G||^2
+        cos(mu_c - mu_G, mu_c' - mu_G), c != c': their mean and std (a simplex ETF: all -1/(C-1))
+        cos(mu_c - mu_G, w_c - w_G): the class mean against its classifier vector (1: aligned)
+
+    with mu_c the class means, mu_G their mean and w_G the mean classifier vector (0 for an ETF).
+    Classes absent from `y` are left out."""
+    present = [c for c in range(num_classes) if bool((y == c).any())]
+    if len(present) < 2:
+        raise ValueError(f"class_geometry needs at least 2 classes in y, got {present}")
+    h = h.double()
+    means = torch.stack([h[y == c].mean(0) for c in present])
+    within = sum(float(((h[y == c] - means[i]) ** 2).sum()) for i, c in enumerate(present)) / sum(
+        int((y == c).sum()) for c in present
+    )
+    centred = means - means.mean(0)
+    unit = F.normalize(centred, dim=1)
+    cos = unit @ unit.T
+    off = cos[~torch.eye(len(present), dtype=torch.bool)]
+    wc = w.double()[present]
+    align = (unit * F.normalize(wc - w.double().mean(0), dim=1)).sum(1)
+    return {
+        "within / between": within / float((centred**2).sum(1).mean()),
+        "cos between class means": float(off.mean()),
+        "std of those cosines": float(off.std()),
+        "cos class mean / classifier": float(align.mean()),
+    }

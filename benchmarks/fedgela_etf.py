@@ -1,0 +1,165 @@
+"""Diagnostic (not a timing): does FedGELA's mechanism act under its paper's protocol
+(`suites/paper-fedgela.yaml`, default cell `part-a01`: 50 clients, 10 a round, 100 rounds, 10
+local epochs, Dirichlet 0.1, LeNet)? Reads the suite's finished runs (their final global models,
+`model.pt`, and configs) for each seed:
+
+1. Global accuracy (GA) side: the geometry of each method's global model on the 10,000 test images,
+   `class_geometry` (`fedskew/losses/fedgela.py`): within- / between-class variance of the features
+   the classifier sees (FedGELA: its head's output, L2-normalised; FedAvg, FedRS: the penultimate
+   layer), the cosines between centred class means (a simplex ETF: all -1/(C-1) = -0.111), each class
+   mean against its classifier vector (FedGELA: its fixed ETF column), and the worst class's accuracy.
+2. Personalized accuracy (PA) side, the local adaptation: for every `--step`-th client, 10 local
+   epochs from the final global model, as a round trains (same batches for all): FedGELA against its
+   phi-adapted ETF, evaluated on the client's test split with that adapted ETF (FedGELA's PA) and
+   with the plain ETF; FedGELA trained against the plain ETF (`fedgela-adapt` false); and FedAvg-FT
+   (FedAvg's global model, plain SGD).
+
+    .venv/bin/python benchmarks/fedgela_etf.py [--runs outputs/suites/paper-fedgela] [--part part-a01]
+        [--seeds 0 1 2] [--step 5] [--quick]
+
+`--quick` (the test) uses freshly initialised models, 2 clients and 1 epoch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+from _common import ROOT
+from torch import nn
+
+from fedskew.client_app.fedgela import gela_model
+from fedskew.config import validate
+from fedskew.data.clients import ClientData, load_client_data, load_test_set
+from fedskew.launcher import app_defaults
+from fedskew.losses.fedgela import class_geometry, local_phi
+from fedskew.models import build_model
+from fedskew.strategies.fedgela import FedGELAStrategy
+from fedskew.training import clip_before_step, cross_entropy_loss, evaluate, sgd, train_epochs
+
+CPU = torch.device("cpu")
+METHODS = ("fedavg", "fedrs", "fedgela")
+ADAPTED = "FedGELA PA (trained and evaluated with the adapted ETF)"
+PLAIN_EVAL = "the same model evaluated with the plain ETF"
+UNADAPTED = "FedGELA trained and evaluated with the plain ETF (no adaptation)"
+FT = "FedAvg-FT (FedAvg's global model, plain SGD)"
+
+
+def run_config(runs: Path, part: str, method: str, seed: int, quick: bool) -> dict:
+    """The run's validated config (its `config.json`), or the suite's for `--quick`."""
+    if quick:
+        suite = yaml.safe_load((ROOT / "suites" / "paper-fedgela.yaml").read_text())
+        cell = {**suite["base"], **suite["partitions"][part], **suite["methods"][method]}
+        cell.pop("num-supernodes", None)  # a suite key (the simulation's size), not a run-config key
+        return validate({**app_defaults(ROOT), **cell, "method": method, "seed": seed})
+    return validate(json.loads((runs / f"{part}--{method}--s{seed}" / "config.json").read_text()))
+
+
+def global_model(cfg: dict, runs: Path, part: str, quick: bool) -> torch.nn.Module:
+    """The run's final global model (FedGELA: backbone + plain ETF)."""
+    torch.manual_seed(cfg["seed"])
+    if cfg["method"] == "fedgela":
+        model = FedGELAStrategy(cfg, CPU).build_model()
+    else:
+        model = build_model(cfg["model"], cfg["dataset"])
+    if not quick:
+        path = runs / f"{part}--{cfg['method']}--s{cfg['seed']}" / "model.pt"
+        model.load_state_dict(torch.load(path, map_location=CPU, weights_only=True))
+    return model.eval()
+
+
+def geometry(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+    """`class_geometry` of what the classifier sees, plus accuracy and the worst class's accuracy."""
+    with torch.no_grad():
+        h = torch.cat([model.features(x[i : i + 2000]) for i in range(0, len(x), 2000)])
+        pred = torch.cat([model(x[i : i + 2000]).argmax(1) for i in range(0, len(x), 2000)])
+    if hasattr(model, "etf"):  # FedGELA: cos(h, m_c) on normalised features (head "paper")
+        h = torch.nn.functional.normalize(h, dim=1) if model.normalize else h
+        w = model.etf.T
+    else:
+        w = model.classifier.weight.detach()
+    num = int(y.max()) + 1
+    per_class = [float((pred[y == c] == c).float().mean()) for c in range(num)]
+    accuracy = float((pred == y).float().mean())
+    return {"accuracy": accuracy, "worst class": min(per_class), **class_geometry(h, y, w, num)}
+
+
+def fine_tune(model: nn.Module, start: nn.Module, cfg: dict, data: ClientData, epochs: int, seed: int) -> nn.Module:
+    """`model` from `start`'s weights after `epochs` local epochs as a round trains them (the
+    method's optimiser and clipping, the same batches for every model of a client)."""
+    model.load_state_dict(start.state_dict())
+    opt = sgd(model.parameters(), cfg)
+    if cfg["method"] == "fedgela":
+        clip_before_step(opt, cfg["fedgela-clip"])
+    batches = torch.Generator().manual_seed(seed)
+    train_epochs(model, data.x_train, data.y_train, cross_entropy_loss, opt, epochs, cfg["batch-size"], batches, CPU)
+    return model.eval()
+
+
+def personalized(runs: Path, part: str, seed: int, step: int, epochs: int, quick: bool) -> dict[str, float]:
+    """Mean accuracy on the clients' test splits of the four locally trained models (module doc)."""
+    gcfg, acfg = (run_config(runs, part, m, seed, quick) for m in ("fedgela", "fedavg"))
+    start_g, start_a = (global_model(c, runs, part, quick) for c in (gcfg, acfg))
+    suite = yaml.safe_load((ROOT / "suites" / "paper-fedgela.yaml").read_text())
+    n = int(suite["partitions"][part].get("num-supernodes", suite["num-supernodes"]))
+    rows = []
+    for p in range(0, n, step):
+        d = load_client_data(gcfg, p, n)
+        if len(d.y_test) == 0:
+            continue
+        batches = 1000 * seed + p
+        adapted = fine_tune(gela_model(gcfg, start_g.etf, local_phi(d.train_counts)), start_g, gcfg, d, epochs, batches)
+        plain_eval = gela_model(gcfg, start_g.etf)
+        plain_eval.load_state_dict(adapted.state_dict())
+        models = {
+            ADAPTED: adapted,
+            PLAIN_EVAL: plain_eval.eval(),
+            UNADAPTED: fine_tune(gela_model(gcfg, start_g.etf), start_g, gcfg, d, epochs, batches),
+            FT: fine_tune(build_model(acfg["model"], acfg["dataset"]), start_a, acfg, d, epochs, batches),
+        }
+        rows.append({k: evaluate(m, d.x_test, d.y_test, 1024, CPU)[1] for k, m in models.items()})
+    return {k: float(np.mean([r[k] for r in rows])) for k in rows[0]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", default=str(ROOT / "outputs" / "suites" / "paper-fedgela"))
+    ap.add_argument("--part", default="part-a01")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    ap.add_argument("--step", type=int, default=5, help="every step-th client for the PA side")
+    ap.add_argument("--quick", action="store_true", help="fresh models, 2 clients, 1 epoch, seed 0")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    logging.getLogger("flwr").setLevel(logging.ERROR)  # the strategy's note on fraction_evaluate
+    runs, quick = Path(args.runs), args.quick
+    seeds, step = ([0], 25) if quick else (args.seeds, args.step)
+    geo: dict[str, list[dict[str, float]]] = {m: [] for m in METHODS}
+    pa: list[dict[str, float]] = []
+    for seed in seeds:
+        x, y = load_test_set(run_config(runs, args.part, "fedavg", seed, quick))
+        for m in METHODS:
+            cfg = run_config(runs, args.part, m, seed, quick)
+            geo[m].append(geometry(global_model(cfg, runs, args.part, quick), x, y))
+            print(f"seed {seed} {m:8s} " + ", ".join(f"{k} {v:.4f}" for k, v in geo[m][-1].items()), flush=True)
+        epochs = 1 if quick else run_config(runs, args.part, "fedgela", seed, quick)["local-epochs"]
+        pa.append(personalized(runs, args.part, seed, step, epochs, quick))
+        print(f"seed {seed} PA: " + ", ".join(f"{k} {v:.4f}" for k, v in pa[-1].items()), flush=True)
+    print(f"\nglobal models, mean over seeds {seeds} (a simplex ETF: cos between class means -0.111):")
+    for m in METHODS:
+        print(f"  {m:8s} " + ", ".join(f"{k} {np.mean([g[k] for g in geo[m]]):.4f}" for k in geo[m][0]))
+    print("personalized models (mean accuracy on the clients' test splits, mean over seeds):")
+    means = {k: float(np.mean([r[k] for r in pa])) for k in pa[0]}
+    for k, v in means.items():
+        print(f"  {k}: {100 * v:.2f} %")
+    adapted, plain, ft = (means[k] for k in (ADAPTED, PLAIN_EVAL, FT))
+    print(f"ratio adapted / plain-ETF evaluation {adapted / plain:.3f}")
+    print(f"ratio FedGELA PA / FedAvg-FT {adapted / ft:.3f}")
+
+
+if __name__ == "__main__":
+    main()
