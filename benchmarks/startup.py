@@ -37,6 +37,7 @@ PROCESSES = {  # timeline label -> a piece of the command line
     "`flwr run` CLI": "bin/flwr run",
     "SuperExec": "flower-superexec",
     "flwr-simulation (ServerApp + Ray driver)": "flwr-simulation",
+    "fedskew's warm executor (its forks: ServerApp + Ray driver)": "fedskew.clientexec",
     "Ray GCS": "gcs_server",
     "Ray raylet": "raylet/raylet",
     "Ray workers (the ClientApp actors)": "default_worker.py",

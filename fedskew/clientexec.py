@@ -21,6 +21,14 @@ authentication) is the SuperNode's and is unchanged.
     python -m fedskew.clientexec --runtime-api-address 127.0.0.1:9094 --parent-pid $!
 
 `deploy/supernode.sh` starts both.
+
+`--task simulation` does the same for a simulation SuperLink (`flower-superlink --simulation
+--isolation process`): it preloads torch, Ray and Flower's simulation runtime and runs each
+simulation task in a fork with Flower's own `flwr-simulation` entry point (its arguments, log
+upload and exit), instead of the SuperExec starting a fresh `flwr-simulation` interpreter (about 2 s
+of imports on the path to round 1, and again for every cell of a suite). The ServerApp and the
+ClientApps are loaded from the run's FAB as before; the ClientApps still run in Ray's actors.
+`fedskew.launcher.PrivateSuperLink` starts it for every simulation.
 """
 
 from __future__ import annotations
@@ -32,9 +40,11 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 WARM_MODULES = ("torch", "flwr.supernode.runtime.run_clientapp", "fedskew.client_app.app")
+SIMULATION_MODULES = ("torch", "ray", "flwr.simulation.app", "fedskew.server_app.app")
 
 
 def preload(modules: Iterable[str], fresh_package: str = "fedskew") -> None:
@@ -46,19 +56,21 @@ def preload(modules: Iterable[str], fresh_package: str = "fedskew") -> None:
         del sys.modules[name]
 
 
-def run_task(address: str, token: str, insecure: bool, certificates: bytes | None) -> int:
-    """Flower's ClientApp process body for one task (in a fork); its exit code."""
-    from flwr.supernode.runtime.run_clientapp import run_clientapp
+@dataclass(frozen=True)
+class Connection:
+    """How a task process reaches the Runtime API (the SuperNode's, or the SuperLink's)."""
 
+    address: str
+    insecure: bool
+    root_certificates: str | None  # the CA file's path
+    certificates: bytes | None  # its contents
+
+
+def exit_code(body: Callable[[], object]) -> int:
+    """Run a Flower task process body; its exit code (Flower's processes end with `flwr_exit`)."""
     try:
-        run_clientapp(
-            runtime_api_address=address,
-            token=token,
-            insecure=insecure,
-            certificates=certificates,
-            parent_pid=os.getppid(),
-        )
-    except SystemExit as e:  # flwr_exit ends every task this way, after pushing reply and context
+        body()
+    except SystemExit as e:  # flwr_exit ends every task this way, after pushing its results
         return e.code if isinstance(e.code, int) else 1
     except BaseException:  # report anything, then leave the fork
         traceback.print_exc()
@@ -66,13 +78,45 @@ def run_task(address: str, token: str, insecure: bool, certificates: bytes | Non
     return 0
 
 
-def fork_task(address: str, token: str, insecure: bool, certificates: bytes | None) -> int:
+def run_clientapp_task(conn: Connection, token: str) -> int:
+    """Flower's ClientApp process body for one task (in a fork); its exit code."""
+    from flwr.supernode.runtime.run_clientapp import run_clientapp
+
+    return exit_code(
+        lambda: run_clientapp(
+            runtime_api_address=conn.address,
+            token=token,
+            insecure=conn.insecure,
+            certificates=conn.certificates,
+            parent_pid=os.getppid(),
+        )
+    )
+
+
+def run_simulation_task(conn: Connection, token: str) -> int:
+    """Flower's `flwr-simulation` command for one task (in a fork), with the arguments a SuperExec
+    gives it; its exit code."""
+    from flwr.simulation.app import flwr_simulation
+
+    tls = ["--insecure"] if conn.insecure else ["--root-certificates", str(conn.root_certificates)]
+    sys.argv = ["flwr-simulation", "--runtime-api-address", conn.address, "--token", token, *tls]
+    sys.argv += ["--parent-pid", str(os.getppid())]
+    return exit_code(flwr_simulation)
+
+
+TASKS = {  # --task -> (Flower's TaskType name, the fork's body, the modules to preload)
+    "clientapp": ("CLIENT_APP", run_clientapp_task, WARM_MODULES),
+    "simulation": ("SIMULATION", run_simulation_task, SIMULATION_MODULES),
+}
+
+
+def fork_task(run: Callable[[Connection, str], int], conn: Connection, token: str) -> int:
     """Run one task in a fork of this warm process; returns the fork's pid."""
     pid = os.fork()
     if pid == 0:
         code = 1
         try:
-            code = run_task(address, token, insecure, certificates)
+            code = run(conn, token)
         finally:
             with contextlib.suppress(Exception):
                 sys.stdout.flush()
@@ -107,9 +151,11 @@ def parent_alive(parent_pid: int | None) -> bool:
     return True
 
 
-def serve(address: str, insecure: bool, root_certificates: str | None, poll: float, parent_pid: int | None) -> None:
-    """Ask the SuperNode's Runtime API for ClientApp tasks and fork one warm process per task,
-    until the SuperNode (`parent_pid`) is gone."""
+def serve(
+    address: str, insecure: bool, root_certificates: str | None, poll: float, parent_pid: int | None, task: str
+) -> None:
+    """Ask the Runtime API at `address` for `task` tasks and fork one warm process per task, until
+    its server (`parent_pid`) is gone."""
     from flwr.proto.runtime_pb2 import AcquireTaskRequest  # pylint: disable=no-name-in-module
     from flwr.supercore.constant import TaskType
     from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
@@ -117,7 +163,9 @@ def serve(address: str, insecure: bool, root_certificates: str | None, poll: flo
     from flwr.supercore.runtime import RuntimeHttpClient
     from flwr.supercore.tls import validate_and_resolve_root_certificates
 
+    task_type, run, _ = TASKS[task]
     certificates = validate_and_resolve_root_certificates(root_certificates, insecure)
+    conn = Connection(address, insecure, root_certificates, certificates)
     client = RuntimeHttpClient.from_server_address(
         server_address=address,
         insecure=insecure,
@@ -125,15 +173,15 @@ def serve(address: str, insecure: bool, root_certificates: str | None, poll: flo
         interceptors=[RuntimeVersionHttpInterceptor(component_name="SuperExec")],
         retry_invoker=make_simple_http_retry_invoker(),
     )
-    request = AcquireTaskRequest(supported_task_types=[TaskType.CLIENT_APP])
+    request = AcquireTaskRequest(supported_task_types=[getattr(TaskType, task_type)])
     children: dict[int, float] = {}  # running forks and when each started
-    print(f"fedskew.clientexec: warm, serving ClientApp tasks of {address}", flush=True)
+    print(f"fedskew.clientexec: warm, serving {task} tasks of {address}", flush=True)
     try:
         while parent_alive(parent_pid):
             reap(children)
             res = client.AcquireTask(request)
             if res.HasField("task") and res.token:
-                children[fork_task(address, res.token, insecure, certificates)] = time.monotonic()
+                children[fork_task(run, conn, res.token)] = time.monotonic()
                 continue  # a next task may be waiting already
             time.sleep(poll)
     finally:
@@ -142,14 +190,24 @@ def serve(address: str, insecure: bool, root_certificates: str | None, poll: flo
 
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(prog="python -m fedskew.clientexec", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--runtime-api-address", default="127.0.0.1:9094", help="the SuperNode's Runtime API")
-    ap.add_argument("--root-certificates", help="CA of the Runtime API when the SuperNode serves it over TLS")
+    ap.add_argument(
+        "--runtime-api-address", default="127.0.0.1:9094", help="the SuperNode's (or SuperLink's) Runtime API"
+    )
+    ap.add_argument("--root-certificates", help="CA of the Runtime API when its server serves it over TLS")
     ap.add_argument("--poll", type=float, default=0.05, help="seconds between task requests (flower-superexec: 1)")
-    ap.add_argument("--parent-pid", type=int, help="exit when this process (the SuperNode) is gone")
-    ap.add_argument("--preload", action="append", help=f"modules to import up front (default: {WARM_MODULES})")
+    ap.add_argument("--parent-pid", type=int, help="exit when this process (the SuperNode or SuperLink) is gone")
+    ap.add_argument("--task", choices=sorted(TASKS), default="clientapp", help="the tasks to run (default: clientapp)")
+    ap.add_argument("--preload", action="append", help="modules to import up front (default: the task's)")
     args = ap.parse_args(argv)
-    preload(args.preload or WARM_MODULES)
-    serve(args.runtime_api_address, args.root_certificates is None, args.root_certificates, args.poll, args.parent_pid)
+    preload(args.preload or TASKS[args.task][2])
+    serve(
+        args.runtime_api_address,
+        args.root_certificates is None,
+        args.root_certificates,
+        args.poll,
+        args.parent_pid,
+        args.task,
+    )
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ FLWR_ENV = {
     # sooner for about 1 % more of one core while idle.
     "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.25",
 }
+POLL = FLWR_ENV["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"]  # the warm executor's too: 0.1 s doubled the idle CPU
 
 
 class RunFailed(RuntimeError):
@@ -106,16 +107,30 @@ def flwr_bin(name: str) -> str:
     return str(here) if here.exists() else (shutil.which(name) or name)
 
 
+def warm_exec_default() -> bool:
+    """Whether simulations run in the warm executor (`FEDSKEW_WARM_EXEC`, default on; 0 turns it off)."""
+    return os.environ.get("FEDSKEW_WARM_EXEC", "1") != "0"
+
+
 class PrivateSuperLink:
     """A SuperLink on a free localhost port, owned (and killed) by this process: a simulation one,
-    or (`simulation=False`) a deployment one that SuperNodes connect to without TLS."""
+    or (`simulation=False`) a deployment one that SuperNodes connect to without TLS.
 
-    def __init__(self, home: Path, env: dict[str, str], simulation: bool = True) -> None:
+    A simulation SuperLink runs in `--isolation process` beside fedskew's warm executor
+    (`python -m fedskew.clientexec --task simulation`), which has torch, Ray and Flower's
+    simulation runtime imported before the first run is submitted and runs each run in a fork of
+    itself, instead of Flower's SuperExec starting a fresh `flwr-simulation` for each;
+    `warm_exec=False` (or `FEDSKEW_WARM_EXEC=0`) keeps Flower's default."""
+
+    def __init__(self, home: Path, env: dict[str, str], simulation: bool = True, warm_exec: bool | None = None) -> None:
         self.home, self.env, self.simulation = home, env, simulation
+        self.warm_exec = simulation and (warm_exec_default() if warm_exec is None else warm_exec)
         self.port = free_port()
         self.connection = f"fedskew-{self.port}"
         self.log_path = home / f"superlink-{self.port}.log"
+        self.exec_log_path = home / f"simexec-{self.port}.log"
         self.proc: subprocess.Popen | None = None
+        self.exec_proc: subprocess.Popen | None = None  # the warm executor, if any
         self.ray: RayHead | None = None  # the Ray head its simulations join, if any (`simulation_link`)
 
     @property
@@ -144,12 +159,23 @@ class PrivateSuperLink:
                 "--port",
                 str(self.port),
                 "--disable-runtime-dependency-installation",
+                *(["--isolation", "process"] if self.warm_exec else []),
             ],
             stdout=open(self.log_path, "w"),
             stderr=subprocess.STDOUT,
             env=self.env,
             start_new_session=True,
         )
+        if self.warm_exec:  # its imports overlap the SuperLink's start
+            runtime = ["--runtime-api-address", f"127.0.0.1:{self.port}", "--parent-pid", str(self.proc.pid)]
+            self.exec_proc = subprocess.Popen(
+                [sys.executable, "-m", "fedskew.clientexec", "--task", "simulation", "--poll", POLL, *runtime],
+                stdout=open(self.exec_log_path, "w"),
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                cwd=Path(__file__).resolve().parent.parent,  # this fedskew, whatever the caller's folder
+                start_new_session=True,
+            )
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -157,14 +183,21 @@ class PrivateSuperLink:
             with contextlib.suppress(OSError):
                 urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=1)
                 return self
-            time.sleep(0.3)
+            time.sleep(0.1)
         raise RunFailed(f"flower-superlink did not answer in 60 s; see {self.log_path}")
 
     def __exit__(self, *exc: object) -> None:
         with signals_deferred():
-            if self.proc:  # results are on disk by now: no state to save, a short grace
-                stop_process_tree(self.proc, grace=STOP_GRACE)
+            for proc in (self.exec_proc, self.proc):  # results are on disk by now: a short grace
+                if proc:
+                    stop_process_tree(proc, grace=STOP_GRACE)
             self._drop_connection()
+
+    def check_executor(self) -> None:
+        """Raise RunFailed if the warm executor has died (no run would ever start)."""
+        if self.exec_proc and self.exec_proc.poll() is not None:
+            code = self.exec_proc.returncode
+            raise RunFailed(f"fedskew's simulation executor exited ({code}); see {self.exec_log_path}")
 
     def _drop_connection(self) -> None:
         self._edit_config(lambda text: text.replace(self._block, ""))
@@ -440,17 +473,21 @@ class RunWatch:
     or `flwr-serverapp`, which the SuperLink's SuperExec starts) has come and gone. Only then,
     or once a minute in case the process was never seen, is the status asked for."""
 
-    APP_PROCESSES = ("flwr-simulation", "flwr-serverapp")
+    APP_PROCESSES = ("flwr-simulation", "flwr-serverapp", "fedskew.clientexec")  # the last: its forks
 
     def __init__(self, link: PrivateSuperLink, summary: Path) -> None:
         assert link.proc is not None
-        self.link_pid, self.summary = link.proc.pid, summary
-        self.before = set(_descendants(self.link_pid))  # earlier runs' processes are not this run's
+        self.link, self.summary = link, summary
+        self.roots = [p.pid for p in (link.proc, link.exec_proc) if p]  # the app runs under one of them
+        self.before = set(self._procs())  # earlier runs' processes are not this run's
         self.since = time.time()
         self.app: int | None = None
 
+    def _procs(self) -> dict[int, str]:
+        return {pid: args for root in self.roots for pid, args in _descendants(root).items()}
+
     def app_ended(self) -> bool:
-        procs = _descendants(self.link_pid)
+        procs = self._procs()
         if self.app is None:
             new = [
                 p for p, args in procs.items() if p not in self.before and any(a in args for a in self.APP_PROCESSES)
@@ -470,6 +507,7 @@ class RunWatch:
             if now - looked < 1.0:
                 continue
             looked = now
+            self.link.check_executor()
             if self.app_ended() or now - asked > 60:
                 asked, current = now, status()
                 if current.startswith("finished"):

@@ -1,5 +1,6 @@
-"""The warm ClientApp executor (`fedskew.clientexec`) behind a SuperNode in `--isolation process`,
-as `deploy/supernode.sh` starts it by default."""
+"""The warm executor (`fedskew.clientexec`): behind a SuperNode in `--isolation process`, as
+`deploy/supernode.sh` starts it by default, and (`--task simulation`) beside every simulation
+SuperLink the launcher starts."""
 
 from __future__ import annotations
 
@@ -9,14 +10,24 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from fedskew.clientexec import preload
-from fedskew.launcher import PrivateSuperLink, flower_env, free_port, submit
+from fedskew.launcher import (
+    PrivateSuperLink,
+    RunFailed,
+    federation_config,
+    flower_env,
+    free_port,
+    prepare_config,
+    resources_for,
+    submit,
+)
 from fedskew.server_app.results import read_jsonl
-from tests.conftest import ROOT
+from tests.conftest import ROOT, SMALL_JOB
 
 
 def test_preload_keeps_third_party_modules_and_forgets_the_app(monkeypatch) -> None:
@@ -62,3 +73,31 @@ def test_warm_supernode_runs_every_message_in_a_fork(tmp_path: Path) -> None:
     assert len(tasks) == 3 and {code for _, code in tasks} == {"0"}, text[-3000:]
     assert len({pid for pid, _ in tasks}) == 3
     assert "flwr-clientapp" not in text
+
+
+@pytest.mark.slow
+def test_simulations_run_in_forks_of_the_warm_executor(tmp_path: Path) -> None:
+    """Two runs on one simulation SuperLink (a suite's cells): each ServerApp in a fork of the one
+    warm process, none in a fresh `flwr-simulation`; a dead executor fails the next run at once."""
+    env = {**flower_env(ROOT), "FLWR_HOME": str(tmp_path / "flwr-home")}
+    env.pop("FEDSKEW_WARM_EXEC", None)
+    job = {**SMALL_JOB, "num-server-rounds": 1, "fraction-train": 0.4, "checkpoint-every": 0}
+    with PrivateSuperLink(tmp_path / "flwr-home", env) as link:
+        assert link.exec_proc is not None and link.warm_exec
+        for name in ("one", "two"):
+            cfg, overrides = prepare_config(ROOT, {**job, "out-dir": str(tmp_path / "out"), "run-name": name}, 5)
+            fed = ["--federation-config", federation_config(5, resources_for(cfg, 1), (), ray_head=False)]
+            summary = submit(ROOT, link, overrides, fed, stream=False)
+            assert summary["rounds"] == 1
+        ended = r"fedskew.clientexec: task in process (\d+) ended \((-?\d+)\)"
+        for _ in range(300):  # a run is complete once its summary is written; its fork ends after that
+            text = link.exec_log_path.read_text()
+            if len(tasks := re.findall(ended, text)) == 2:
+                break
+            time.sleep(0.1)
+        assert len(tasks) == 2 and {code for _, code in tasks} == {"0"}, text[-3000:]
+        assert "serving simulation tasks" in text
+        link.exec_proc.kill()
+        link.exec_proc.wait()
+        with pytest.raises(RunFailed, match="simulation executor exited"):
+            submit(ROOT, link, {**overrides, "run-name": "three"}, fed, stream=False)

@@ -21,10 +21,12 @@ def test_fedavg_and_fedrs_learn_and_write_results(flwr_job) -> None:
             assert (run_dir / f).is_file(), f
 
 
-def test_same_seed_gives_identical_metrics_sequential_or_parallel(flwr_job) -> None:
+def test_same_seed_gives_identical_metrics_sequential_or_parallel(flwr_job, monkeypatch) -> None:
     """One client at a time, or the 3 sampled clients of a round trained at once (3 Ray actors, in
-    whatever order they finish): the same metrics, to the last digit."""
+    whatever order they finish): the same metrics, to the last digit. The first run's ServerApp
+    runs in a fork of fedskew's warm executor, the second's in Flower's own fresh `flwr-simulation`."""
     job = {"method": "fedprox", "fraction-train": 0.6, "num-server-rounds": 2}
     _, a = flwr_job(job, num_supernodes=5, name="a", actors=1)
+    monkeypatch.setenv("FEDSKEW_WARM_EXEC", "0")
     _, b = flwr_job(job, num_supernodes=5, name="b", actors=3)
     assert (a / "metrics.jsonl").read_text() == (b / "metrics.jsonl").read_text()
