@@ -470,8 +470,9 @@ class RunWatch:
     """Notices a run's end without asking the SuperLink often (each `flwr ls` costs a Python start
     and a second or more of CPU): the run is complete once its `summary.json` appears (the
     ServerApp writes it last); it has ended, maybe failed, once its app process (`flwr-simulation`
-    or `flwr-serverapp`, which the SuperLink's SuperExec starts) has come and gone. Only then,
-    or once a minute in case the process was never seen, is the status asked for."""
+    or `flwr-serverapp`, which the SuperLink's SuperExec starts, or a fork of fedskew's warm
+    executor) has come and gone. Only then, or once a minute in case the process was never seen,
+    is the status asked for; a dead warm executor fails the run."""
 
     APP_PROCESSES = ("flwr-simulation", "flwr-serverapp", "fedskew.clientexec")  # the last: its forks
 
