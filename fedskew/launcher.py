@@ -271,9 +271,9 @@ def signals_deferred() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
-def _descendants(root: int) -> dict[int, str]:
-    """The live processes `root` started, and theirs, with their command lines, found through `ps`
-    (Linux and macOS); zombies (ended, not yet reaped by their parent) are left out."""
+def _descendants(*roots: int) -> dict[int, str]:
+    """The live processes the `roots` started, and theirs, with their command lines, found through
+    one `ps` (Linux and macOS); zombies (ended, not yet reaped by their parent) are left out."""
     # -ww: whole command lines; otherwise ps cuts them at $COLUMNS (80 under pytest), and a deep
     # venv path loses the program name that `RunWatch` looks for
     res = subprocess.run(["ps", "-A", "-ww", "-o", "pid=,ppid=,stat=,args="], capture_output=True, text=True)
@@ -282,7 +282,7 @@ def _descendants(root: int) -> dict[int, str]:
         pid, ppid, state, *args = line.split(maxsplit=3)
         if not state.startswith("Z"):
             children.setdefault(int(ppid), []).append((int(pid), args[0] if args else ""))
-    found, todo = {}, [root]
+    found, todo = {}, list(roots)
     while todo:
         for child, args in children.get(todo.pop(), []):
             found[child] = args
@@ -480,15 +480,12 @@ class RunWatch:
         assert link.proc is not None
         self.link, self.summary = link, summary
         self.roots = [p.pid for p in (link.proc, link.exec_proc) if p]  # the app runs under one of them
-        self.before = set(self._procs())  # earlier runs' processes are not this run's
+        self.before = set(_descendants(*self.roots))  # earlier runs' processes are not this run's
         self.since = time.time()
         self.app: int | None = None
 
-    def _procs(self) -> dict[int, str]:
-        return {pid: args for root in self.roots for pid, args in _descendants(root).items()}
-
     def app_ended(self) -> bool:
-        procs = self._procs()
+        procs = _descendants(*self.roots)
         if self.app is None:
             new = [
                 p for p, args in procs.items() if p not in self.before and any(a in args for a in self.APP_PROCESSES)
