@@ -50,10 +50,9 @@ UNADAPTED = "FedGELA trained and evaluated with the plain ETF (no adaptation)"
 FT = "FedAvg-FT (FedAvg's global model, plain SGD)"
 
 
-def run_config(runs: Path, part: str, method: str, seed: int, quick: bool) -> dict:
-    """The run's validated config (its `config.json`), or the suite's for `--quick`."""
+def run_config(suite: dict, runs: Path, part: str, method: str, seed: int, quick: bool) -> dict:
+    """The run's validated config (its `config.json`), or the `suite`'s for `--quick`."""
     if quick:
-        suite = yaml.safe_load((ROOT / "suites" / "paper-fedgela.yaml").read_text())
         cell = {**suite["base"], **suite["partitions"][part], **suite["methods"][method]}
         cell.pop("num-supernodes", None)  # a suite key (the simulation's size), not a run-config key
         return validate({**app_defaults(ROOT), **cell, "method": method, "seed": seed})
@@ -101,18 +100,18 @@ def fine_tune(model: nn.Module, start: nn.Module, cfg: dict, data: ClientData, e
     return model.eval()
 
 
-def personalized(runs: Path, part: str, seed: int, step: int, epochs: int, quick: bool) -> dict[str, float]:
-    """Mean accuracy on the clients' test splits of the four locally trained models (module doc)."""
-    gcfg, acfg = (run_config(runs, part, m, seed, quick) for m in ("fedgela", "fedavg"))
-    start_g, start_a = (global_model(c, runs, part, quick) for c in (gcfg, acfg))
-    suite = yaml.safe_load((ROOT / "suites" / "paper-fedgela.yaml").read_text())
-    n = int(suite["partitions"][part].get("num-supernodes", suite["num-supernodes"]))
+def personalized(
+    cfgs: dict[str, dict], starts: dict[str, nn.Module], num_clients: int, step: int, epochs: int
+) -> dict[str, float]:
+    """Mean accuracy on the clients' test splits of the four locally trained models (module doc),
+    from the runs' configs and final global models (`cfgs`, `starts`: by method)."""
+    gcfg, acfg, start_g, start_a = cfgs["fedgela"], cfgs["fedavg"], starts["fedgela"], starts["fedavg"]
     rows = []
-    for p in range(0, n, step):
-        d = load_client_data(gcfg, p, n)
+    for p in range(0, num_clients, step):
+        d = load_client_data(gcfg, p, num_clients)
         if len(d.y_test) == 0:
             continue
-        batches = 1000 * seed + p
+        batches = 1000 * gcfg["seed"] + p
         adapted = fine_tune(gela_model(gcfg, start_g.etf, local_phi(d.train_counts)), start_g, gcfg, d, epochs, batches)
         plain_eval = gela_model(gcfg, start_g.etf)
         plain_eval.load_state_dict(adapted.state_dict())
@@ -140,14 +139,17 @@ def main() -> None:
     seeds, step = ([0], 25) if quick else (args.seeds, args.step)
     geo: dict[str, list[dict[str, float]]] = {m: [] for m in METHODS}
     pa: list[dict[str, float]] = []
+    suite = yaml.safe_load((ROOT / "suites" / "paper-fedgela.yaml").read_text())
+    num_clients = int(suite["partitions"][args.part].get("num-supernodes", suite["num-supernodes"]))
     for seed in seeds:
-        x, y = load_test_set(run_config(runs, args.part, "fedavg", seed, quick))
+        cfgs = {m: run_config(suite, runs, args.part, m, seed, quick) for m in METHODS}
+        starts = {m: global_model(cfgs[m], runs, args.part, quick) for m in METHODS}
+        x, y = load_test_set(cfgs["fedavg"])
         for m in METHODS:
-            cfg = run_config(runs, args.part, m, seed, quick)
-            geo[m].append(geometry(global_model(cfg, runs, args.part, quick), x, y))
+            geo[m].append(geometry(starts[m], x, y))
             print(f"seed {seed} {m:8s} " + ", ".join(f"{k} {v:.4f}" for k, v in geo[m][-1].items()), flush=True)
-        epochs = 1 if quick else run_config(runs, args.part, "fedgela", seed, quick)["local-epochs"]
-        pa.append(personalized(runs, args.part, seed, step, epochs, quick))
+        epochs = 1 if quick else cfgs["fedgela"]["local-epochs"]
+        pa.append(personalized(cfgs, starts, num_clients, step, epochs))
         print(f"seed {seed} PA: " + ", ".join(f"{k} {v:.4f}" for k, v in pa[-1].items()), flush=True)
     print(f"\nglobal models, mean over seeds {seeds} (a simplex ETF: cos between class means -0.111):")
     for m in METHODS:
