@@ -26,7 +26,7 @@ from typing import Any
 
 from fedskew.config import DATASETS, ConfigError, all_params
 from fedskew.data.download import DownloadError, get_dataset, list_datasets
-from fedskew.experiments import load_suite, run_suite, write_report
+from fedskew.experiments import load_suite, run_suite, select, write_report
 from fedskew.launcher import (
     RunFailed,
     app_defaults,
@@ -76,17 +76,28 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_experiment(args: argparse.Namespace) -> int:
     app_dir = find_app_dir(args.app)
     suite = load_suite(args.suite, app_defaults(app_dir))
+    chosen = select(suite, _labels(args.methods), _labels(args.partitions), _labels(args.seeds, int, "--seeds"))
     if args.dry_run:
-        for c in suite.cells:
+        for c in chosen:
             print(f"{c.run_name} ({c.num_supernodes} clients): {c.overrides}")
-        print(f"{len(suite.cells)} cells -> {suite.folder}")
+        print(f"{len(chosen)} of {len(suite.cells)} cells -> {suite.folder}")
         return 0
     if args.report:
         write_report(suite)
     else:
-        run_suite(suite, app_dir, stream=args.stream, actors=args.actors)
+        run_suite(suite, app_dir, stream=args.stream, actors=args.actors, cells=chosen)
     print(f"results: {suite.folder / 'results.md'}")
     return 0
+
+
+def _labels(text: str | None, kind: type = str, flag: str = "") -> list | None:
+    """'a,b' -> ['a', 'b'] (None when not given); `kind=int` for seeds, with the flag in the error."""
+    if text is None:
+        return None
+    try:
+        return [kind(v.strip()) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ConfigError(f"{flag} {text!r} is not allowed: give integers separated by commas") from None
 
 
 def cmd_config(args: argparse.Namespace) -> int:
@@ -137,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     exp.add_argument("--report", action="store_true", help="only (re)write the table and plots")
     exp.add_argument("--stream", action="store_true", help="show each run's log")
     exp.add_argument("--actors", "-j", type=int, help=ACTORS_HELP)
+    for flag, what in (("methods", "method labels"), ("partitions", "partition labels"), ("seeds", "seeds")):
+        exp.add_argument(f"--{flag}", metavar="A,B", help=f"run only these {what} (default: all the suite's)")
     exp.set_defaults(fn=cmd_experiment)
     conf = sub.add_parser("config", help="list every run-config key")
     conf.set_defaults(fn=cmd_config)

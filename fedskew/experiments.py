@@ -134,20 +134,54 @@ def _num_supernodes(value: Any, where: str) -> int:
     return value
 
 
+def select(
+    suite: Suite,
+    methods: list[str] | None = None,
+    partitions: list[str] | None = None,
+    seeds: list[int] | None = None,
+) -> list[Cell]:
+    """The suite's cells whose method, partition and seed are among those given (None: all); an
+    unknown label or seed raises ConfigError naming it and what the suite has."""
+    have = {
+        "method": suite.method_labels,
+        "partition": suite.partition_labels,
+        "seed": sorted({c.seed for c in suite.cells}),
+    }
+    wanted = {"method": methods, "partition": partitions, "seed": seeds}
+    for kind, values in wanted.items():
+        for v in values or []:
+            if v not in have[kind]:
+                allowed = ", ".join(map(str, have[kind]))
+                raise ConfigError(f"suite {suite.name}: no {kind} {v!r} (it has: {allowed})")
+    return [
+        c
+        for c in suite.cells
+        if all(not wanted[k] or getattr(c, k) in wanted[k] for k in ("method", "partition", "seed"))
+    ]
+
+
 def _fmt_eta(seconds: float) -> str:
     m, s = divmod(int(seconds), 60)
     h, m = divmod(m, 60)
     return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
 
 
-def run_suite(suite: Suite, app_dir: Path, stream: bool = False, actors: int | None = None) -> None:
-    """Run every cell not done yet, one after the other on one private SuperLink and Ray head
-    (started once), each with every core busy (or `actors` clients at once), with progress and
-    time left; then write the report."""
+def run_suite(
+    suite: Suite,
+    app_dir: Path,
+    stream: bool = False,
+    actors: int | None = None,
+    cells: list[Cell] | None = None,
+) -> None:
+    """Run every cell not done yet (of `cells`, default all the suite's), one after the other on one
+    private SuperLink and Ray head (started once), each with every core busy (or `actors` clients at
+    once), with progress and time left; then write the report of every finished cell."""
     suite.folder.mkdir(parents=True, exist_ok=True)
-    todo = [c for c in suite.cells if not (suite.folder / c.run_name / "summary.json").is_file()]
-    done_before = len(suite.cells) - len(todo)
-    print(f"suite {suite.name}: {len(suite.cells)} cells, {done_before} already done -> {suite.folder}", flush=True)
+    chosen = suite.cells if cells is None else cells
+    todo = [c for c in chosen if not (suite.folder / c.run_name / "summary.json").is_file()]
+    done_before = len(chosen) - len(todo)
+    of = "" if cells is None else f" of the suite's {len(suite.cells)}"
+    print(f"suite {suite.name}: {len(chosen)} cells{of}, {done_before} already done -> {suite.folder}", flush=True)
     spent: list[float] = []
     failed = []
     defaults = app_defaults(app_dir)
@@ -156,7 +190,7 @@ def run_suite(suite: Suite, app_dir: Path, stream: bool = False, actors: int | N
     with simulation_link(app_dir, plans.pop() if len(plans) == 1 else None) as link:
         for i, cell in enumerate(todo, start=1):
             t0 = time.perf_counter()
-            label = f"[{done_before + i}/{len(suite.cells)}] {cell.partition} / {cell.method} / seed {cell.seed}"
+            label = f"[{done_before + i}/{len(chosen)}] {cell.partition} / {cell.method} / seed {cell.seed}"
             print(f"{label} ...", flush=True)
             over = {**cell.overrides, "out-dir": str(suite.folder), "run-name": cell.run_name}
             try:

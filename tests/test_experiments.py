@@ -160,3 +160,32 @@ def test_a_cell_stopped_part_way_resumes_from_its_checkpoint(tmp_path, monkeypat
     run_suite(suite, ROOT)
     assert seen.pop(cell.run_name) is True and not any(seen.values())
     assert "resuming after round 2" in capsys.readouterr().out
+
+
+def test_the_cli_runs_only_the_chosen_cells_and_reports_every_finished_one(tmp_path, monkeypatch, capsys) -> None:
+    from fedskew import cli
+
+    path = write(tmp_path, SUITE.format(out=tmp_path / "out"))
+    calls: list = []
+    monkeypatch.setattr(
+        experiments, "simulation_link", lambda app_dir, head: contextlib.nullcontext("one link for the suite")
+    )
+    monkeypatch.setattr(experiments, "run_simulation", fake_simulation(calls))
+    assert cli.main(["experiment", str(path), "--methods", "rs", "--partitions", "c2", "--seeds", "1"]) == 0
+    assert calls == ["c2--rs--s1"]
+    assert "1 cells of the suite's 8, 0 already done" in capsys.readouterr().out
+    assert cli.main(["experiment", str(path), "--partitions", "c2"]) == 0
+    assert sorted(calls) == sorted(["c2--rs--s1", "c2--fedavg--s0", "c2--fedavg--s1", "c2--rs--s0"])
+    assert "4 cells of the suite's 8, 1 already done" in capsys.readouterr().out
+    md = (tmp_path / "out" / "t" / "results.md").read_text()
+    assert "| c2 | rs | 2 |" in md and "| c2 | fedavg | 2 |" in md and "| iid |" not in md
+    # a label or seed the suite lacks is refused, naming it and what the suite has; nothing runs
+    for argv, needle in (
+        (["--methods", "fedrs"], "no method 'fedrs' (it has: fedavg, rs)"),
+        (["--partitions", "iid,c3"], "no partition 'c3' (it has: iid, c2)"),
+        (["--seeds", "2"], "no seed 2 (it has: 0, 1)"),
+        (["--seeds", "0,x"], "--seeds '0,x' is not allowed"),
+    ):
+        assert cli.main(["experiment", str(path), *argv]) == 2
+        assert needle in capsys.readouterr().err
+    assert len(calls) == 4
