@@ -101,3 +101,51 @@ def test_simulations_run_in_forks_of_the_warm_executor(tmp_path: Path) -> None:
         link.exec_proc.wait()
         with pytest.raises(RunFailed, match="simulation executor exited"):
             submit(ROOT, link, {**overrides, "run-name": "three"}, fed, stream=False)
+
+
+class FakeLinkState:
+    """What the simulation engine's extractor uses of Flower's `InMemoryLinkState`."""
+
+    def __init__(self) -> None:
+        self.messages: list = []  # (node id, message), in the order stored
+
+    def store_message_ins(self, message) -> str:
+        self.messages.append((message.metadata.dst_node_id, message))
+        return message.metadata.message_id
+
+    def get_message_ins(self, node_id: int, limit: int) -> list:
+        mine = [m for n, m in self.messages if n == node_id][:limit]
+        self.messages = [(n, m) for n, m in self.messages if all(m is not x for x in mine)]
+        return mine
+
+
+def test_the_simulation_engine_takes_messages_when_stored_and_in_that_order(monkeypatch) -> None:
+    import queue
+    import threading
+    from types import SimpleNamespace
+
+    from flwr.server.superlink.fleet.vce import vce_api
+
+    from fedskew.clientexec import prompt_message_dispatch
+
+    monkeypatch.setattr(FakeLinkState, "store_message_ins", FakeLinkState.store_message_ins)  # restored after
+    monkeypatch.setattr(vce_api, "add_messages_to_queue", vce_api.add_messages_to_queue)
+    prompt_message_dispatch(FakeLinkState, idle_poll=120.0)  # without a wake-up it would look again in 2 min
+    state, q, stop = FakeLinkState(), queue.Queue(), threading.Event()
+    nodes = {1: 0, 2: 1, 3: 2, 4: 3}
+    extractor = threading.Thread(target=vce_api.add_messages_to_queue, args=(state, q, nodes, stop), daemon=True)
+    extractor.start()
+    time.sleep(0.2)  # the extractor is waiting, nothing stored yet
+    assert q.empty()
+
+    def msg(node: int, mid: str) -> SimpleNamespace:
+        return SimpleNamespace(metadata=SimpleNamespace(dst_node_id=node, message_id=mid))
+
+    for node, mid in ((3, "a"), (1, "b"), (4, "c"), (2, "d")):  # largest first, say: not node order
+        state.store_message_ins(msg(node, mid))
+    got = [q.get(timeout=30).metadata.message_id for _ in range(4)]  # woken by the stores, not the 2-min poll
+    assert got == ["a", "b", "c", "d"]  # Flower's own extractor would give node order: b, d, a, c
+    stop.set()
+    state.store_message_ins(msg(1, "e"))  # wakes it to see the stop
+    extractor.join(timeout=30)
+    assert not extractor.is_alive()
