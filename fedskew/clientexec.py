@@ -36,11 +36,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
-import itertools
 import os
-import queue as queue_module
 import sys
-import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable
@@ -96,56 +93,11 @@ def run_clientapp_task(conn: Connection, token: str) -> int:
     )
 
 
-def prompt_message_dispatch(state_class: type | None = None, idle_poll: float = 0.1) -> None:
-    """Make Flower's simulation engine hand each message to the actors' queue as soon as the
-    ServerApp stores it, in the order it was stored.
-
-    Flower's extractor thread (`vce_api.add_messages_to_queue`) looks for new messages every 0.1 s,
-    node by node in node order: every round starts 0.05 s late on average (3-4 % of a 1-epoch
-    round here), and the clients start in node order whatever order the ServerApp sent them in. Here
-    storing a message wakes that thread at once (it still looks every 0.1 s when nothing wakes it,
-    as Flower's does), and the messages it finds are queued in the order they were stored, so the
-    ServerApp's order (largest clients first: `FedAvgStrategy.largest_first`) is the order the
-    actors take them in. Only for this process: a simulation task's fork, a fresh one per run.
-    `state_class` (default: Flower's `InMemoryLinkState`) and `idle_poll` are for the tests.
-    """
-    from flwr.app import Message
-    from flwr.server.superlink.fleet.vce import vce_api
-    from flwr.server.superlink.linkstate.in_memory_linkstate import InMemoryLinkState
-
-    state_class = state_class or InMemoryLinkState
-    stored = threading.Event()
-    rank: dict[str, int] = {}  # message id -> when it was stored (dropped once queued)
-    counter = itertools.count()
-    store = state_class.store_message_ins
-
-    def store_message_ins(self: InMemoryLinkState, message: Message) -> str | None:
-        message_id = store(self, message)
-        if message_id is not None:
-            rank.setdefault(message_id, next(counter))
-            stored.set()
-        return message_id
-
-    def add_messages_to_queue(
-        state: InMemoryLinkState, queue: queue_module.Queue, nodes_mapping: dict, f_stop: threading.Event
-    ) -> None:
-        while not f_stop.is_set():
-            stored.clear()  # a message stored from here on wakes the wait below
-            found = [m for node_id in nodes_mapping for m in state.get_message_ins(node_id=node_id, limit=1)]
-            for msg in sorted(found, key=lambda m: rank.pop(m.metadata.message_id, -1)):
-                queue.put(msg)
-            stored.wait(idle_poll)
-
-    state_class.store_message_ins = store_message_ins
-    vce_api.add_messages_to_queue = add_messages_to_queue
-
-
 def run_simulation_task(conn: Connection, token: str) -> int:
     """Flower's `flwr-simulation` command for one task (in a fork), with the arguments a SuperExec
-    gives it, and its messages dispatched promptly (`prompt_message_dispatch`); its exit code."""
+    gives it; its exit code."""
     from flwr.simulation.app import flwr_simulation
 
-    prompt_message_dispatch()
     tls = ["--insecure"] if conn.insecure else ["--root-certificates", str(conn.root_certificates)]
     sys.argv = ["flwr-simulation", "--runtime-api-address", conn.address, "--token", token, *tls]
     sys.argv += ["--parent-pid", str(os.getppid())]

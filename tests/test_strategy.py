@@ -121,20 +121,6 @@ def test_sampling_is_seeded_by_partition_not_node_id(task_identity) -> None:
     assert len({tuple(p) for p in picks[0]}) > 1  # rounds differ
 
 
-def test_sampled_nodes_come_largest_partition_first(task_identity) -> None:
-    # Dirichlet(0.3) over 10 partitions: uneven sizes; the simulation's actors take clients in this order
-    cfg = validate({"fraction-train": 0.6, "seed": 3, "partition": "dirichlet", "dirichlet-alpha": 0.3})
-    ids = {100 + p: p for p in range(10)}
-    strategy = FedAvgStrategy(cfg)
-    grid = FakeGrid(ids)
-    for r in range(1, 4):
-        chosen = strategy.sample(r, grid)
-        sizes = [strategy.example_bound(ids[n]) for n in chosen]
-        assert sizes == sorted(sizes, reverse=True) and len(set(sizes)) > 1
-        rng = np.random.default_rng([cfg["seed"], r])  # the same sample as before, only reordered
-        assert sorted(ids[n] for n in chosen) == sorted(rng.choice(10, size=6, replace=False).tolist())
-
-
 def test_weighted_average_properties() -> None:
     rng = np.random.default_rng(0)
     models = [{"w": rng.normal(size=(3, 2)).astype(np.float32), "n": np.array(4, dtype=np.int64)} for _ in range(4)]

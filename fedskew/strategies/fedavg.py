@@ -179,19 +179,14 @@ class FedAvgStrategy(FedAvg):
         return self.cfg["max-num-examples"] or self.train_size()
 
     def sample(self, server_round: int, grid: Grid) -> list[int]:
-        """Seeded sample of max(1, floor(fraction * K)) nodes, chosen by partition id, largest
-        partition first: the order a simulation's actors take them in, so that the longest clients
-        do not start last (with 10 clients of 1,500-4,000 images over 2 actors, partition order
-        finished 5 % after a perfect split of the work, largest first 1 %). Results do not depend
-        on the order: replies are aggregated by partition."""
+        """Seeded sample of max(1, floor(fraction * K)) nodes, chosen by partition id."""
         nodes = sorted(self.discover(grid).items(), key=lambda kv: kv[1])
         if not nodes:
             return []
         k = max(1, math.floor(self.cfg["fraction-train"] * len(nodes)))
         rng = np.random.default_rng([self.cfg["seed"], server_round])
-        picked = [nodes[i] for i in np.sort(rng.choice(len(nodes), size=k, replace=False))]
-        picked.sort(key=lambda node_pid: (-self.example_bound(node_pid[1]), node_pid[1]))
-        return [node for node, _ in picked]
+        picked = np.sort(rng.choice(len(nodes), size=k, replace=False))
+        return [nodes[i][0] for i in picked]
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
