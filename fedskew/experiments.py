@@ -1,6 +1,6 @@
 """Experiment suites: a YAML grid of methods x partitions x seeds, run cell by cell as simulations.
 
-    fedskew experiment suites/fmnist-pcdd.yaml [--dry-run]
+    fedskew experiment suites/fmnist-pcdd.yaml [--dry-run] [--methods A,B] [--partitions X] [--seeds 0,1]
 
 Suite file::
 
@@ -20,8 +20,9 @@ Suite file::
 Every cell's config is validated before anything runs. A cell whose `summary.json` exists is
 skipped, and a cell stopped part-way continues from its `checkpoint.pt` when its saved config is
 the cell's, so an interrupted suite resumes where it stopped (within `checkpoint-every` rounds).
-At the end (and with `--report`) the suite folder gets `results.md`, `results.csv` and one
-`accuracy-<partition>.png` per partition.
+`--methods`, `--partitions` and `--seeds` run only the cells with those labels (`select`). At the
+end (and with `--report`) the suite folder gets `results.md`, `results.csv` and one
+`accuracy-<partition>.png` per partition, over every finished cell.
 """
 
 from __future__ import annotations
