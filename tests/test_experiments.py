@@ -179,6 +179,8 @@ def test_the_cli_runs_only_the_chosen_cells_and_reports_every_finished_one(tmp_p
     assert "4 cells of the suite's 8, 1 already done" in capsys.readouterr().out
     md = (tmp_path / "out" / "t" / "results.md").read_text()
     assert "| c2 | rs | 2 |" in md and "| c2 | fedavg | 2 |" in md and "| iid |" not in md
+    assert (tmp_path / "out" / "t" / "accuracy-c2.png").is_file()
+    assert not (tmp_path / "out" / "t" / "accuracy-iid.png").exists()  # nothing finished there: no empty plot
     # a label or seed the suite lacks is refused, naming it and what the suite has; nothing runs
     for argv, needle in (
         (["--methods", "fedrs"], "no method 'fedrs' (it has: fedavg, rs)"),
