@@ -15,7 +15,9 @@ local epochs, Dirichlet 0.1, LeNet)? Reads the suite's finished runs (their fina
    (FedAvg's global model, plain SGD).
 
     .venv/bin/python benchmarks/fedgela_etf.py [--runs outputs/suites/paper-fedgela] [--part part-a01]
-        [--seeds 0 1 2] [--step 5] [--quick]
+        [--seeds 0 1 2] [--step 5] [--methods fedavg fedrs fedgela] [--quick]
+
+`--methods fedavg fedgela` reads a cell run without FedRS.
 
 `--quick` (the test) uses freshly initialised models, 2 clients and 1 epoch.
 """
@@ -132,27 +134,31 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--step", type=int, default=5, help="every step-th client for the PA side")
     ap.add_argument("--quick", action="store_true", help="fresh models, 2 clients, 1 epoch, seed 0")
+    ap.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS), help="fedavg, fedgela needed")
     args = ap.parse_args()
+    if not {"fedavg", "fedgela"} <= set(args.methods):
+        ap.error(f"--methods {' '.join(args.methods)}: fedavg and fedgela are needed (the PA side compares them)")
+    methods = [m for m in METHODS if m in args.methods]
     torch.set_num_threads(1)
     logging.getLogger("flwr").setLevel(logging.ERROR)  # the strategy's note on fraction_evaluate
     runs, quick = Path(args.runs), args.quick
     seeds, step = ([0], 25) if quick else (args.seeds, args.step)
-    geo: dict[str, list[dict[str, float]]] = {m: [] for m in METHODS}
+    geo: dict[str, list[dict[str, float]]] = {m: [] for m in methods}
     pa: list[dict[str, float]] = []
     suite = yaml.safe_load((ROOT / "suites" / "paper-fedgela.yaml").read_text())
     num_clients = int(suite["partitions"][args.part].get("num-supernodes", suite["num-supernodes"]))
     for seed in seeds:
-        cfgs = {m: run_config(suite, runs, args.part, m, seed, quick) for m in METHODS}
-        starts = {m: global_model(cfgs[m], runs, args.part, quick) for m in METHODS}
+        cfgs = {m: run_config(suite, runs, args.part, m, seed, quick) for m in methods}
+        starts = {m: global_model(cfgs[m], runs, args.part, quick) for m in methods}
         x, y = load_test_set(cfgs["fedavg"])
-        for m in METHODS:
+        for m in methods:
             geo[m].append(geometry(starts[m], x, y))
             print(f"seed {seed} {m:8s} " + ", ".join(f"{k} {v:.4f}" for k, v in geo[m][-1].items()), flush=True)
         epochs = 1 if quick else cfgs["fedgela"]["local-epochs"]
         pa.append(personalized(cfgs, starts, num_clients, step, epochs))
         print(f"seed {seed} PA: " + ", ".join(f"{k} {v:.4f}" for k, v in pa[-1].items()), flush=True)
     print(f"\nglobal models, mean over seeds {seeds} (a simplex ETF: cos between class means -0.111):")
-    for m in METHODS:
+    for m in methods:
         print(f"  {m:8s} " + ", ".join(f"{k} {np.mean([g[k] for g in geo[m]]):.4f}" for k in geo[m][0]))
     print("personalized models (mean accuracy on the clients' test splits, mean over seeds):")
     means = {k: float(np.mean([r[k] for r in pa])) for k in pa[0]}

@@ -36,3 +36,22 @@ def test_benchmark_prints_its_ratios(script: str, expected: list[str]) -> None:
     assert res.returncode == 0, res.stderr[-3000:]
     for text in expected:
         assert text in res.stdout, res.stdout[-3000:]
+
+
+def test_fedgela_etf_reads_a_cell_run_without_fedrs_and_refuses_one_without_fedgela() -> None:
+    script = str(ROOT / "benchmarks" / "fedgela_etf.py")
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
+    ok = subprocess.run(
+        [sys.executable, script, "--quick", "--methods", "fedavg", "fedgela"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    assert "fedgela" in ok.stdout and "fedrs" not in ok.stdout, ok.stdout[-3000:]
+    bad = subprocess.run(
+        [sys.executable, script, "--quick", "--methods", "fedavg", "fedrs"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert bad.returncode == 2 and "fedavg and fedgela are needed" in bad.stderr, bad.stderr[-3000:]
