@@ -11,6 +11,13 @@ import pytest
 from tests.conftest import ROOT
 
 
+def run_benchmark(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`benchmarks/<script> <args>` run as a user would, one BLAS thread, at most 120 s."""
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
+    cmd = [sys.executable, str(ROOT / "benchmarks" / script), *args]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120, env=env)
+
+
 @pytest.mark.parametrize(
     ("script", "expected"),
     [
@@ -24,34 +31,15 @@ from tests.conftest import ROOT
     ],
 )
 def test_benchmark_prints_its_ratios(script: str, expected: list[str]) -> None:
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
-    res = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / script), "--quick"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
+    res = run_benchmark(script, "--quick")
     assert res.returncode == 0, res.stderr[-3000:]
     for text in expected:
         assert text in res.stdout, res.stdout[-3000:]
 
 
 def test_fedgela_etf_reads_a_cell_run_without_fedrs_and_refuses_one_without_fedgela() -> None:
-    script = str(ROOT / "benchmarks" / "fedgela_etf.py")
-    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
-    ok = subprocess.run(
-        [sys.executable, script, "--quick", "--methods", "fedavg", "fedgela"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
+    ok = run_benchmark("fedgela_etf.py", "--quick", "--methods", "fedavg", "fedgela")
     assert ok.returncode == 0, ok.stderr[-3000:]
     assert "fedgela" in ok.stdout and "fedrs" not in ok.stdout, ok.stdout[-3000:]
-    bad = subprocess.run(
-        [sys.executable, script, "--quick", "--methods", "fedavg", "fedrs"], cwd=ROOT, capture_output=True, text=True
-    )
+    bad = run_benchmark("fedgela_etf.py", "--quick", "--methods", "fedavg", "fedrs")
     assert bad.returncode == 2 and "fedavg and fedgela are needed" in bad.stderr, bad.stderr[-3000:]
