@@ -8,6 +8,11 @@ local epochs, Dirichlet 0.1, LeNet)? Reads the suite's finished runs (their fina
    the classifier sees (FedGELA: its head's output, L2-normalised; FedAvg, FedRS: the penultimate
    layer), the cosines between centred class means (a simplex ETF: all -1/(C-1) = -0.111), each class
    mean against its classifier vector (FedGELA: its fixed ETF column), and the worst class's accuracy.
+   For FedGELA (and FedGE, its run without local adaptation) the worst class c is traced to its main
+   owner k (the client with most of c's training images): phi_k,c, the mean cos(h, m_c) of c's test
+   images against their largest cos(h, m_j), j != c, and how k's adapted ETF classifies them. A large
+   phi_k,c lets the owner's loss vanish for features barely aligned with m_c, which the global
+   model's plain ETF then assigns to other classes.
 2. Personalized accuracy (PA) side, the local adaptation: for every `--step`-th client, 10 local
    epochs from the final global model, as a round trains (same batches for all): FedGELA against its
    phi-adapted ETF, evaluated on the client's test split with that adapted ETF (FedGELA's PA) and
@@ -15,9 +20,10 @@ local epochs, Dirichlet 0.1, LeNet)? Reads the suite's finished runs (their fina
    (FedAvg's global model, plain SGD).
 
     .venv/bin/python benchmarks/fedgela_etf.py [--runs outputs/suites/paper-fedgela] [--part part-a01]
-        [--seeds 0 1 2] [--step 5] [--methods fedavg fedrs fedgela] [--quick]
+        [--seeds 0 1 2] [--step 5] [--methods fedavg fedrs fedgela fedge] [--quick]
 
-`--methods fedavg fedgela` reads a cell run without FedRS.
+`--methods fedavg fedgela` reads a cell run without FedRS; `fedge` (the suite's FedGELA without
+local adaptation) adds its global model's geometry and worst class.
 
 `--quick` (the test) uses freshly initialised models, 2 clients and 1 epoch.
 """
@@ -37,15 +43,18 @@ from torch import nn
 
 from fedskew.client_app.fedgela import gela_model
 from fedskew.config import validate
-from fedskew.data.clients import ClientData, load_client_data, load_test_set
+from fedskew.data import load_arrays
+from fedskew.data.clients import ClientData, client_indices, load_client_data, load_test_set
 from fedskew.launcher import app_defaults
-from fedskew.losses.fedgela import class_geometry, local_phi
+from fedskew.losses.fedgela import ETFNet, class_geometry, gela_logits, local_phi
 from fedskew.models import build_model
+from fedskew.partitions.stats import class_counts
 from fedskew.strategies.fedgela import FedGELAStrategy
 from fedskew.training import clip_before_step, cross_entropy_loss, evaluate, sgd, train_epochs
 
 CPU = torch.device("cpu")
-METHODS = ("fedavg", "fedrs", "fedgela")
+METHODS = ("fedavg", "fedrs", "fedgela", "fedge")
+DEFAULT_METHODS = ("fedavg", "fedrs", "fedgela")
 ADAPTED = "FedGELA PA (trained and evaluated with the adapted ETF)"
 PLAIN_EVAL = "the same model evaluated with the plain ETF"
 UNADAPTED = "FedGELA trained and evaluated with the plain ETF (no adaptation)"
@@ -57,19 +66,19 @@ def run_config(suite: dict, runs: Path, part: str, method: str, seed: int, quick
     if quick:
         cell = {**suite["base"], **suite["partitions"][part], **suite["methods"][method]}
         cell.pop("num-supernodes", None)  # a suite key (the simulation's size), not a run-config key
-        return validate({**app_defaults(ROOT), **cell, "method": method, "seed": seed})
+        return validate({**app_defaults(ROOT), "method": method, **cell, "seed": seed})
     return validate(json.loads((runs / f"{part}--{method}--s{seed}" / "config.json").read_text()))
 
 
-def global_model(cfg: dict, runs: Path, part: str, quick: bool) -> torch.nn.Module:
-    """The run's final global model (FedGELA: backbone + plain ETF)."""
+def global_model(cfg: dict, runs: Path, part: str, name: str, quick: bool) -> torch.nn.Module:
+    """The final global model of the run of suite method `name` (FedGELA: backbone + plain ETF)."""
     torch.manual_seed(cfg["seed"])
     if cfg["method"] == "fedgela":
         model = FedGELAStrategy(cfg, CPU).build_model()
     else:
         model = build_model(cfg["model"], cfg["dataset"])
     if not quick:
-        path = runs / f"{part}--{cfg['method']}--s{cfg['seed']}" / "model.pt"
+        path = runs / f"{part}--{name}--s{cfg['seed']}" / "model.pt"
         model.load_state_dict(torch.load(path, map_location=CPU, weights_only=True))
     return model.eval()
 
@@ -88,6 +97,41 @@ def geometry(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[s
     per_class = [float((pred[y == c] == c).float().mean()) for c in range(num)]
     accuracy = float((pred == y).float().mean())
     return {"accuracy": accuracy, "worst class": min(per_class), **class_geometry(h, y, w, num)}
+
+
+def train_counts(cfg: dict, num_clients: int) -> np.ndarray:
+    """Training images per client and class `[K, C]` of the run's partition."""
+    _, y_train, _, _ = load_arrays(cfg)
+    return class_counts(y_train, [tr for tr, _ in client_indices(cfg, num_clients)], int(y_train.max()) + 1)
+
+
+def worst_class(model: ETFNet, x: torch.Tensor, y: torch.Tensor, counts: np.ndarray) -> dict[str, float]:
+    """The plain-ETF global model's worst class c and its main owner k (module doc, 1): with h the
+    L2-normalised features of c's test images, cos(h, m_c) against max_{j != c} cos(h, m_j), and
+    the accuracy of the owner's adapted logits s * phi_k,j * cos(h, m_j) on them."""
+    with torch.no_grad():
+        h = torch.nn.functional.normalize(torch.cat([model.features(x[i : i + 2000]) for i in range(0, len(x), 2000)]))
+    cos = h @ model.etf
+    pred = cos.argmax(1)
+    per_class = torch.stack([(pred[y == j] == j).float().mean() for j in range(cos.shape[1])])
+    c = int(per_class.argmin())
+    k = int(counts[:, c].argmax())
+    phi = local_phi(counts[k])
+    mine = cos[y == c]
+    others = mine.clone()
+    others[:, c] = -2.0
+    adapted = gela_logits(h[y == c], model.etf, model.scale, phi, model.mode, normalize=False).argmax(1)
+    return {
+        "class": c,
+        "plain-ETF accuracy": float(per_class[c]),
+        "owner": k,
+        "owner's share of its training images": float(counts[k, c] / max(counts[:, c].sum(), 1)),
+        "phi_k,c": float(phi[c]),
+        "cos(h, m_c)": float(mine[:, c].mean()),
+        "max other cos(h, m_j)": float(others.max(1).values.mean()),
+        "cos(h, m_y), all test images": float(cos[torch.arange(len(y)), y].mean()),
+        "owner's adapted-ETF accuracy": float((adapted == c).float().mean()),
+    }
 
 
 def fine_tune(model: nn.Module, start: nn.Module, cfg: dict, data: ClientData, epochs: int, seed: int) -> nn.Module:
@@ -134,7 +178,9 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--step", type=int, default=5, help="every step-th client for the PA side")
     ap.add_argument("--quick", action="store_true", help="fresh models, 2 clients, 1 epoch, seed 0")
-    ap.add_argument("--methods", nargs="+", choices=METHODS, default=list(METHODS), help="fedavg, fedgela needed")
+    ap.add_argument(
+        "--methods", nargs="+", choices=METHODS, default=list(DEFAULT_METHODS), help="fedavg, fedgela needed"
+    )
     args = ap.parse_args()
     if not {"fedavg", "fedgela"} <= set(args.methods):
         ap.error(f"--methods {' '.join(args.methods)}: fedavg and fedgela are needed (the PA side compares them)")
@@ -149,11 +195,15 @@ def main() -> None:
     num_clients = int(suite["partitions"][args.part].get("num-supernodes", suite["num-supernodes"]))
     for seed in seeds:
         cfgs = {m: run_config(suite, runs, args.part, m, seed, quick) for m in methods}
-        starts = {m: global_model(cfgs[m], runs, args.part, quick) for m in methods}
+        starts = {m: global_model(cfgs[m], runs, args.part, m, quick) for m in methods}
         x, y = load_test_set(cfgs["fedavg"])
+        counts = train_counts(cfgs["fedgela"], num_clients)
         for m in methods:
             geo[m].append(geometry(starts[m], x, y))
             print(f"seed {seed} {m:8s} " + ", ".join(f"{k} {v:.4f}" for k, v in geo[m][-1].items()), flush=True)
+            if m in ("fedgela", "fedge"):
+                w = worst_class(starts[m], x, y, counts)
+                print(f"seed {seed} {m:8s} worst class: " + ", ".join(f"{k} {v:.4g}" for k, v in w.items()), flush=True)
         epochs = 1 if quick else cfgs["fedgela"]["local-epochs"]
         pa.append(personalized(cfgs, starts, num_clients, step, epochs))
         print(f"seed {seed} PA: " + ", ".join(f"{k} {v:.4f}" for k, v in pa[-1].items()), flush=True)
