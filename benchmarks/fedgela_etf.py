@@ -43,12 +43,10 @@ from torch import nn
 
 from fedskew.client_app.fedgela import gela_model
 from fedskew.config import validate
-from fedskew.data import load_arrays
-from fedskew.data.clients import ClientData, client_indices, load_client_data, load_test_set
+from fedskew.data.clients import ClientData, client_class_counts, load_client_data, load_test_set
 from fedskew.launcher import app_defaults
 from fedskew.losses.fedgela import ETFNet, class_geometry, gela_logits, local_phi
 from fedskew.models import build_model
-from fedskew.partitions.stats import class_counts
 from fedskew.strategies.fedgela import FedGELAStrategy
 from fedskew.training import clip_before_step, cross_entropy_loss, evaluate, sgd, train_epochs
 
@@ -83,47 +81,47 @@ def global_model(cfg: dict, runs: Path, part: str, name: str, quick: bool) -> to
     return model.eval()
 
 
-def geometry(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
-    """`class_geometry` of what the classifier sees, plus accuracy and the worst class's accuracy."""
+def embed(model: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """What the classifier sees and the predictions, batched: (features `[N, d]`, argmax `[N]`).
+    FedGELA's features are L2-normalised (head "paper"), so h @ etf holds cos(h, m_c)."""
     with torch.no_grad():
         h = torch.cat([model.features(x[i : i + 2000]) for i in range(0, len(x), 2000)])
         pred = torch.cat([model(x[i : i + 2000]).argmax(1) for i in range(0, len(x), 2000)])
-    if hasattr(model, "etf"):  # FedGELA: cos(h, m_c) on normalised features (head "paper")
-        h = torch.nn.functional.normalize(h, dim=1) if model.normalize else h
-        w = model.etf.T
-    else:
-        w = model.classifier.weight.detach()
-    num = int(y.max()) + 1
-    per_class = [float((pred[y == c] == c).float().mean()) for c in range(num)]
+    if getattr(model, "normalize", False):
+        h = torch.nn.functional.normalize(h, dim=1)
+    return h, pred
+
+
+def per_class_accuracy(pred: torch.Tensor, y: torch.Tensor) -> list[float]:
+    return [float((pred[y == c] == c).float().mean()) for c in range(int(y.max()) + 1)]
+
+
+def geometry(model: torch.nn.Module, h: torch.Tensor, pred: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+    """`class_geometry` of what the classifier sees (`embed`), plus accuracy and the worst class's accuracy."""
+    w = model.etf.T if hasattr(model, "etf") else model.classifier.weight.detach()
+    per_class = per_class_accuracy(pred, y)
     accuracy = float((pred == y).float().mean())
-    return {"accuracy": accuracy, "worst class": min(per_class), **class_geometry(h, y, w, num)}
+    return {"accuracy": accuracy, "worst class": min(per_class), **class_geometry(h, y, w, len(per_class))}
 
 
-def train_counts(cfg: dict, num_clients: int) -> np.ndarray:
-    """Training images per client and class `[K, C]` of the run's partition."""
-    _, y_train, _, _ = load_arrays(cfg)
-    return class_counts(y_train, [tr for tr, _ in client_indices(cfg, num_clients)], int(y_train.max()) + 1)
-
-
-def worst_class(model: ETFNet, x: torch.Tensor, y: torch.Tensor, counts: np.ndarray) -> dict[str, float]:
-    """The plain-ETF global model's worst class c and its main owner k (module doc, 1): with h the
-    L2-normalised features of c's test images, cos(h, m_c) against max_{j != c} cos(h, m_j), and
-    the accuracy of the owner's adapted logits s * phi_k,j * cos(h, m_j) on them."""
-    with torch.no_grad():
-        h = torch.nn.functional.normalize(torch.cat([model.features(x[i : i + 2000]) for i in range(0, len(x), 2000)]))
-    cos = h @ model.etf
-    pred = cos.argmax(1)
-    per_class = torch.stack([(pred[y == j] == j).float().mean() for j in range(cos.shape[1])])
-    c = int(per_class.argmin())
+def worst_class(
+    model: ETFNet, h: torch.Tensor, pred: torch.Tensor, y: torch.Tensor, counts: np.ndarray
+) -> dict[str, float]:
+    """The plain-ETF global model's worst class c and its main owner k (module doc, 1): with `h`,
+    `pred` from `embed`, cos(h, m_c) of c's test images against max_{j != c} cos(h, m_j), and the
+    accuracy of the owner's adapted logits s * phi_k,j * cos(h, m_j) on them."""
+    per_class = per_class_accuracy(pred, y)
+    c = int(np.argmin(per_class))
     k = int(counts[:, c].argmax())
     phi = local_phi(counts[k])
+    cos = h @ model.etf
     mine = cos[y == c]
     others = mine.clone()
     others[:, c] = -2.0
     adapted = gela_logits(h[y == c], model.etf, model.scale, phi, model.mode, normalize=False).argmax(1)
     return {
         "class": c,
-        "plain-ETF accuracy": float(per_class[c]),
+        "plain-ETF accuracy": per_class[c],
         "owner": k,
         "owner's share of its training images": float(counts[k, c] / max(counts[:, c].sum(), 1)),
         "phi_k,c": float(phi[c]),
@@ -197,12 +195,13 @@ def main() -> None:
         cfgs = {m: run_config(suite, runs, args.part, m, seed, quick) for m in methods}
         starts = {m: global_model(cfgs[m], runs, args.part, m, quick) for m in methods}
         x, y = load_test_set(cfgs["fedavg"])
-        counts = train_counts(cfgs["fedgela"], num_clients)
+        counts, _ = client_class_counts(cfgs["fedgela"], num_clients)
         for m in methods:
-            geo[m].append(geometry(starts[m], x, y))
+            h, pred = embed(starts[m], x)
+            geo[m].append(geometry(starts[m], h, pred, y))
             print(f"seed {seed} {m:8s} " + ", ".join(f"{k} {v:.4f}" for k, v in geo[m][-1].items()), flush=True)
             if m in ("fedgela", "fedge"):
-                w = worst_class(starts[m], x, y, counts)
+                w = worst_class(starts[m], h, pred, y, counts)
                 print(f"seed {seed} {m:8s} worst class: " + ", ".join(f"{k} {v:.4g}" for k, v in w.items()), flush=True)
         epochs = 1 if quick else cfgs["fedgela"]["local-epochs"]
         pa.append(personalized(cfgs, starts, num_clients, step, epochs))

@@ -10,6 +10,7 @@ import numpy as np
 
 from fedskew.data import DATASET_INFO, DatasetInfo, dataset_info, load_arrays
 from fedskew.partitions import partition, split_local_test
+from fedskew.partitions.stats import class_counts
 
 PARTITION_KEYS = (
     "dataset",
@@ -80,6 +81,14 @@ def _client_indices(key: tuple, num_clients: int) -> list[tuple[np.ndarray, np.n
 def client_indices(cfg: dict[str, Any], num_clients: int) -> list[tuple[np.ndarray, np.ndarray]]:
     """(train, test) index arrays into the training set for every client; cached per process."""
     return _client_indices(partition_key(cfg), num_clients)
+
+
+def client_class_counts(cfg: dict[str, Any], num_clients: int) -> tuple[np.ndarray, np.ndarray]:
+    """Images per client and class `[K, C]` of the configured partition: (training, local test)."""
+    _, y_train, _, _ = load_arrays(cfg)
+    parts = client_indices(cfg, num_clients)
+    c = dataset_info(cfg).num_classes
+    return class_counts(y_train, [tr for tr, _ in parts], c), class_counts(y_train, [te for _, te in parts], c)
 
 
 def load_client_data(cfg: dict[str, Any], partition_id: int, num_partitions: int) -> ClientData:

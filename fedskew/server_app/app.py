@@ -24,9 +24,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 from flwr.serverapp import Grid, ServerApp
 
 from fedskew.config import validate
-from fedskew.data import dataset_info, load_arrays
-from fedskew.data.clients import client_indices, load_test_set
-from fedskew.partitions import class_counts, format_counts, plot_counts
+from fedskew.data.clients import client_class_counts, load_test_set
+from fedskew.partitions import format_counts, plot_counts
 from fedskew.registry import get_method
 from fedskew.server_app.results import RunOutput, read_jsonl, round_statistics, write_json
 from fedskew.strategies.fedavg import FedAvgStrategy
@@ -79,11 +78,7 @@ def wait_for_nodes(grid: Grid, strategy: FedAvgStrategy, minimum: int, timeout: 
 def save_partition(cfg: dict[str, Any], num_partitions: int, out: RunOutput) -> np.ndarray:
     """Write the class counts per client (text, JSON) of the configured partition; return the
     training counts (clients x classes) for its picture (`plot_counts`)."""
-    _, y_train, _, _ = load_arrays(cfg)
-    parts = client_indices(cfg, num_partitions)
-    c = dataset_info(cfg).num_classes
-    train = class_counts(y_train, [tr for tr, _ in parts], c)
-    test = class_counts(y_train, [te for _, te in parts], c)
+    train, test = client_class_counts(cfg, num_partitions)
     (out.dir / "partition.txt").write_text(format_counts(train, max_rows=10_000) + "\n")
     write_json(out.dir / "partition.json", {"train": train.tolist(), "test": test.tolist()})
     log.info("partition (train samples per class, first clients):\n%s", format_counts(train, max_rows=10))
