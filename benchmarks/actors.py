@@ -5,8 +5,8 @@ with that many ClientApp actors (`fedskew run --actors N`); with CUDA and `--dev
 `cuda`) every actor reserves 1/N of the GPU (`fedskew.resources`). Prints, over rounds 2..R, the
 clients trained per second in the clients' part of a round (send to last reply), the busy
 fraction of all cores and, where `nvidia-smi` exists, the GPUs' mean utilization; and whether all
-runs wrote the same `metrics.jsonl` (they must, whatever the number of actors, on the CPU).
-Not run on a GPU yet: no GPU was available.
+runs wrote the same `metrics.jsonl` (they must, whatever the number of actors, on the CPU and, with
+the deterministic kernels `training.pick_device` turns on, on a GPU). Run on an H100: docs/benchmarks.md.
 
     .venv/bin/python benchmarks/actors.py [--actors 1,2,4] [--clients 20] [--per-round 10] [--rounds 4]
 """

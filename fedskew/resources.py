@@ -6,7 +6,7 @@ alone, it gives every actor 2 CPUs, so a 2-core machine trains one client at a t
 thread: half the machine idles. fedskew instead fills every core: `actors` ClientApp actors of
 `threads` torch threads each (the run config's `torch-threads`, default 1), Ray told exactly
 `actors x threads` CPUs. With CUDA present (and `device` not "cpu"), every actor also reserves a
-fraction of a GPU, so several actors share one GPU (not checked on a GPU here).
+fraction of a GPU, so several actors share one GPU (measured on an H100: docs/benchmarks.md, "GPU").
 
 Results do not depend on the number of actors: clients are seeded by (seed, partition, round) and
 the server sorts replies by partition. They do depend on `torch-threads` (float sums split across

@@ -6,6 +6,7 @@ small images: no per-item Python, no worker processes.
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -32,15 +33,27 @@ def seed_everything(*parts: int) -> torch.Generator:
 
 
 def pick_device(name: str = "auto") -> torch.device:
-    """`auto` gives cuda when present, else cpu; a CUDA device that is not here raises ConfigError."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
+    """`auto` gives cuda when present, else cpu; a CUDA device that is not here raises ConfigError.
+    A CUDA device is put in deterministic mode first (`cuda_deterministic`)."""
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"device={name!r} is not allowed: CUDA is not available here")
     if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
         raise ConfigError(f"device={name!r} is not allowed: this machine has {torch.cuda.device_count()} CUDA devices")
+    if device.type == "cuda":
+        cuda_deterministic()
     return device
+
+
+def cuda_deterministic() -> None:
+    """The same seed gives the same metrics on a GPU too: cuDNN's autotuner off and deterministic
+    kernels (cuDNN's convolution backward and cuBLAS otherwise sum in a run-dependent order; measured
+    on an H100: 1 and 2 actors gave different `metrics.jsonl` before). cuBLAS needs its workspace
+    setting before its first handle, i.e. before this process's first CUDA matrix product."""
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.backends.cudnn.benchmark = False
+    torch.backends.cudnn.deterministic = True
+    torch.use_deterministic_algorithms(True, warn_only=True)
 
 
 def minibatches(n: int, batch_size: int, generator: torch.Generator) -> Iterator[torch.Tensor]:

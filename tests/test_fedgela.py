@@ -214,6 +214,19 @@ def test_client_trains_backbone_only_and_uploads_it(task_identity, head: str) ->
         check_content(bad, strategy.reply_schema())
 
 
+def test_evaluated_global_model_keeps_the_trained_models_device(task_identity) -> None:
+    """The plain-ETF global model is built from the trained one, on its device: on an H100 the ETF
+    stayed on the CPU (the received copy) and every CUDA client failed ('mat2 is on cpu'). The meta
+    device stands in for CUDA here: a tensor left behind on the CPU would show."""
+    cfg = validate({"method": "fedgela"})
+    trainer = make_trainer(cfg, torch.tensor([1, 7] * 40))
+    trainer.receive(server_message(FedGELAStrategy(cfg)))
+    model = trainer.build_model().to("meta")
+    plain = trainer.received_global_model(model)
+    assert {t.device.type for t in [*plain.parameters(), *plain.buffers()]} == {"meta"}
+    assert plain.phi is None and model.phi is not None
+
+
 def test_default_model_is_the_papers_head() -> None:
     """Backbone + one FC layer, L2-normalised, x sqrt(E_W) (§5): no BatchNorm whose averaged running
     statistics would be miscalibrated under label skew, and features of any sign."""

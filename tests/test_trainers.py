@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -171,3 +173,26 @@ def test_grad_clip_bounds_every_local_step() -> None:
         w.grad = torch.full((5,), 100.0)
         opt.step()
         assert float(w.detach().norm()) == pytest.approx(expected, rel=1e-5)
+
+
+def test_a_cuda_device_is_put_in_deterministic_mode(monkeypatch) -> None:
+    """Same seed, same metrics on a GPU: picking a CUDA device turns on deterministic kernels (on an
+    H100, 1 and 2 actors gave different metrics.jsonl without, the same with). CUDA is faked here;
+    the CPU path leaves torch's global settings alone."""
+    from fedskew import training
+
+    monkeypatch.setenv("CUBLAS_WORKSPACE_CONFIG", "unset after the test")
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG")
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", False)
+    monkeypatch.setattr(torch.backends.cudnn, "benchmark", True)
+    assert training.pick_device("cpu").type == "cpu"
+    assert not torch.are_deterministic_algorithms_enabled() and not torch.backends.cudnn.deterministic
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    try:
+        assert training.pick_device("auto").type == "cuda"
+        assert torch.are_deterministic_algorithms_enabled() and torch.is_deterministic_algorithms_warn_only_enabled()
+        assert torch.backends.cudnn.deterministic and not torch.backends.cudnn.benchmark
+        assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
+    finally:
+        torch.use_deterministic_algorithms(False)
