@@ -98,9 +98,7 @@ def main() -> None:
                     failed += 1
                     print(f"  {method:8s} {model:9s} {device:7s} FAILED\n{traceback.format_exc()}", flush=True)
                     continue
-                finite = all(
-                    math.isfinite(v) for v in r["last"].values() if isinstance(v, float) and not isinstance(v, bool)
-                )
+                finite = all(math.isfinite(v) for v in r["last"].values() if isinstance(v, float))
                 peak = "" if r["peak"] is None else f"  peak GPU memory {r['peak']:8.1f} MiB"
                 print(
                     f"  {method:8s} {model:9s} {device:7s} global acc {accuracy(r['last'], 'global-accuracy')}  "
