@@ -15,7 +15,6 @@ exits 1. Run on an H100 (see docs/benchmarks.md, "GPU").
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import tempfile
 import time
@@ -27,6 +26,7 @@ import torch
 from _common import in_process_setup
 
 from fedskew.registry import METHODS
+from fedskew.server_app.results import read_jsonl
 from tests.harness import run_in_process
 
 
@@ -53,7 +53,7 @@ def one_run(method: str, model: str, device: str, args: argparse.Namespace) -> d
         if cuda:
             torch.cuda.synchronize()
         wall = time.perf_counter() - t0
-        rows = [json.loads(line) for line in (Path(out) / "r" / "metrics.jsonl").read_text().splitlines()]
+        rows = read_jsonl(Path(out) / "r" / "metrics.jsonl")
     peak = torch.cuda.max_memory_allocated() / 2**20 if cuda else None
     return {"last": rows[-1], "wall": wall, "peak": peak}
 

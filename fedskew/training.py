@@ -36,11 +36,12 @@ def pick_device(name: str = "auto") -> torch.device:
     """`auto` gives cuda when present, else cpu; a CUDA device that is not here raises ConfigError.
     A CUDA device is put in deterministic mode first (`cuda_deterministic`)."""
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if name == "auto" else name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ConfigError(f"device={name!r} is not allowed: CUDA is not available here")
-    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
-        raise ConfigError(f"device={name!r} is not allowed: this machine has {torch.cuda.device_count()} CUDA devices")
     if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"device={name!r} is not allowed: CUDA is not available here")
+        if (device.index or 0) >= torch.cuda.device_count():
+            count = torch.cuda.device_count()
+            raise ConfigError(f"device={name!r} is not allowed: this machine has {count} CUDA devices")
         cuda_deterministic()
     return device
 
