@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -48,3 +50,37 @@ def test_fedgela_etf_reads_a_cell_run_without_fedrs_traces_worst_classes_and_run
     assert ga.returncode == 0, ga.stderr[-3000:]
     assert "GA side only" in ga.stdout and "fedge    worst class: class" in ga.stdout, ga.stdout[-3000:]
     assert "seed 0 fedavg" not in ga.stdout and "PA:" not in ga.stdout, ga.stdout[-3000:]
+
+
+def write_map_runs(runs: Path, fedavg_clients: list[int]) -> None:
+    """A 4-round `map` and `fedavg` run of seed 0 with known per-round metrics (no FedRS run)."""
+    per_method = {
+        "map": {"personalized-accuracy": 0.90, "stage2-accuracy": 0.89, "global-accuracy": 0.88},
+        "fedavg": {"personalized-accuracy": 0.895, "global-accuracy": 0.86},
+    }
+    for method, metrics in per_method.items():
+        run = runs / f"p--{method}--s0"
+        run.mkdir(parents=True)
+        clients = fedavg_clients if method == "fedavg" else [1, 2]
+        lines = [{"round": r, "partitions": clients, "hpm-mu-mean": 0.1 * r, **metrics} for r in range(1, 5)]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+        (run / "summary.json").write_text("{}")
+
+
+def test_map_hpm_pairs_the_runs_by_round_and_refuses_unpaired_or_missing_runs(tmp_path: Path) -> None:
+    rest = ["--part", "p", "--seeds", "0", "--windows", "1-2", "3-4", "4-9"]  # 4-9: past the runs, dropped
+    write_map_runs(tmp_path / "ok", [2, 1])
+    ok = run_benchmark("map_hpm.py", "--runs", str(tmp_path / "ok"), *rest)
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    assert "mu at round 2: 0.20" in ok.stdout, ok.stdout
+    assert "HPM - its stage-2 model    1-2: +1.00 (2/2 > 0) | 3-4: +1.00 (2/2 > 0)\n" in ok.stdout, ok.stdout
+    assert "HPM - FedAvg-FT            1-2: +0.50 (2/2 > 0)" in ok.stdout, ok.stdout
+    assert "stage-2 model - FedAvg-FT  1-2: -0.50 (0/2 > 0)" in ok.stdout, ok.stdout
+    assert "global, MAP - FedAvg       1-2: +2.00" in ok.stdout and "FedRS" not in ok.stdout, ok.stdout
+    write_map_runs(tmp_path / "unpaired", [1, 3])
+    bad = run_benchmark("map_hpm.py", "--runs", str(tmp_path / "unpaired"), *rest)
+    assert bad.returncode != 0 and "round 1 sampled different clients" in bad.stderr, bad.stderr[-3000:]
+    missing = run_benchmark("map_hpm.py", "--runs", str(tmp_path / "none"), *rest)
+    assert missing.returncode != 0 and "no finished run" in missing.stderr, missing.stderr[-3000:]
+    wrong = run_benchmark("map_hpm.py", "--windows", "10-1")
+    assert wrong.returncode == 2 and "need 1 <= FIRST <= LAST" in wrong.stderr, wrong.stderr[-3000:]
