@@ -45,6 +45,7 @@ from torch import nn
 from fedskew.client_app.fedgela import gela_model
 from fedskew.config import validate
 from fedskew.data.clients import ClientData, client_class_counts, load_client_data, load_test_set
+from fedskew.experiments import run_name
 from fedskew.launcher import app_defaults
 from fedskew.losses.fedgela import ETFNet, class_geometry, gela_logits, local_phi
 from fedskew.models import build_model
@@ -66,7 +67,7 @@ def run_config(suite: dict, runs: Path, part: str, method: str, seed: int, quick
         cell = {**suite["base"], **suite["partitions"][part], **suite["methods"][method]}
         cell.pop("num-supernodes", None)  # a suite key (the simulation's size), not a run-config key
         return validate({**app_defaults(ROOT), "method": method, **cell, "seed": seed})
-    return validate(json.loads((runs / f"{part}--{method}--s{seed}" / "config.json").read_text()))
+    return validate(json.loads((runs / run_name(part, method, seed) / "config.json").read_text()))
 
 
 def global_model(cfg: dict, runs: Path, part: str, name: str, quick: bool) -> torch.nn.Module:
@@ -77,7 +78,7 @@ def global_model(cfg: dict, runs: Path, part: str, name: str, quick: bool) -> to
     else:
         model = build_model(cfg["model"], cfg["dataset"])
     if not quick:
-        path = runs / f"{part}--{name}--s{cfg['seed']}" / "model.pt"
+        path = runs / run_name(part, name, cfg["seed"]) / "model.pt"
         model.load_state_dict(torch.load(path, map_location=CPU, weights_only=True))
     return model.eval()
 

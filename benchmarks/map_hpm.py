@@ -20,26 +20,36 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 from pathlib import Path
 
 from _common import ROOT, read_jsonl
 
+from fedskew.experiments import run_name
+
 MU_ROUNDS = (2, 10, 30, 50, 100, 150)
 PERSONAL = "personalized-accuracy"
+GLOBAL = "global-accuracy"
 
 
-def load_run(runs: Path, part: str, method: str, seed: int) -> list[dict]:
-    """A finished run's per-round metrics; `SystemExit` with the path when it is missing or unfinished."""
-    run = runs / f"{part}--{method}--s{seed}"
-    if not (run / "summary.json").is_file():
+def load_run(runs: Path, part: str, method: str, seed: int, required: bool = True) -> list[dict] | None:
+    """A finished run's per-round metrics; a missing or unfinished run is `None`, or `SystemExit` with
+    its path when `required`."""
+    run = runs / run_name(part, method, seed)
+    if (run / "summary.json").is_file():
+        return read_jsonl(run / "metrics.jsonl")
+    if required:
         raise SystemExit(f"{run}: no finished run (summary.json missing); run the suite cell first")
-    return read_jsonl(run / "metrics.jsonl")
+    return None
 
 
-def paired(a: list[dict], b: list[dict], key: str) -> list[float]:
-    """Per-round `a[key] - b[key]` in points, over the rounds both runs have."""
-    return [100 * (x[key] - y[key]) for x, y in zip(a, b, strict=False)]
+def values(run: list[dict], key: str) -> list[float]:
+    """`key` of every round (an accuracy in [0, 1])."""
+    return [r[key] for r in run]
+
+
+def minus(a: list[float], b: list[float]) -> list[float]:
+    """Per-round `a - b` in accuracy points, over the rounds both have."""
+    return [100 * (x - y) for x, y in zip(a, b, strict=False)]
 
 
 def same_clients(a: list[dict], b: list[dict], what: str) -> None:
@@ -81,25 +91,24 @@ def main() -> None:
 
     rows: dict[str, list[dict[tuple[int, int], tuple[float, int, int]]]] = {}
     for seed in args.seeds:
-        runs = {m: load_run(args.runs, args.part, m, seed) for m in ("fedavg", "map")}
-        fedrs = args.runs / f"{args.part}--fedrs--s{seed}"
-        if (fedrs / "summary.json").is_file():
-            runs["fedrs"] = load_run(args.runs, args.part, "fedrs", seed)
-        hpm, ft = runs["map"], runs["fedavg"]
+        hpm, ft = (load_run(args.runs, args.part, m, seed) for m in ("map", "fedavg"))
+        fedrs = load_run(args.runs, args.part, "fedrs", seed, required=False)
         same_clients(hpm, ft, f"seed {seed} map / fedavg")
-        n = min(len(r) for r in runs.values())
+        n = min(len(r) for r in (hpm, ft, fedrs or hpm))
         windows = [(lo, hi) for lo, hi in args.windows if hi <= n]
         mus = {r: hpm[r - 1].get("hpm-mu-mean") for r in MU_ROUNDS if r <= n}
         print(f"seed {seed}: {n} rounds, the same sampled clients in every round")
         print("  mu at round " + ", ".join(f"{r}: {mu:.2f}" for r, mu in mus.items() if mu is not None))
+        personal, stage2, ft_personal = values(hpm, PERSONAL), values(hpm, "stage2-accuracy"), values(ft, PERSONAL)
+        map_global = values(hpm, GLOBAL)
         diffs = {
-            "HPM - its stage-2 model": paired(hpm, [{PERSONAL: x["stage2-accuracy"]} for x in hpm], PERSONAL),
-            "stage-2 model - FedAvg-FT": paired([{PERSONAL: x["stage2-accuracy"]} for x in hpm], ft, PERSONAL),
-            "HPM - FedAvg-FT": paired(hpm, ft, PERSONAL),
-            "global, MAP - FedAvg": paired(hpm, ft, "global-accuracy"),
+            "HPM - its stage-2 model": minus(personal, stage2),
+            "stage-2 model - FedAvg-FT": minus(stage2, ft_personal),
+            "HPM - FedAvg-FT": minus(personal, ft_personal),
+            "global, MAP - FedAvg": minus(map_global, values(ft, GLOBAL)),
         }
-        if "fedrs" in runs:
-            diffs["global, MAP - FedRS"] = paired(hpm, runs["fedrs"], "global-accuracy")
+        if fedrs is not None:
+            diffs["global, MAP - FedRS"] = minus(map_global, values(fedrs, GLOBAL))
         for name, diff in diffs.items():
             stats = {w: window_stats(diff, *w) for w in windows}
             rows.setdefault(name, []).append(stats)
@@ -115,4 +124,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -48,6 +48,11 @@ from fedskew.server_app.results import LAST_ROUNDS, read_jsonl, round_statistics
 SUITE_KEYS = {"name", "num-supernodes", "seeds", "out-dir", "base", "methods", "partitions", "last-rounds"}
 
 
+def run_name(partition: str, method: str, seed: int) -> str:
+    """A cell's run folder in its suite's folder: `<partition>--<method>--s<seed>`."""
+    return f"{partition}--{method}--s{seed}"
+
+
 @dataclass(frozen=True)
 class Cell:
     method: str  # label
@@ -58,7 +63,7 @@ class Cell:
 
     @property
     def run_name(self) -> str:
-        return f"{self.partition}--{self.method}--s{self.seed}"
+        return run_name(self.partition, self.method, self.seed)
 
 
 @dataclass
