@@ -1,7 +1,8 @@
 """Diagnostic (not a timing): does MAP's inherited private model (HPM) act under the authors' protocol
 (`suites/paper-map.yaml`, default cell `map`: 100 clients, 20 a round, 150 rounds, 5 local epochs)?
-Reads each seed's finished `fedavg`, `map` and (if present) `fedrs` runs (`metrics.jsonl`) and prints,
-over windows of rounds, mean differences in accuracy points with how many rounds were above 0:
+Reads each seed's finished `fedavg`, MAP (`--method`, default `map`; `map-code` for the authors' code's
+stage 2) and (if present) `fedrs` runs (`metrics.jsonl`) and prints, over windows of rounds, mean
+differences in accuracy points with how many rounds were above 0:
 
 1. mu, the inherited model's weight (Eq. 10, `hpm-mu-mean`: the round's clients' mean), at set rounds;
 2. HPM - its stage-2 model (`personalized-accuracy` - `stage2-accuracy`, the same clients and local
@@ -11,7 +12,7 @@ over windows of rounds, mean differences in accuracy points with how many rounds
 4. global accuracy, MAP - FedAvg and MAP - FedRS (the restricted softmax's share of MAP's gain).
 
     .venv/bin/python benchmarks/map_hpm.py [--runs outputs/suites/paper-map] [--part map]
-        [--seeds 0 1 2] [--windows 1-10 11-50 51-100 101-150]
+        [--method map] [--seeds 0 1 2] [--windows 1-10 11-50 51-100 101-150]
 
 Windows past a run's last round are dropped. The figures are in `docs/results.md` (MAP at 150 rounds).
 """
@@ -42,8 +43,11 @@ def load_run(runs: Path, part: str, method: str, seed: int, required: bool = Tru
     return None
 
 
-def values(run: list[dict], key: str) -> list[float]:
-    """`key` of every round (an accuracy in [0, 1])."""
+def values(run: list[dict], key: str, what: str) -> list[float]:
+    """`key` of every round (an accuracy in [0, 1]); `SystemExit` naming the run and round that lacks it."""
+    for r in run:
+        if not isinstance(r.get(key), (int, float)):
+            raise SystemExit(f"{what}: round {r.get('round', '?')} has no numeric {key!r}; is it a MAP / FedAvg run?")
     return [r[key] for r in run]
 
 
@@ -85,30 +89,32 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=Path, default=ROOT / "outputs" / "suites" / "paper-map")
     ap.add_argument("--part", default="map")
+    ap.add_argument("--method", default="map", help="the MAP run's method label in the suite (map, map-code)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--windows", type=parse_window, nargs="+", default=[(1, 10), (11, 50), (51, 100), (101, 150)])
     args = ap.parse_args()
 
     rows: dict[str, list[dict[tuple[int, int], tuple[float, int, int]]]] = {}
     for seed in args.seeds:
-        hpm, ft = (load_run(args.runs, args.part, m, seed) for m in ("map", "fedavg"))
+        hpm, ft = (load_run(args.runs, args.part, m, seed) for m in (args.method, "fedavg"))
         fedrs = load_run(args.runs, args.part, "fedrs", seed, required=False)
-        same_clients(hpm, ft, f"seed {seed} map / fedavg")
+        same_clients(hpm, ft, f"seed {seed} {args.method} / fedavg")
         n = min(len(r) for r in (hpm, ft, fedrs or hpm))
         windows = [(lo, hi) for lo, hi in args.windows if hi <= n]
         mus = {r: hpm[r - 1].get("hpm-mu-mean") for r in MU_ROUNDS if r <= n}
         print(f"seed {seed}: {n} rounds, the same sampled clients in every round")
         print("  mu at round " + ", ".join(f"{r}: {mu:.2f}" for r, mu in mus.items() if mu is not None))
-        personal, stage2, ft_personal = values(hpm, PERSONAL), values(hpm, "stage2-accuracy"), values(ft, PERSONAL)
-        map_global = values(hpm, GLOBAL)
+        m, f = f"seed {seed} {args.method}", f"seed {seed} fedavg"
+        personal, stage2, map_global = (values(hpm, k, m) for k in (PERSONAL, "stage2-accuracy", GLOBAL))
+        ft_personal = values(ft, PERSONAL, f)
         diffs = {
             "HPM - its stage-2 model": minus(personal, stage2),
             "stage-2 model - FedAvg-FT": minus(stage2, ft_personal),
             "HPM - FedAvg-FT": minus(personal, ft_personal),
-            "global, MAP - FedAvg": minus(map_global, values(ft, GLOBAL)),
+            "global, MAP - FedAvg": minus(map_global, values(ft, GLOBAL, f)),
         }
         if fedrs is not None:
-            diffs["global, MAP - FedRS"] = minus(map_global, values(fedrs, GLOBAL))
+            diffs["global, MAP - FedRS"] = minus(map_global, values(fedrs, GLOBAL, f"seed {seed} fedrs"))
         for name, diff in diffs.items():
             stats = {w: window_stats(diff, *w) for w in windows}
             rows.setdefault(name, []).append(stats)

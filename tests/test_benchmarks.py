@@ -52,10 +52,12 @@ def test_fedgela_etf_reads_a_cell_run_without_fedrs_traces_worst_classes_and_run
     assert "seed 0 fedavg" not in ga.stdout and "PA:" not in ga.stdout, ga.stdout[-3000:]
 
 
-def write_map_runs(runs: Path, fedavg_clients: list[int]) -> None:
-    """A 4-round `map` and `fedavg` run of seed 0 with known per-round metrics (no FedRS run)."""
+def write_map_runs(runs: Path, fedavg_clients: list[int], map_label: str = "map", stage2: bool = True) -> None:
+    """A 4-round MAP (`map_label`) and `fedavg` run of seed 0 with known per-round metrics (no FedRS run);
+    without `stage2` the MAP run lacks `stage2-accuracy`."""
+    stage2_metric = {"stage2-accuracy": 0.89} if stage2 else {}
     per_method = {
-        "map": {"personalized-accuracy": 0.90, "stage2-accuracy": 0.89, "global-accuracy": 0.88},
+        map_label: {"personalized-accuracy": 0.90, "global-accuracy": 0.88} | stage2_metric,
         "fedavg": {"personalized-accuracy": 0.895, "global-accuracy": 0.86},
     }
     for method, metrics in per_method.items():
@@ -82,5 +84,12 @@ def test_map_hpm_pairs_the_runs_by_round_and_refuses_unpaired_or_missing_runs(tm
     assert bad.returncode != 0 and "round 1 sampled different clients" in bad.stderr, bad.stderr[-3000:]
     missing = run_benchmark("map_hpm.py", "--runs", str(tmp_path / "none"), *rest)
     assert missing.returncode != 0 and "no finished run" in missing.stderr, missing.stderr[-3000:]
+    write_map_runs(tmp_path / "code", [1, 2], map_label="map-code")  # the authors'-code variant's label
+    code = run_benchmark("map_hpm.py", "--runs", str(tmp_path / "code"), "--method", "map-code", *rest)
+    assert code.returncode == 0 and "HPM - its stage-2 model    1-2: +1.00" in code.stdout, code.stderr[-3000:]
+    write_map_runs(tmp_path / "nostage2", [1, 2], stage2=False)
+    lacks = run_benchmark("map_hpm.py", "--runs", str(tmp_path / "nostage2"), *rest)
+    lacking = "seed 0 map: round 1 has no numeric 'stage2-accuracy'"
+    assert lacks.returncode != 0 and lacking in lacks.stderr, lacks.stderr[-3000:]
     wrong = run_benchmark("map_hpm.py", "--windows", "10-1")
     assert wrong.returncode == 2 and "need 1 <= FIRST <= LAST" in wrong.stderr, wrong.stderr[-3000:]
