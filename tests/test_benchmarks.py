@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from fedskew.experiments import run_name
 from tests.conftest import ROOT
 
 
@@ -61,7 +62,7 @@ def write_map_runs(runs: Path, fedavg_clients: list[int], map_label: str = "map"
         "fedavg": {"personalized-accuracy": 0.895, "global-accuracy": 0.86},
     }
     for method, metrics in per_method.items():
-        run = runs / f"p--{method}--s0"
+        run = runs / run_name("p", method, 0)
         run.mkdir(parents=True)
         clients = fedavg_clients if method == "fedavg" else [1, 2]
         lines = [{"round": r, "partitions": clients, "hpm-mu-mean": 0.1 * r, **metrics} for r in range(1, 5)]
