@@ -94,3 +94,29 @@ def test_map_hpm_pairs_the_runs_by_round_and_refuses_unpaired_or_missing_runs(tm
     assert lacks.returncode != 0 and lacking in lacks.stderr, lacks.stderr[-3000:]
     wrong = run_benchmark("map_hpm.py", "--windows", "10-1")
     assert wrong.returncode == 2 and "need 1 <= FIRST <= LAST" in wrong.stderr, wrong.stderr[-3000:]
+
+
+def test_suite_in_process_runs_the_chosen_cells_at_once_and_stops_them_at_the_deadline(tmp_path: Path) -> None:
+    suite = tmp_path / "s.yaml"
+    suite.write_text(
+        f"name: s\nnum-supernodes: 5\nseeds: [0, 1]\nout-dir: {tmp_path}\n"
+        "base: {num-server-rounds: 2, partition: classes-per-client, classes-per-client: 2}\n"
+        "methods: {fedavg: {}, fedrs-0.5: {method: fedrs, fedrs-alpha: 0.5}}\n"
+    )
+    ok = run_benchmark("suite_in_process.py", str(suite), "--seeds", "0", "--jobs", "2", "--set", "local-epochs=1")
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    for m in ("fedavg", "fedrs-0.5"):  # both cells of seed 0, every round, in the table
+        assert f"| {run_name('default', m, 0)} | 2 | " in ok.stdout, ok.stdout
+        rows = (tmp_path / "s-in-process" / run_name("default", m, 0) / "metrics.jsonl").read_text().splitlines()
+        assert [json.loads(r)["round"] for r in rows] == [1, 2]
+    assert run_name("default", "fedavg", 1) not in ok.stdout
+    late = run_benchmark(
+        "suite_in_process.py", str(suite), "--methods", "fedavg", "--seeds", "1",
+        "--set", "num-server-rounds=500", "--deadline", "15", "--tag", "late",
+    )  # fmt: skip
+    assert late.returncode == 0, late.stderr[-3000:]
+    assert "deadline 15 s: stopped 1 running" in late.stdout, late.stdout
+    done = (tmp_path / "s-late" / run_name("default", "fedavg", 1) / "metrics.jsonl").read_text().splitlines()
+    assert 0 < len(done) < 500 and f"| {run_name('default', 'fedavg', 1)} | {len(done)} | " in late.stdout
+    bad = run_benchmark("suite_in_process.py", str(suite), "--methods", "fedprox")
+    assert bad.returncode != 0 and "no method 'fedprox'" in bad.stderr, bad.stderr

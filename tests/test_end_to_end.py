@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import read_metrics
+from tests.conftest import SMALL_JOB, read_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -30,3 +30,16 @@ def test_same_seed_gives_identical_metrics_sequential_or_parallel(flwr_job, monk
     monkeypatch.setenv("FEDSKEW_WARM_EXEC", "0")
     _, b = flwr_job(job, num_supernodes=5, name="b", actors=3)
     assert (a / "metrics.jsonl").read_text() == (b / "metrics.jsonl").read_text()
+
+
+def test_the_in_process_grid_gives_the_simulation_s_metrics(flwr_job, tmp_path, task_identity) -> None:
+    """`tests.harness.run_in_process` (what `benchmarks/suite_in_process.py` runs where Ray is not
+    installed, e.g. on the GPU machine) serves the same partitions, samples the same clients and so
+    writes the same metrics as `flwr run`'s simulation for a seed, to the last digit."""
+    from tests.harness import run_in_process
+
+    job = {"method": "fedrs", "fraction-train": 0.6, "num-server-rounds": 2, "seed": 3}
+    _, sim = flwr_job(job, num_supernodes=5, name="sim")
+    out = tmp_path / "in-process"
+    run_in_process({**SMALL_JOB, **job, "out-dir": str(out), "run-name": "r"}, 5)
+    assert (out / "r" / "metrics.jsonl").read_text() == (sim / "metrics.jsonl").read_text()

@@ -1,0 +1,172 @@
+"""Benchmark: a suite's cells run in-process (no Ray, no SuperLink), several at once, under a deadline.
+
+For a machine lent for minutes (the GPU machine: `docs/benchmarks.md`, "GPU"), where Ray is not
+installed and a suite's cells must share one accelerator: each selected cell of the suite runs the
+real ServerApp and ClientApp in its own process (`tests.harness.run_in_process`), `--jobs` at a
+time, with the suite's config plus `--set` overrides (e.g. `model=tfcnn device=cuda`). Every cell
+writes its `metrics.jsonl` round by round into `<out-dir>/<suite>-<tag>/<cell>/`; at `--deadline`
+seconds the cells still running are stopped and keep the rounds they finished. Progress every
+`--every` seconds; at the end, per cell: rounds done, wall, seconds a round, the suite's last-k-round
+mean of the global accuracy (over the rounds done), and the final round's.
+
+The in-process grid serves the same partitions and samples the same clients as `flwr run`'s
+simulation, so for a seed it writes the same metrics to the last digit (`tests/test_end_to_end.py`)
+and its rows compare with the suite's own.
+
+    python3 benchmarks/suite_in_process.py suites/paper-fedrs.yaml --partitions c10-100-2 \
+        --methods fedavg,fedrs-0.5 --seeds 0,1,2 --set model=tfcnn device=cuda --jobs 6 --deadline 480
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+from _common import ROOT, in_process_setup
+
+from fedskew.config import ConfigError
+from fedskew.experiments import Cell, load_suite, select
+from fedskew.launcher import app_defaults
+from fedskew.server_app.results import read_jsonl
+
+
+def parse_sets(items: list[str]) -> dict[str, Any]:
+    """`k=v` pairs, each value read as YAML (`0.5` a float, `cuda` a string)."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"suite_in_process.py: --set {item!r}: expected key=value")
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+def rounds_done(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / "metrics.jsonl"
+    return read_jsonl(path) if path.is_file() else []
+
+
+def cell_stats(run_dir: Path, last: int) -> dict[str, Any]:
+    """Rounds done, the mean global accuracy (%) of the last `last` of them and of the final one, and
+    the median seconds a round took (`timings.jsonl`: the round from sending to aggregating)."""
+    rows = rounds_done(run_dir)
+    acc = [r["global-accuracy"] for r in rows if r.get("global-accuracy") is not None]
+    tail = acc[-last:]
+    times = run_dir / "timings.jsonl"
+    seconds = sorted(t["seconds"] for t in read_jsonl(times)) if times.is_file() else []
+    return {
+        "rounds": len(rows),
+        "last": 100 * sum(tail) / len(tail) if tail else None,
+        "final": 100 * acc[-1] if acc else None,
+        "round-seconds": seconds[len(seconds) // 2] if seconds else None,
+    }
+
+
+def run_one(spec: str) -> None:
+    """Child process: one cell, in-process."""
+    in_process_setup()
+    from tests.harness import run_in_process
+
+    job = json.loads(spec)
+    run_in_process(job["cfg"], job["nodes"])
+
+
+def start(cell: Cell, cfg: dict[str, Any], folder: Path) -> subprocess.Popen:
+    run_dir = folder / cell.run_name
+    run_dir.mkdir(parents=True, exist_ok=True)
+    spec = json.dumps({"cfg": cfg, "nodes": cell.num_supernodes})
+    with open(run_dir / "run.log", "w") as log:  # the child keeps its own copy
+        return subprocess.Popen(
+            [sys.executable, __file__, "--one", spec], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("suite", nargs="?", help="the suite's YAML file")
+    for flag in ("methods", "partitions", "seeds"):
+        ap.add_argument(f"--{flag}", metavar="A,B", help=f"only these {flag} (default: all the suite's)")
+    ap.add_argument("--set", nargs="*", default=[], metavar="K=V", help="run-config overrides for every cell")
+    ap.add_argument("--jobs", type=int, default=1, help="cells at once, each its own process")
+    ap.add_argument("--deadline", type=float, default=0.0, help="stop running cells after this many s (0: none)")
+    ap.add_argument("--tag", default="in-process", help="the output folder is <out-dir>/<suite>-<tag>")
+    ap.add_argument("--out-dir", help="default: the suite's out-dir")
+    ap.add_argument("--every", type=float, default=30.0, help="progress every this many s")
+    ap.add_argument("--one", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.one:
+        return run_one(args.one)
+    if not args.suite:
+        ap.error("the suite's YAML file is required")
+    sets = parse_sets(args.set)
+    try:
+        suite = load_suite(args.suite, app_defaults(ROOT))
+        seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
+        cells = select(
+            suite,
+            args.methods.split(",") if args.methods else None,
+            args.partitions.split(",") if args.partitions else None,
+            seeds,
+        )
+    except (ConfigError, ValueError) as e:
+        raise SystemExit(f"suite_in_process.py: {e}") from None
+    folder = Path(args.out_dir or suite.out_dir).absolute() / f"{suite.name}-{args.tag}"
+    print(f"{len(cells)} cells of {suite.name}, {args.jobs} at once, overrides {sets} -> {folder}", flush=True)
+    t0 = time.perf_counter()
+    todo = list(cells)
+    running: dict[str, tuple[subprocess.Popen, float]] = {}  # run name -> (process, start)
+    ended: dict[str, float] = {}  # run name -> wall seconds
+    next_report = args.every
+    while todo or running:
+        while todo and len(running) < args.jobs:
+            cell = todo.pop(0)
+            cfg = {**cell.overrides, **sets, "out-dir": str(folder), "run-name": cell.run_name}
+            running[cell.run_name] = (start(cell, cfg, folder), time.perf_counter())
+        time.sleep(1.0)
+        now = time.perf_counter() - t0
+        for name, (proc, began) in list(running.items()):
+            if proc.poll() is not None:
+                ended[name] = time.perf_counter() - began
+                del running[name]
+                if proc.returncode:
+                    print(f"{name}: exit {proc.returncode}, see its run.log", flush=True)
+        if args.deadline and now >= args.deadline:
+            for name, (proc, began) in running.items():
+                stop(proc)
+                ended[name] = time.perf_counter() - began
+            print(f"deadline {args.deadline:.0f} s: stopped {len(running)} running, {len(todo)} not started")
+            running, todo = {}, []
+        if now >= next_report:
+            next_report += args.every
+            done = {name: len(rounds_done(folder / name)) for name in running}
+            print(f"{now:6.0f} s: rounds done {done}", flush=True)
+    print(f"| cell | rounds | wall (s) | median s a round | last {suite.last_rounds} rounds (%) | final (%) |")
+    print("|---|---|---|---|---|---|")
+    for cell in cells:
+        if cell.run_name not in ended:
+            continue
+        s = cell_stats(folder / cell.run_name, suite.last_rounds)
+        cols = [f"{s[k]:.2f}" if s[k] is not None else "-" for k in ("round-seconds", "last", "final")]
+        print(f"| {cell.run_name} | {s['rounds']} | {ended[cell.run_name]:.0f} | {' | '.join(cols)} |")
+
+
+if __name__ == "__main__":
+    main()
