@@ -135,29 +135,34 @@ def main() -> None:
     running: dict[str, tuple[subprocess.Popen, float]] = {}  # run name -> (process, start)
     ended: dict[str, float] = {}  # run name -> wall seconds
     next_report = args.every
-    while todo or running:
-        while todo and len(running) < args.jobs:
-            cell = todo.pop(0)
-            cfg = {**cell.overrides, **sets, "out-dir": str(folder), "run-name": cell.run_name}
-            running[cell.run_name] = (start(cell, cfg, folder), time.perf_counter())
-        time.sleep(1.0)
-        now = time.perf_counter() - t0
-        for name, (proc, began) in list(running.items()):
-            if proc.poll() is not None:
-                ended[name] = time.perf_counter() - began
-                del running[name]
-                if proc.returncode:
-                    print(f"{name}: exit {proc.returncode}, see its run.log", flush=True)
-        if args.deadline and now >= args.deadline:
-            for name, (proc, began) in running.items():
-                stop(proc)
-                ended[name] = time.perf_counter() - began
-            print(f"deadline {args.deadline:.0f} s: stopped {len(running)} running, {len(todo)} not started")
-            running, todo = {}, []
-        if now >= next_report:
-            next_report += args.every
-            done = {name: len(rounds_done(folder / name)) for name in running}
-            print(f"{now:6.0f} s: rounds done {done}", flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that `finally` stops the cells
+    try:
+        while todo or running:
+            while todo and len(running) < args.jobs:
+                cell = todo.pop(0)
+                cfg = {**cell.overrides, **sets, "out-dir": str(folder), "run-name": cell.run_name}
+                running[cell.run_name] = (start(cell, cfg, folder), time.perf_counter())
+            time.sleep(1.0)
+            now = time.perf_counter() - t0
+            for name, (proc, began) in list(running.items()):
+                if proc.poll() is not None:
+                    ended[name] = time.perf_counter() - began
+                    del running[name]
+                    if proc.returncode:
+                        print(f"{name}: exit {proc.returncode}, see its run.log", flush=True)
+            if args.deadline and now >= args.deadline:
+                for name, (proc, began) in running.items():
+                    stop(proc)
+                    ended[name] = time.perf_counter() - began
+                print(f"deadline {args.deadline:.0f} s: stopped {len(running)} running, {len(todo)} not started")
+                running, todo = {}, []
+            if now >= next_report:
+                next_report += args.every
+                done = {name: len(rounds_done(folder / name)) for name in running}
+                print(f"{now:6.0f} s: rounds done {done}", flush=True)
+    finally:  # interrupted (Ctrl-C, SIGTERM): the cells run in their own sessions, so stop them here
+        for proc, _ in running.values():
+            stop(proc)
     print(f"| cell | rounds | wall (s) | median s a round | last {suite.last_rounds} rounds (%) | final (%) |")
     print("|---|---|---|---|---|---|")
     for cell in cells:
