@@ -1,13 +1,13 @@
 #!/bin/bash
 # The papers' own networks under their protocols on a GPU machine lent for minutes (docs/results.md,
-# "On a GPU"); run from the checkout's root. Two steps, each `benchmarks/suite_in_process.py`:
+# "FedRS with its TFCNN on a GPU"; docs/benchmarks.md, "GPU"); run from the checkout's root. Two steps, each `benchmarks/suite_in_process.py`:
 #  1. FedMR's ResNet-18 on P5C2 (FedAvg, FedMR), 2 rounds of 1 local epoch each, one after the
 #     other: the seconds a round costs (the paper's round is 10 epochs) and so what a 100-round run
 #     costs;
 #  2. FedRS's TFCNN on C10-100-2 (FedAvg, alpha 0.9, alpha 0.5; 3 seeds): the 9 cells at once, up to
 #     300 rounds, stopped at $END seconds after the start; each keeps the rounds it finished.
 # Writes outputs/gpu/ and, where $OUT is set, $OUT/{fedmr,fedrs}.log, $OUT/smi.csv and $OUT/runs.tgz.
-# DEVICE=cpu END=60 ROUNDS=3 gives a quick check of the script on a machine without a GPU.
+# PY=.venv/bin/python DEVICE=cpu END=200 ROUNDS=2 checks the script on a machine without a GPU.
 set -u
 DEVICE=${DEVICE:-cuda} END=${END:-530} ROUNDS=${ROUNDS:-300} OUT=${OUT:-outputs/gpu}
 PY=${PY:-python3} B=benchmarks/suite_in_process.py

@@ -33,9 +33,9 @@ import yaml
 from _common import ROOT, in_process_setup
 
 from fedskew.config import ConfigError
-from fedskew.experiments import Cell, load_suite, select
+from fedskew.experiments import Cell, labels, load_suite, select
 from fedskew.launcher import app_defaults
-from fedskew.server_app.results import read_jsonl
+from fedskew.server_app.results import read_jsonl, round_statistics
 
 
 def parse_sets(items: list[str]) -> dict[str, Any]:
@@ -55,17 +55,17 @@ def rounds_done(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def cell_stats(run_dir: Path, last: int) -> dict[str, Any]:
-    """Rounds done, the mean global accuracy (%) of the last `last` of them and of the final one, and
-    the median seconds a round took (`timings.jsonl`: the round from sending to aggregating)."""
+    """Rounds done, the mean global accuracy (%) of the last `last` of them and of the final one
+    (`round_statistics`, as the suite's tables), and the median seconds a round took
+    (`timings.jsonl`: the round from sending to aggregating)."""
     rows = rounds_done(run_dir)
-    acc = [r["global-accuracy"] for r in rows if r.get("global-accuracy") is not None]
-    tail = acc[-last:]
+    stats = round_statistics(rows, last)
     times = run_dir / "timings.jsonl"
     seconds = sorted(t["seconds"] for t in read_jsonl(times)) if times.is_file() else []
+    percent = {k: stats[f"{k}_global_accuracy"] for k in (f"last{last}", "final")}
     return {
         "rounds": len(rows),
-        "last": 100 * sum(tail) / len(tail) if tail else None,
-        "final": 100 * acc[-1] if acc else None,
+        **{k: None if v is None else 100 * v for k, v in percent.items()},
         "round-seconds": seconds[len(seconds) // 2] if seconds else None,
     }
 
@@ -119,14 +119,8 @@ def main() -> None:
     sets = parse_sets(args.set)
     try:
         suite = load_suite(args.suite, app_defaults(ROOT))
-        seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
-        cells = select(
-            suite,
-            args.methods.split(",") if args.methods else None,
-            args.partitions.split(",") if args.partitions else None,
-            seeds,
-        )
-    except (ConfigError, ValueError) as e:
+        cells = select(suite, labels(args.methods), labels(args.partitions), labels(args.seeds, int, "--seeds"))
+    except ConfigError as e:
         raise SystemExit(f"suite_in_process.py: {e}") from None
     folder = Path(args.out_dir or suite.out_dir).absolute() / f"{suite.name}-{args.tag}"
     print(f"{len(cells)} cells of {suite.name}, {args.jobs} at once, overrides {sets} -> {folder}", flush=True)
@@ -169,7 +163,8 @@ def main() -> None:
         if cell.run_name not in ended:
             continue
         s = cell_stats(folder / cell.run_name, suite.last_rounds)
-        cols = [f"{s[k]:.2f}" if s[k] is not None else "-" for k in ("round-seconds", "last", "final")]
+        keys = ("round-seconds", f"last{suite.last_rounds}", "final")
+        cols = [f"{s[k]:.2f}" if s[k] is not None else "-" for k in keys]
         print(f"| {cell.run_name} | {s['rounds']} | {ended[cell.run_name]:.0f} | {' | '.join(cols)} |")
 
 

@@ -26,7 +26,7 @@ from typing import Any
 
 from fedskew.config import DATASETS, ConfigError, all_params
 from fedskew.data.download import DownloadError, get_dataset, list_datasets
-from fedskew.experiments import load_suite, run_suite, select, write_report
+from fedskew.experiments import labels, load_suite, run_suite, select, write_report
 from fedskew.launcher import (
     RunFailed,
     app_defaults,
@@ -76,7 +76,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_experiment(args: argparse.Namespace) -> int:
     app_dir = find_app_dir(args.app)
     suite = load_suite(args.suite, app_defaults(app_dir))
-    chosen = select(suite, _labels(args.methods), _labels(args.partitions), _labels(args.seeds, int, "--seeds"))
+    chosen = select(suite, labels(args.methods), labels(args.partitions), labels(args.seeds, int, "--seeds"))
     if args.dry_run:
         for c in chosen:
             print(f"{c.run_name} ({c.num_supernodes} clients): {c.overrides}")
@@ -88,16 +88,6 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         run_suite(suite, app_dir, stream=args.stream, actors=args.actors, cells=chosen)
     print(f"results: {suite.folder / 'results.md'}")
     return 0
-
-
-def _labels(text: str | None, kind: type = str, flag: str = "") -> list | None:
-    """'a,b' -> ['a', 'b'] (None when not given); `kind=int` for seeds, with the flag in the error."""
-    if text is None:
-        return None
-    try:
-        return [kind(v.strip()) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise ConfigError(f"{flag} {text!r} is not allowed: give integers separated by commas") from None
 
 
 def cmd_config(args: argparse.Namespace) -> int:

@@ -140,6 +140,17 @@ def _num_supernodes(value: Any, where: str) -> int:
     return value
 
 
+def labels(text: str | None, kind: type = str, flag: str = "") -> list | None:
+    """'a,b' -> ['a', 'b'] (None when not given), for `select`; `kind=int` for seeds, with the flag
+    in the error."""
+    if text is None:
+        return None
+    try:
+        return [kind(v.strip()) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ConfigError(f"{flag} {text!r} is not allowed: give integers separated by commas") from None
+
+
 def select(
     suite: Suite,
     methods: list[str] | None = None,
