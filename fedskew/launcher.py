@@ -97,9 +97,17 @@ def prepare_config(app_dir: Path, overrides: dict[str, Any], num_clients: int) -
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """`n` distinct free localhost ports: all held bound until every one is picked (ports picked one
+    at a time may repeat, and Ray refuses to start when two of its components share one)."""
+    with contextlib.ExitStack() as stack:
+        socks = [stack.enter_context(socket.socket()) for _ in range(n)]
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
 
 
 def flwr_bin(name: str) -> str:
@@ -212,7 +220,7 @@ class RayHead:
 
     def __init__(self, resources: SimResources, home: Path, env: dict[str, str]) -> None:
         self.resources, self.env = resources, dict(env)
-        self.port = free_port()
+        self.port, *self.component_ports = free_ports(3)  # the head, its dashboard and its agent
         self.address = f"127.0.0.1:{self.port}"
         self.log_path = home / f"ray-{self.port}.log"
         self.proc: subprocess.Popen | None = None
@@ -223,7 +231,8 @@ class RayHead:
         # which a later plain `ray.init()` (e.g. a user's `flwr run`) would otherwise try to join
         self.temp_dir = tempfile.mkdtemp(prefix="fedskew-ray-")
         r = self.resources
-        ports = [f"--{name}={free_port()}" for name in ("dashboard-port", "dashboard-agent-listen-port")]
+        names = ("dashboard-port", "dashboard-agent-listen-port")
+        ports = [f"--{name}={port}" for name, port in zip(names, self.component_ports, strict=True)]
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
             [

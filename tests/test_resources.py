@@ -7,7 +7,7 @@ from flwr.common.config import parse_config_args
 from flwr.supercore.utils import simulation_config_from_json
 
 from fedskew.config import validate
-from fedskew.launcher import federation_config, resources_for
+from fedskew.launcher import federation_config, free_ports, resources_for
 from fedskew.resources import SimResources, plan_resources
 
 
@@ -91,3 +91,11 @@ def test_fedskews_ray_head_starts_without_ray_clients_server_or_the_autoscaler(t
             assert ray.cluster_resources()["CPU"] == 2
         finally:
             ray.shutdown()
+
+
+def test_the_ray_heads_ports_are_distinct() -> None:
+    """Ports picked one at a time can repeat (a Ray head once got its GCS and dashboard on one port
+    and did not start); `free_ports` holds each bound until all are picked."""
+    for _ in range(200):
+        ports = free_ports(3)
+        assert len(set(ports)) == 3 and all(1024 <= p < 65536 for p in ports)
