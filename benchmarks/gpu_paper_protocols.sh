@@ -1,28 +1,39 @@
 #!/bin/bash
-# The papers' own networks under their protocols on a GPU machine lent for minutes (docs/results.md,
-# "FedRS with its TFCNN on a GPU"; docs/benchmarks.md, "GPU"); run from the checkout's root. Two steps, each `benchmarks/suite_in_process.py`:
+# The papers' own protocols on a GPU machine lent for minutes (docs/results.md, "FedRS with its TFCNN
+# on a GPU" and "FedGELA ... full participation at the paper's 50 rounds"; docs/benchmarks.md, "GPU");
+# run from the checkout's root. $STEPS picks among three steps (default "fedmr fedrs", the second
+# lending's), each `benchmarks/suite_in_process.py`:
 #  1. FedMR's ResNet-18 on P5C2 (FedAvg, FedMR), 2 rounds of 1 local epoch each, one after the
 #     other: the seconds a round costs (the paper's round is 10 epochs) and so what a 100-round run
 #     costs;
 #  2. FedRS's TFCNN on C10-100-2 (FedAvg, alpha 0.9, alpha 0.5; 3 seeds): the 9 cells at once, up to
-#     300 rounds, stopped at $END seconds after the start; each keeps the rounds it finished.
+#     300 rounds, stopped at $END seconds after the start; each keeps the rounds it finished;
+#  3. fedgela: FedGELA's full participation at Dirichlet 0.1 (`full-a01`: 10 clients, all of them
+#     every round, 10 local epochs) at the paper's 50 rounds, FedAvg and FedGELA, 3 seeds, the 6
+#     cells at once (LeNet, as on the CPU), stopped at $END; a cell stopped part-way keeps its
+#     checkpoint (every 5 rounds), which travels back in runs.tgz, so the CPU can finish it.
 # Writes outputs/gpu/ and, where $OUT is set, $OUT/{fedmr,fedrs}.log, $OUT/smi.csv and $OUT/runs.tgz.
 # PY=.venv/bin/python DEVICE=cpu END=200 ROUNDS=2 checks the script on a machine without a GPU.
 set -u
 DEVICE=${DEVICE:-cuda} END=${END:-530} ROUNDS=${ROUNDS:-300} OUT=${OUT:-outputs/gpu}
-PY=${PY:-python3} B=benchmarks/suite_in_process.py
+PY=${PY:-python3} B=benchmarks/suite_in_process.py STEPS=${STEPS:-fedmr fedrs}
 mkdir -p "$OUT" outputs/gpu
 if command -v nvidia-smi > /dev/null; then
   nvidia-smi -L
   nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 2 > "$OUT/smi.csv" &
   SMI=$!
 fi
-$PY $B suites/paper-fedmr.yaml --partitions p5c2 --methods fedavg,fedmr --seeds 0 --jobs 1 --deadline 120 \
+step() { [[ " $STEPS " == *" $1 "* ]]; }
+step fedmr && $PY $B suites/paper-fedmr.yaml --partitions p5c2 --methods fedavg,fedmr --seeds 0 --jobs 1 --deadline 120 \
   --set model=resnet18 device="$DEVICE" num-server-rounds=2 local-epochs=1 checkpoint-every=0 \
   --tag resnet18-e1 --out-dir outputs/gpu --every 20 2>&1 | tee "$OUT/fedmr.log"
-$PY $B suites/paper-fedrs.yaml --partitions c10-100-2 --methods fedavg,fedrs-0.9,fedrs-0.5 --seeds 0,1,2 \
+step fedrs && $PY $B suites/paper-fedrs.yaml --partitions c10-100-2 --methods fedavg,fedrs-0.9,fedrs-0.5 --seeds 0,1,2 \
   --jobs 9 --deadline $((END - SECONDS)) --set model=tfcnn device="$DEVICE" num-server-rounds="$ROUNDS" \
   --tag tfcnn --out-dir outputs/gpu --every 30 2>&1 | tee "$OUT/fedrs.log"
+step fedgela && $PY $B suites/paper-fedgela.yaml --partitions full-a01 --methods fedavg,fedgela --seeds 0,1,2 \
+  --jobs 6 --deadline $((END - SECONDS)) --set device="$DEVICE" num-server-rounds="${FEDGELA_ROUNDS:-50}" \
+  --tag gpu --out-dir outputs/gpu --every 30 2>&1 | tee "$OUT/fedgela.log"
 [ -n "${SMI:-}" ] && kill "$SMI"
-tar czf "$OUT/runs.tgz" --exclude='*.pt' --exclude='*.png' outputs/gpu/paper-*
+# the FedGELA cells' checkpoints travel back (a cell stopped part-way resumes from it)
+tar czf "$OUT/runs.tgz" --exclude='*.png' --exclude='model.pt' outputs/gpu/paper-*
 ls -la "$OUT"

@@ -57,10 +57,15 @@ def cuda_deterministic() -> None:
     torch.use_deterministic_algorithms(True, warn_only=True)
 
 
-def minibatches(n: int, batch_size: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
-    """Index tensors of a fresh random permutation of range(n), `batch_size` at a time."""
+def minibatches(
+    n: int, batch_size: int, generator: torch.Generator, device: torch.device | None = None
+) -> Iterator[torch.Tensor]:
+    """Index tensors of a fresh random permutation of range(n), `batch_size` at a time, on `device`.
+
+    The permutation is drawn on the CPU (the same indices on every device) and copied once: a copy
+    of each batch's indices from pageable memory would make the host wait for the GPU every step."""
     perm = torch.randperm(n, generator=generator)
-    yield from perm.split(batch_size)
+    yield from (perm if device is None else perm.to(device)).split(batch_size)
 
 
 def warmup_lr(lr: float, server_round: int, warmup_rounds: int) -> float:
@@ -121,8 +126,7 @@ def train_epochs(
     x, y = x.to(device), y.to(device)
     total, steps = torch.zeros((), device=device), 0
     for _ in range(epochs):
-        for idx in minibatches(len(x), batch_size, generator):
-            idx = idx.to(device)
+        for idx in minibatches(len(x), batch_size, generator, device):
             xb = x[idx] if augment is None else augment(x[idx], generator)
             loss = loss_fn(model, xb, y[idx])
             optimizer.zero_grad(set_to_none=True)

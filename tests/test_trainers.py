@@ -196,3 +196,35 @@ def test_a_cuda_device_is_put_in_deterministic_mode(monkeypatch) -> None:
         assert os.environ["CUBLAS_WORKSPACE_CONFIG"] == ":4096:8"
     finally:
         torch.use_deterministic_algorithms(False)
+
+
+def test_local_training_copies_batch_indices_to_the_device_once_an_epoch(monkeypatch) -> None:
+    """Each batch's indices copied from pageable memory would make the host wait for the GPU every
+    step (`Tensor.to` without `non_blocking` synchronises): `minibatches` copies the epoch's
+    permutation once, and gives the same batches on every device."""
+    from fedskew import training
+
+    gen = lambda: torch.Generator().manual_seed(3)  # noqa: E731
+    on_cpu = list(training.minibatches(10, 4, gen()))
+    moved = list(training.minibatches(10, 4, gen(), torch.device("cpu")))
+    assert [b.tolist() for b in moved] == [b.tolist() for b in on_cpu] and [len(b) for b in on_cpu] == [4, 4, 2]
+    assert sorted(torch.cat(on_cpu).tolist()) == list(range(10))
+
+    copies = []
+    real_to = torch.Tensor.to
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **k: copies.append(self.shape) or real_to(self, *a, **k))
+    model = torch.nn.Linear(3, 2)
+    x, y = torch.randn(40, 3), torch.randint(0, 2, (40,))
+    out = training.train_epochs(
+        model,
+        x,
+        y,
+        training.cross_entropy_loss,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        3,
+        4,
+        gen(),
+        torch.device("cpu"),
+    )
+    assert out["train-steps"] == 30
+    assert copies == [(40, 3), (40,)] + [(40,)] * 3  # the data once, then one permutation an epoch

@@ -62,6 +62,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedskew.training import minibatches
+
 # ----------------------------------------------------------------------------- BAVD
 
 
@@ -294,14 +296,13 @@ def finetune_classifier(
     device = classifier.weight.device
     features, labels = features.to(device), labels.to(device)
     opt = torch.optim.SGD(classifier.parameters(), lr=lr)
-    total, steps = 0.0, 0
+    total, steps = torch.zeros((), dtype=torch.float64, device=device), 0  # summed in double, as floats were
     for _ in range(epochs):
-        for idx in torch.randperm(len(labels), generator=generator).split(batch_size):
-            idx = idx.to(device)
+        for idx in minibatches(len(labels), batch_size, generator, device):
             loss = F.cross_entropy(classifier(features[idx]), labels[idx])
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            total += float(loss.detach())
+            total += loss.detach()
             steps += 1
-    return total / steps
+    return float(total) / steps
