@@ -12,7 +12,7 @@
 #     every round, 10 local epochs) at the paper's 50 rounds, FedAvg and FedGELA, 3 seeds, the 6
 #     cells at once (LeNet, as on the CPU), stopped at $END; a cell stopped part-way keeps its
 #     checkpoint (every 5 rounds), which travels back in runs.tgz, so the CPU can finish it.
-# Writes outputs/gpu/ and, where $OUT is set, $OUT/{fedmr,fedrs}.log, $OUT/smi.csv and $OUT/runs.tgz.
+# Writes outputs/gpu/ and, where $OUT is set, $OUT/<step>.log, $OUT/smi.csv and $OUT/runs.tgz.
 # PY=.venv/bin/python DEVICE=cpu END=200 ROUNDS=2 checks the script on a machine without a GPU.
 set -u
 DEVICE=${DEVICE:-cuda} END=${END:-530} ROUNDS=${ROUNDS:-300} OUT=${OUT:-outputs/gpu}
