@@ -57,15 +57,13 @@ def cuda_deterministic() -> None:
     torch.use_deterministic_algorithms(True, warn_only=True)
 
 
-def minibatches(
-    n: int, batch_size: int, generator: torch.Generator, device: torch.device | None = None
-) -> Iterator[torch.Tensor]:
+def minibatches(n: int, batch_size: int, generator: torch.Generator, device: torch.device) -> Iterator[torch.Tensor]:
     """Index tensors of a fresh random permutation of range(n), `batch_size` at a time, on `device`.
 
     The permutation is drawn on the CPU (the same indices on every device) and copied once: a copy
     of each batch's indices from pageable memory would make the host wait for the GPU every step."""
     perm = torch.randperm(n, generator=generator)
-    yield from (perm if device is None else perm.to(device)).split(batch_size)
+    yield from perm.to(device).split(batch_size)
 
 
 def warmup_lr(lr: float, server_round: int, warmup_rounds: int) -> float:
