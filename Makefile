@@ -43,7 +43,7 @@ run: venv data
 test: venv data deploy-tools
 	$(PY) -m pytest -q $(PYTEST_ARGS)
 
-# The Docker demo (README "Docker demo"): DEMO_ARGS=--offline builds without a registry.
+# The Docker demo (docs/deployment.md, "Docker demo"): DEMO_ARGS=--offline builds without a registry.
 demo: venv data
 	docker/demo.sh $(DEMO_ARGS)
 

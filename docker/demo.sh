@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The whole Docker demo in one command (README "Docker demo"): certificates and node keys, the image,
+# The whole Docker demo in one command (docs/deployment.md, "Docker demo"): certificates and node keys, the image,
 # the SuperLink behind its gateway, three SuperNodes (TLS, node authentication, only the image's
 # app), node registration and a short job through the operator's certificate, each round as it
 # ends, the summary; results stay in docker/outputs/<run>; everything is torn down at the end and

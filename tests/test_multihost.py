@@ -6,7 +6,7 @@ loopback and its gateway on the network), `operator` (10.99.S.2: the `flwr` CLI 
 `deploy/control-tunnel.sh`), `rogue` (10.99.S.3: holds only the public `ca.crt`) and `node0`..`node2`
 (10.99.S.10-12, SuperNodes run as an unprivileged user). Everything is started with the project's own
 scripts (`deploy/make-certs.sh`, `trust-app.sh`, `superlink.sh`, `gateway.sh`, `control-tunnel.sh`,
-`supernode.sh`), so the README's commands are what is tested:
+`supernode.sh`), so the commands of docs/deployment.md are what is tested:
 
 1. a CA, a certificate for `DNS:superlink,IP:10.99.S.1`, an operator certificate, four node keys;
    a trusted app store holding the FAB of this checkout;

@@ -1,6 +1,6 @@
 """Per-client state that survives rounds: `context.state` within a bound, or a per-node directory.
 
-Policy (see README, "Client state"):
+Policy (see docs/usage.md, "Client state"):
 - By default named tensors and counters live in Flower's `context.state` (kept by the simulation
   engine or the SuperNode between messages). Its array payload is bounded by `state-max-mb`
   (default 64 MB), because a SuperNode silently drops a context of about 200 MB in deployment;
