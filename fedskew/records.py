@@ -1,13 +1,14 @@
 """The records that cross the network: their declared form, and the one checker both sides use.
 
-A client's reply and the extras of a server message are `RecordDict`s of named `ArrayRecord`s
-and `MetricRecord`s. Each method declares their form once (`ArraysSpec`, `MetricsSpec`); the
-server's base strategy screens every reply with `check_content` and the client's base trainer
-checks every server record with `check_arrays`, so no method reads an unchecked payload.
+A client's reply and a server message are `RecordDict`s of named `ArrayRecord`s, `MetricRecord`s
+and `ConfigRecord`s. Each method declares their form once, in `fedskew.wire` (`ArraysSpec`,
+`MetricsSpec`, `ConfigSpec`); the server's base strategy screens every reply and the client's base
+trainer every server message with `check_content`, so no method reads an unchecked payload.
 
 An array is decoded from its bytes and the decoded array is what is checked: its dtype and shape
 (which must also equal what the array declares), finite values and value range. A metric must be
-a number of its declared kind (never a list or a bool) in its range. The first problem raises
+a number of its declared kind (never a list or a bool) in its range; a config value a number, a
+text or a list of flags of its declared form. The first problem raises
 `Rejected` with one line naming the record, the entry and what was expected.
 """
 
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from flwr.app import Array, ArrayRecord, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from fedskew.config import INT64
 
@@ -67,7 +68,35 @@ class MetricsSpec:
     required: bool = True
 
 
-Spec = ArraysSpec | MetricsSpec
+@dataclass(frozen=True)
+class Text:
+    """A config value that is a string of at most `max_len` characters from `alphabet` (None: any)."""
+
+    max_len: int
+    alphabet: str | None = None
+    required: bool = False
+
+
+@dataclass(frozen=True)
+class Flags:
+    """A config value that is a list of at most `max_len` booleans."""
+
+    max_len: int
+    required: bool = False
+
+
+@dataclass(frozen=True)
+class ConfigSpec:
+    """A ConfigRecord: its values by name (numbers, texts, lists of flags); any other name is refused."""
+
+    values: Mapping[str, Number | Text | Flags] = field(default_factory=dict)
+    required: bool = True
+
+
+Spec = ArraysSpec | MetricsSpec | ConfigSpec
+
+FRACTION = Number(float, 0.0, 1.0)
+NON_NEGATIVE = Number(float, 0.0)
 
 
 def tensor_like(value: Any) -> Tensor:
@@ -130,35 +159,71 @@ def check_metrics(record: object, spec: MetricsSpec, name: str) -> None:
     if missing:
         raise Rejected(f"{name!r} lacks the metrics {missing[:3]}")
     for key, value in record.items():
-        form = spec.values[key]
-        kinds = (int,) if form.kind is int else (int, float)
-        if isinstance(value, bool) or not isinstance(value, kinds):
-            raise Rejected(f"metric {key}={_short(value)} of {name!r} is not of kind {form.kind.__name__}")
-        if isinstance(value, float) and math.isnan(value) and form.nan:
-            continue
-        finite = math.isfinite(value) if isinstance(value, float) else INT64[0] <= value <= INT64[1]
-        if not (finite and form.low <= value <= form.high):
-            raise Rejected(f"metric {key}={_short(value)} of {name!r} is outside [{form.low:g}, {form.high:g}]")
+        check_number(value, spec.values[key], f"metric {key} of {name!r}")
 
 
-def check_content(content: RecordDict, schema: Mapping[str, Spec]) -> RecordDict:
-    """`content` cut to its declared records, after checking each: a required record missing or
-    a record the schema does not declare is refused."""
+def check_number(value: object, form: Number, where: str) -> None:
+    """`value` is a number of `form`'s kind (never a bool or a list), finite (NaN where allowed)
+    and in its range."""
+    kinds = (int,) if form.kind is int else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        raise Rejected(f"{where}={_short(value)} is not of kind {form.kind.__name__}")
+    if isinstance(value, float) and math.isnan(value) and form.nan:
+        return
+    finite = math.isfinite(value) if isinstance(value, float) else INT64[0] <= value <= INT64[1]
+    if not (finite and form.low <= value <= form.high):
+        raise Rejected(f"{where}={_short(value)} is outside [{form.low:g}, {form.high:g}]")
+
+
+def check_config(record: object, spec: ConfigSpec, name: str) -> None:
+    """Check the names and values of the ConfigRecord `record` against `spec`."""
+    if not isinstance(record, ConfigRecord):
+        raise Rejected(f"{name!r} is a {type(record).__name__}, expected a ConfigRecord")
+    unexpected = [k for k in record.keys() if k not in spec.values]
+    if unexpected:
+        raise Rejected(f"{name!r} holds unexpected values {unexpected[:3]}")
+    missing = [k for k, v in spec.values.items() if v.required and k not in record]
+    if missing:
+        raise Rejected(f"{name!r} lacks the values {missing[:3]}")
+    for key, value in record.items():
+        form, where = spec.values[key], f"value {key} of {name!r}"
+        if isinstance(form, Number):
+            check_number(value, form, where)
+        elif isinstance(form, Text):
+            ok = isinstance(value, str) and len(value) <= form.max_len
+            if not ok or (form.alphabet is not None and any(c not in form.alphabet for c in value)):
+                raise Rejected(f"{where}={_short(value)} is not a text of at most {form.max_len} allowed characters")
+        elif not (isinstance(value, list) and len(value) <= form.max_len and all(isinstance(v, bool) for v in value)):
+            raise Rejected(f"{where}={_short(value)} is not a list of at most {form.max_len} booleans")
+
+
+def decoded_content(content: RecordDict, schema: Mapping[str, Spec]) -> dict[str, Any]:
+    """Every declared record of `content` after checking it: ArrayRecords as their decoded numpy
+    arrays, MetricRecords and ConfigRecords as they are. A required record missing or a record the
+    schema does not declare is refused."""
     unexpected = [k for k in content.keys() if k not in schema]
     if unexpected:
         raise Rejected(f"unexpected records {unexpected[:3]}")
-    clean = RecordDict()
+    out: dict[str, Any] = {}
     for name, spec in schema.items():
         if name not in content:
             if spec.required:
                 raise Rejected(f"the {name!r} record is missing")
             continue
         if isinstance(spec, ArraysSpec):
-            check_arrays(content[name], spec, name)
-        else:
+            out[name] = check_arrays(content[name], spec, name)
+            continue
+        if isinstance(spec, MetricsSpec):
             check_metrics(content[name], spec, name)
-        clean[name] = content[name]
-    return clean
+        else:
+            check_config(content[name], spec, name)
+        out[name] = content[name]
+    return out
+
+
+def check_content(content: RecordDict, schema: Mapping[str, Spec]) -> RecordDict:
+    """`content` cut to its declared records, after checking each (`decoded_content`)."""
+    return RecordDict({name: content[name] for name in decoded_content(content, schema)})
 
 
 def _short(value: object) -> str:

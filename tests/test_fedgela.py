@@ -9,7 +9,7 @@ import pytest
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
-from fedskew.client_app.fedavg import TrainerContext
+from fedskew.client_app.base import TrainerContext
 from fedskew.client_app.fedgela import FedGELATrainer
 from fedskew.client_app.state import ClientState
 from fedskew.config import validate

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from fedskew.config import parse_class_list
 from fedskew.losses.fedmr import (
@@ -180,7 +180,7 @@ def test_class_lists_and_sharing_subset() -> None:
 
 
 def make_trainer(method: str, overrides: dict, pid: int = 0, server_round: int = 1):
-    from fedskew.client_app.fedavg import TrainerContext
+    from fedskew.client_app.base import TrainerContext
     from fedskew.client_app.state import ClientState
     from fedskew.config import validate
     from fedskew.data.clients import ClientData
@@ -202,7 +202,8 @@ def global_content(cfg: dict, extra: dict | None = None) -> RecordDict:
     from fedskew.models import build_model
 
     torch.manual_seed(0)
-    return RecordDict({"arrays": ArrayRecord(build_model(cfg["model"], cfg["dataset"]).state_dict()), **(extra or {})})
+    arrays = ArrayRecord(build_model(cfg["model"], cfg["dataset"]).state_dict())
+    return RecordDict({"arrays": arrays, "config": ConfigRecord({"server-round": 1}), **(extra or {})})
 
 
 def test_trainer_with_zero_weights_is_fedavg_and_uploads_prototypes() -> None:
@@ -245,7 +246,7 @@ def test_trainer_round1_has_no_inter_term_then_uses_prototypes_and_privacy() -> 
 def reply(strategy, pid: int, protos: np.ndarray, counts: np.ndarray, num: int = 100, drop: str = ""):
     from flwr.app import Message
 
-    from fedskew.strategies.fedavg import numpy_to_arrays
+    from fedskew.strategies.base import numpy_to_arrays
 
     out = Message(RecordDict(), dst_node_id=10 + pid, message_type="train")
     content = RecordDict(

@@ -19,10 +19,12 @@ import pytest
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
-from fedskew.client_app.fedmr import PROTO_RECORD
-from fedskew.client_app.mupfl import GRADS, MAPS, TIMES
 from fedskew.config import validate
 from fedskew.registry import get_method
+from fedskew.wire import FEDMR_PROTOTYPES as PROTO_RECORD
+from fedskew.wire import MUPFL_GRADS as GRADS
+from fedskew.wire import MUPFL_MAPS as MAPS
+from fedskew.wire import MUPFL_TIMES as TIMES
 from tests.harness import InProcessGrid, app_defaults, run_in_process
 
 NODES, PARTITIONS = 4, 50
@@ -378,7 +380,7 @@ SERVER_PAYLOADS: dict[str, tuple[str, dict[str, Any], Callable[[RecordDict], Rec
 @pytest.mark.parametrize("case", list(SERVER_PAYLOADS))
 def test_a_client_refuses_a_bad_server_payload_before_training(monkeypatch, task_identity, case: str) -> None:
     """The trainer checks every server record (model arrays and extras) before it trains."""
-    from fedskew.client_app import fedavg as trainer_base
+    from fedskew.client_app import base as trainer_base
     from fedskew.client_app.app import train
 
     method, extra, edit = SERVER_PAYLOADS[case]

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
-from fedskew.client_app.fedavg import TrainerContext
+from fedskew.client_app.base import TrainerContext
 from fedskew.client_app.map import MAPTrainer
 from fedskew.client_app.state import ClientState
 from fedskew.config import validate

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from flwr.app import ArrayRecord
 
 from fedskew.client_app.fedavg import FedAvgTrainer
-from fedskew.client_app.mupfl import CLASSIFIER, GLOBAL, MuPFLTrainer
+from fedskew.client_app.mupfl import MuPFLTrainer
 from fedskew.config import validate
 from fedskew.data.clients import to_float
 from fedskew.data.readers import load_dataset
@@ -30,6 +30,7 @@ from fedskew.losses.mupfl import (
 )
 from fedskew.models import build_model
 from fedskew.server_app.results import read_jsonl
+from fedskew.strategies.base import arrays_to_numpy
 from fedskew.strategies.clustering import (
     cluster_update,
     cosine_matrix,
@@ -40,8 +41,9 @@ from fedskew.strategies.clustering import (
     silhouette_score,
     similarity_matrix,
 )
-from fedskew.strategies.fedavg import arrays_to_numpy
 from fedskew.strategies.mupfl import MuPFLStrategy
+from fedskew.wire import MUPFL_CLASSIFIER as CLASSIFIER
+from fedskew.wire import MUPFL_GLOBAL as GLOBAL
 from tests.conftest import read_metrics
 from tests.harness import app_defaults, run_in_process
 from tests.test_trainers import global_content, make_data, make_trainer

@@ -9,7 +9,8 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
-from fedskew.client_app.fedavg import FedAvgTrainer, TrainerContext
+from fedskew.client_app.base import BaseTrainer, TrainerContext
+from fedskew.client_app.fedavg import FedAvgTrainer
 from fedskew.client_app.fedprox import FedProxTrainer
 from fedskew.client_app.fedrs import FedRSTrainer
 from fedskew.client_app.state import ClientState
@@ -28,7 +29,7 @@ def make_data(n: int = 96, seed: int = 0) -> ClientData:
     return ClientData(x[:80], y[:80], x[80:], y[80:], 10)
 
 
-def make_trainer(cls: type, data: ClientData, **overrides) -> FedAvgTrainer:
+def make_trainer(cls: type, data: ClientData, **overrides) -> BaseTrainer:
     cfg = validate({"model": "mlp", "batch-size": 16, "local-epochs": 2, **overrides})
     ctx = TrainerContext(
         cfg=cfg,

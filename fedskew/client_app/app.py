@@ -19,12 +19,14 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedskew.client_app.fedavg import TrainerContext
+from fedskew.client_app.base import TrainerContext
 from fedskew.client_app.state import ClientState
 from fedskew.config import validate
 from fedskew.data.node import load_node_data, node_data_spec
+from fedskew.records import check_config
 from fedskew.registry import get_method
 from fedskew.training import pick_device, round_lr, seed_everything
+from fedskew.wire import CONFIG, round_config
 
 log = logging.getLogger("fedskew.client")
 app = ClientApp()
@@ -57,7 +59,8 @@ def train(msg: Message, context: Context) -> Message:
     cfg = validate(dict(context.run_config))
     spec, data = load_node_data(cfg, context.node_config)
     pid = spec.partition_id
-    server_round = int(msg.content["config"]["server-round"])
+    check_config(msg.content.get(CONFIG), round_config(cfg), CONFIG)  # before the round seeds anything
+    server_round = msg.content[CONFIG]["server-round"]
     cfg["lr"] = round_lr(cfg, server_round)  # every method's local lr
     generator = seed_everything(cfg["seed"], pid, server_round)
     if cfg["torch-threads"] > 0:

@@ -21,22 +21,20 @@ import torch
 from flwr.app import ConfigRecord, RecordDict
 from torch import nn
 
-from fedskew.client_app.fedavg import FedAvgTrainer
+from fedskew import wire
+from fedskew.client_app.base import BaseTrainer
 from fedskew.data import dataset_info
 from fedskew.losses.fedgela import ETFNet, etf_checksum, etf_net, local_phi
 from fedskew.models import build_model
-from fedskew.records import ArraysSpec, Tensor
+from fedskew.records import Rejected
 from fedskew.training import clip_before_step
 
 
-def verified_etf(etf: torch.Tensor, content: RecordDict) -> torch.Tensor:
-    """`etf` (already checked: shape, dtype, finite values) after checking its checksum against
-    the `etf-info` record of the same message."""
-    info = content.get("etf-info")
-    if not isinstance(info, ConfigRecord) or not isinstance(info.get("sha256"), str):
-        raise ValueError("FedGELA: the server message lacks the 'etf-info' record with the ETF's sha256")
+def verified_etf(etf: torch.Tensor, info: ConfigRecord) -> torch.Tensor:
+    """`etf` (already checked: shape, dtype, finite values in [-1, 1]) after checking its checksum
+    against the `etf-info` record of the same message (checked: a 64-digit hex sha256)."""
     if etf_checksum(etf) != info["sha256"]:
-        raise ValueError(f"FedGELA: ETF checksum {etf_checksum(etf)[:12]} != broadcast {info['sha256'][:12]}")
+        raise Rejected(f"FedGELA: ETF checksum {etf_checksum(etf)[:12]} != broadcast {info['sha256'][:12]}")
     return etf
 
 
@@ -47,16 +45,14 @@ def gela_model(cfg: dict[str, Any], etf: torch.Tensor, phi: torch.Tensor | None 
     return etf_net(net.features, net.feature_dim, etf, head, ew, temperature, phi, cfg["fedgela-mode"])
 
 
-class FedGELATrainer(FedAvgTrainer):
+class FedGELATrainer(BaseTrainer):
     """Backbone-only training against the client's adapted simplex ETF."""
 
-    def server_records(self) -> dict[str, ArraysSpec]:
-        net = build_model(self.cfg["model"], dataset_info(self.cfg))
-        return {"etf": ArraysSpec({"etf": Tensor((net.feature_dim, net.num_classes), "float32")})}
+    wire = wire.FEDGELA
 
-    def receive(self, content: RecordDict) -> dict[str, dict[str, torch.Tensor]]:
+    def receive(self, content: RecordDict) -> dict[str, Any]:
         received = super().receive(content)
-        self.etf = verified_etf(received["etf"]["etf"], content)
+        self.etf = verified_etf(received[wire.FEDGELA_ETF]["etf"], received[wire.FEDGELA_ETF_INFO])
         self.phi = local_phi(self.data.train_counts) if self.cfg["fedgela-adapt"] else None
         return received
 

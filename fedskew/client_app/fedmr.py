@@ -28,36 +28,29 @@ import torch.nn.functional as F
 from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 
-from fedskew.client_app.fedavg import FedAvgTrainer
+from fedskew import wire
+from fedskew.client_app.base import BaseTrainer
 from fedskew.config import parse_class_list
 from fedskew.losses.fedmr import class_prototypes, inter_class_loss, intra_class_loss
-from fedskew.models import build_model
-from fedskew.records import ArraysSpec, Tensor
-
-PROTO_RECORD = "fedmr-prototypes"
-CONFIG_RECORD = "fedmr-config"
+from fedskew.wire import FEDMR_CONFIG, FEDMR_PROTOTYPES
 
 
-class FedMRTrainer(FedAvgTrainer):
+class FedMRTrainer(BaseTrainer):
     """FedAvg local training plus the intra-class and inter-class (prototype) losses."""
 
-    def server_records(self) -> dict[str, ArraysSpec]:
-        net = build_model(self.cfg["model"], self.cfg["dataset"])
-        c, d = net.num_classes, net.feature_dim
-        protos = {"prototypes": Tensor((c, d), "float32"), "valid": Tensor((c,), "bool")}
-        return {PROTO_RECORD: ArraysSpec(protos, required=False)}
+    wire = wire.FEDMR
 
     def load_global(self, model: nn.Module, content: RecordDict) -> None:
         super().load_global(model, content)
         c, d = model.num_classes, model.feature_dim
         rec = self.received.get(
-            PROTO_RECORD, {"prototypes": torch.zeros(c, d), "valid": torch.zeros(c, dtype=torch.bool)}
+            FEDMR_PROTOTYPES, {"prototypes": torch.zeros(c, d), "valid": torch.zeros(c, dtype=torch.bool)}
         )
         self.prototypes = rec["prototypes"].to(self.device)
         self.valid = rec["valid"].to(self.device)
         self.local_mask = torch.from_numpy(self.data.train_counts > 0).to(self.device)
-        conf = content.get(CONFIG_RECORD)
-        mask = list(conf["share-mask"]) if conf is not None and "share-mask" in conf else None
+        conf = self.received.get(FEDMR_CONFIG)
+        mask = list(conf["share-mask"]) if conf is not None else None
         pid = self.ctx.partition_id
         self.share = True if mask is None else (pid < len(mask) and bool(mask[pid]))
         self.use_inter = self.cfg["fedmr-mu2"] > 0 and self.cfg["fedmr-lite-n"] != 0 and bool(self.valid.any())
@@ -122,4 +115,4 @@ class FedMRTrainer(FedAvgTrainer):
         )
         protos[hidden] = 0.0
         counts[hidden] = 0
-        return {PROTO_RECORD: ArrayRecord({"prototypes": protos, "counts": counts})}
+        return {FEDMR_PROTOTYPES: ArrayRecord({"prototypes": protos, "counts": counts})}

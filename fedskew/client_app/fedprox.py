@@ -9,12 +9,12 @@ import torch
 from flwr.app import RecordDict
 from torch import nn
 
-from fedskew.client_app.fedavg import FedAvgTrainer
+from fedskew.client_app.base import BaseTrainer
 from fedskew.losses import proximal_term
 from fedskew.training import cross_entropy_loss
 
 
-class FedProxTrainer(FedAvgTrainer):
+class FedProxTrainer(BaseTrainer):
     """Adds the proximal term against the downloaded global weights to every mini-batch loss."""
 
     def load_global(self, model: nn.Module, content: RecordDict) -> None:

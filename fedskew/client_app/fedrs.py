@@ -12,17 +12,19 @@ import torch
 from flwr.app import RecordDict
 from torch import nn
 
-from fedskew.client_app.fedavg import FedAvgTrainer
+from fedskew import wire
+from fedskew.client_app.base import BaseTrainer
 from fedskew.losses import fedrs_scale, restricted_softmax_cross_entropy
 
 
-class FedRSTrainer(FedAvgTrainer):
+class FedRSTrainer(BaseTrainer):
     """Cross-entropy on `(h W^T) * s`, with s_c = 1 for observed classes and alpha for missing.
 
     `rs_prefix` names the run-config keys `<prefix>-alpha`, `<prefix>-tau`, `<prefix>-scale`, so a
     method that reuses the restricted softmax (MAP) subclasses this trainer with its own keys.
     """
 
+    wire = wire.FEDRS
     rs_prefix = "fedrs"
 
     def local_train(self, model: nn.Module, content: RecordDict) -> dict[str, float]:

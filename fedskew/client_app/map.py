@@ -51,6 +51,7 @@ import torch.nn.functional as F
 from flwr.app import RecordDict
 from torch import nn
 
+from fedskew import wire
 from fedskew.client_app.fedrs import FedRSTrainer
 from fedskew.losses import distillation_loss, hpm_momentum, hpm_update, mmd_multi_gaussian, personalization_loss
 from fedskew.training import sgd, train_epochs
@@ -64,6 +65,7 @@ MAP_VALUES = "map"
 class MAPTrainer(FedRSTrainer):
     """Stage 1 = FedRS local training (uploaded); stage 2 = CE + transfer from the HPM; HPM update."""
 
+    wire = wire.MAP
     rs_prefix = "map"
 
     # ------------------------------------------------------------------ state

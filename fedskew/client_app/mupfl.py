@@ -34,46 +34,29 @@ import torch
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from torch import nn
 
-from fedskew.client_app.fedavg import FedAvgTrainer
-from fedskew.data import dataset_info
+from fedskew import wire
+from fedskew.client_app.base import BaseTrainer
 from fedskew.losses.mupfl import BAVD, attach_bavd, class_gradients, finetune_classifier, flat_maps, loss_change
-from fedskew.models import SplitNet, build_model
-from fedskew.records import ArraysSpec, Tensor, tensor_like
+from fedskew.models import SplitNet
 from fedskew.training import cross_entropy_loss
+from fedskew.wire import MUPFL_CLASSIFIER as CLASSIFIER
+from fedskew.wire import MUPFL_FEATURES as FEATURES
+from fedskew.wire import MUPFL_GLOBAL as GLOBAL
+from fedskew.wire import MUPFL_GRADS as GRADS
+from fedskew.wire import MUPFL_MAPS as MAPS
+from fedskew.wire import MUPFL_TIMES as TIMES
 
-FEATURES = "mupfl-features"
-MAPS = "mupfl-map"
-GRADS = "mupfl-grads"
-CLASSIFIER = "mupfl-classifier"
-GLOBAL = "mupfl-global"
-TIMES = "mupfl-times"
 
-
-class MuPFLTrainer(FedAvgTrainer):
+class MuPFLTrainer(BaseTrainer):
     """FedAvg's round with MuPFL's classifier fine-tune, BAVD training and gradient upload."""
+
+    wire = wire.MUPFL
 
     def build_model(self) -> SplitNet:
         model = super().build_model()
         make = functools.partial(BAVD, rescale=self.cfg["mupfl-bavd-rescale"])
         self.bavd: list[BAVD] = attach_bavd(model, make) if self.cfg["mupfl-bavd"] else []
         return model
-
-    def server_records(self) -> dict[str, ArraysSpec]:
-        """PKCF: the classifier the gradients are taken at (`mupfl-classifier`) and, from round 2
-        on, the synthetic features h_glo with their labels; init "personal": w_glo (`mupfl-global`)."""
-        net = build_model(self.cfg["model"], dataset_info(self.cfg))
-        records: dict[str, ArraysSpec] = {}
-        if self.cfg["mupfl-pkcf"]:
-            weight = Tensor((net.num_classes, net.feature_dim), "float32")
-            records[CLASSIFIER] = ArraysSpec({"weight": weight})
-            feats = {
-                "features": Tensor((None, net.feature_dim), "float32"),
-                "labels": Tensor((None,), "int64", low=0, high=net.num_classes - 1),
-            }
-            records[FEATURES] = ArraysSpec(feats, required=False)
-        if self.cfg["mupfl-init"] == "personal":
-            records[GLOBAL] = ArraysSpec({k: tensor_like(v) for k, v in net.state_dict().items()})
-        return records
 
     def load_global(self, model: nn.Module, content: RecordDict) -> None:
         super().load_global(model, content)

@@ -53,10 +53,12 @@ distance per compared vector, in [0, 2], for either form.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -306,3 +308,13 @@ def finetune_classifier(
             total += loss.detach()
             steps += 1
     return float(total) / steps
+
+
+def bavd_map_size(model: nn.Module, info: Any) -> int:
+    """Length of a client's flattened BAVD maps: the activations (channels x positions) of every
+    layer `attach_bavd` hooks in `model`, measured on one blank batch; 0 when it hooks none."""
+    model = copy.deepcopy(model).train()
+    layers = attach_bavd(model)
+    with torch.no_grad():
+        model(torch.zeros(2, info.channels, info.size, info.size))
+    return sum(layer.h_bar.numel() for layer in layers)

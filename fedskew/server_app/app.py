@@ -28,7 +28,7 @@ from fedskew.data.clients import client_class_counts, load_test_set
 from fedskew.partitions import format_counts, plot_counts
 from fedskew.registry import get_method
 from fedskew.server_app.results import RunOutput, read_jsonl, round_statistics, write_json
-from fedskew.strategies.fedavg import FedAvgStrategy
+from fedskew.strategies.base import BaseStrategy
 from fedskew.training import evaluate, pick_device, seed_everything
 
 log = logging.getLogger("flwr.fedskew")  # a child of Flower's logger, so it shows in `flwr log`
@@ -63,7 +63,7 @@ class PromptGrid:
         return replies
 
 
-def wait_for_nodes(grid: Grid, strategy: FedAvgStrategy, minimum: int, timeout: float) -> dict[int, int]:
+def wait_for_nodes(grid: Grid, strategy: BaseStrategy, minimum: int, timeout: float) -> dict[int, int]:
     """Block until `minimum` nodes reported their partition (or fail after `timeout` s)."""
     t0 = time.monotonic()
     while True:
@@ -100,7 +100,7 @@ def round_line(r: int, rounds: int, seconds: float, g_acc: float | None, m: dict
 
 
 def train_round(
-    strategy: FedAvgStrategy, grid: Grid, r: int, arrays: ArrayRecord, cfg: dict[str, Any]
+    strategy: BaseStrategy, grid: Grid, r: int, arrays: ArrayRecord, cfg: dict[str, Any]
 ) -> tuple[ArrayRecord | None, dict[str, Any], list[dict[str, Any]]]:
     """Send one round, wait up to `round-timeout`, aggregate what arrived.
 
@@ -210,7 +210,7 @@ def main(grid: Grid, context: Context) -> None:
     # the partition's picture is drawn while round 1 trains
     background = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedskew-start")
     test_set = background.submit(load_test_set, cfg)
-    strategy: FedAvgStrategy = get_method(cfg["method"]).strategy_class()(cfg, device)
+    strategy: BaseStrategy = get_method(cfg["method"]).strategy_class()(cfg, device)
     log.info(
         "fedskew: method=%s dataset=%s model=%s partition=%s -> %s",
         cfg["method"],

@@ -1,2 +1,2 @@
 """Server side of each method: one Flower strategy per method (`<method>.py`), all subclassing
-`FedAvgStrategy` (`fedavg.py`); pure aggregation maths in `aggregate.py`."""
+`BaseStrategy` (`base.py`); pure aggregation maths in `aggregate.py`."""

@@ -18,15 +18,18 @@ from typing import Any
 import torch
 from flwr.app import ArrayRecord, ConfigRecord
 
+from fedskew import wire
 from fedskew.client_app.fedgela import gela_model
 from fedskew.losses.fedgela import ETFNet, etf_checksum, make_etf
-from fedskew.strategies.fedavg import FedAvgStrategy
+from fedskew.strategies.base import BaseStrategy
 
 BACKBONE = "features."
 
 
-class FedGELAStrategy(FedAvgStrategy):
+class FedGELAStrategy(BaseStrategy):
     """FedAvg over backbones; a fixed, broadcast simplex ETF is the classifier."""
+
+    wire = wire.FEDGELA
 
     def __init__(self, cfg: dict[str, Any], device: torch.device | None = None) -> None:
         super().__init__(cfg, device)
@@ -50,6 +53,6 @@ class FedGELAStrategy(FedAvgStrategy):
 
     def broadcast(self, server_round: int) -> dict[str, Any]:
         return {
-            "etf": ArrayRecord({"etf": self.etf}),
-            "etf-info": ConfigRecord({"sha256": self.etf_sha256, "seed": self.cfg["fedgela-etf-seed"]}),
+            wire.FEDGELA_ETF: ArrayRecord({"etf": self.etf}),
+            wire.FEDGELA_ETF_INFO: ConfigRecord({"sha256": self.etf_sha256, "seed": self.cfg["fedgela-etf-seed"]}),
         }

@@ -20,30 +20,26 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
 from flwr.app import ConfigRecord, Message, RecordDict
 
-from fedskew.client_app.fedmr import CONFIG_RECORD, PROTO_RECORD
+from fedskew import wire
 from fedskew.config import parse_class_list
 from fedskew.losses.fedmr import aggregate_prototypes, sharing_partitions
-from fedskew.records import ArraysSpec, Number, Rejected, Spec, Tensor
-from fedskew.strategies.fedavg import FRACTION, NON_NEGATIVE, FedAvgStrategy, numpy_to_arrays
+from fedskew.records import Rejected
+from fedskew.strategies.base import BaseStrategy, numpy_to_arrays
+from fedskew.wire import FEDMR_CONFIG, FEDMR_PROTOTYPES
 
 log = logging.getLogger("fedskew.server")
 
 
-class FedMRStrategy(FedAvgStrategy):
+class FedMRStrategy(BaseStrategy):
     """FedAvg model aggregation plus count-weighted per-class prototype aggregation."""
 
-    reply_metrics: ClassVar[dict[str, Number]] = {
-        "intra-loss": NON_NEGATIVE,
-        "inter-loss": NON_NEGATIVE,
-        "inter-active": FRACTION,
-        "prototypes-shared": FRACTION,
-    }
+    wire = wire.FEDMR
 
     def __init__(self, cfg: dict[str, Any], device: torch.device | None = None) -> None:
         super().__init__(cfg, device)
@@ -69,17 +65,12 @@ class FedMRStrategy(FedAvgStrategy):
     def broadcast(self, server_round: int) -> dict[str, Any]:
         protos = {"prototypes": self.prototypes, "valid": self.valid}
         mask = [bool(v) for v in self.share_mask()]
-        return {PROTO_RECORD: numpy_to_arrays(protos), CONFIG_RECORD: ConfigRecord({"share-mask": mask})}
+        return {FEDMR_PROTOTYPES: numpy_to_arrays(protos), FEDMR_CONFIG: ConfigRecord({"share-mask": mask})}
 
     # ------------------------------------------------------------------ uplink
-    def reply_schema(self) -> dict[str, Spec]:
-        c, d = self.num_classes, self.feature_dim
-        protos = {"prototypes": Tensor((c, d), "float32"), "counts": Tensor((c,), "int64", low=0)}
-        return {**super().reply_schema(), PROTO_RECORD: ArraysSpec(protos)}
-
     def check_reply(self, content: RecordDict, partition: int) -> None:
         super().check_reply(content, partition)
-        counts, n = content[PROTO_RECORD]["counts"].numpy(), content["metrics"]["num-examples"]
+        counts, n = content[FEDMR_PROTOTYPES]["counts"].numpy(), content["metrics"]["num-examples"]
         total = counts.sum(dtype=np.float64)  # int64 would wrap around for hostile counts
         if total > n:
             raise Rejected(f"prototype counts sum to {total:.0f} > num-examples {n}")
@@ -91,8 +82,8 @@ class FedMRStrategy(FedAvgStrategy):
             raise Rejected(f"prototypes from partition {partition}, which is not in the sharing subset")
 
     def aggregate_extras(self, server_round: int, replies: list[Message]) -> dict[str, float]:
-        protos = [m.content[PROTO_RECORD]["prototypes"].numpy() for m in replies]
-        counts = [m.content[PROTO_RECORD]["counts"].numpy().astype(np.float64) for m in replies]
+        protos = [m.content[FEDMR_PROTOTYPES]["prototypes"].numpy() for m in replies]
+        counts = [m.content[FEDMR_PROTOTYPES]["counts"].numpy().astype(np.float64) for m in replies]
         updated = int((np.stack(counts).sum(0) > 0).sum())
         self.prototypes, self.valid = aggregate_prototypes(protos, counts, self.prototypes, self.valid)
         out = {"prototype-classes": int(self.valid.sum()), "prototype-classes-updated": updated}

@@ -1,10 +1,11 @@
 """FedProx server (Li et al., MLSys'20). Client side: `fedskew/client_app/fedprox.py`.
 
-The server is FedAvg's; the method lives in the client's proximal term (`fedprox-mu`).
+The server is the base's (FedAvg's sample-weighted average); the method lives in the client's
+proximal term (`fedprox-mu`).
 """
 
-from fedskew.strategies.fedavg import FedAvgStrategy
+from fedskew.strategies.base import BaseStrategy
 
 
-class FedProxStrategy(FedAvgStrategy):
+class FedProxStrategy(BaseStrategy):
     """FedAvg aggregation; clients add (mu/2)||w - w_global||^2 to their loss."""

@@ -5,13 +5,11 @@ FedAvg's. The paper averages uniformly, the authors' code by sample count; they 
 shard partitions. Set `aggregation-weights="uniform"` for the paper's rule (spec §8 A11).
 """
 
-from typing import ClassVar
-
-from fedskew.records import Number
-from fedskew.strategies.fedavg import NON_NEGATIVE, FedAvgStrategy
+from fedskew import wire
+from fedskew.strategies.base import BaseStrategy
 
 
-class FedRSStrategy(FedAvgStrategy):
+class FedRSStrategy(BaseStrategy):
     """FedAvg aggregation of models trained with the restricted softmax."""
 
-    reply_metrics: ClassVar[dict[str, Number]] = {"observed-classes": NON_NEGATIVE}
+    wire = wire.FEDRS

@@ -14,30 +14,22 @@ from __future__ import annotations
 
 import logging
 import math
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from flwr.app import Message
 
-from fedskew.records import Number
+from fedskew import wire
 from fedskew.strategies.aggregate import summarize_clients, weighted_average
-from fedskew.strategies.fedavg import FRACTION, FedAvgStrategy, arrays_to_numpy, numpy_to_arrays
-from fedskew.strategies.fedrs import FedRSStrategy
+from fedskew.strategies.base import BaseStrategy, arrays_to_numpy, numpy_to_arrays
 
 log = logging.getLogger("fedskew.server")
 
 
-class MAPStrategy(FedAvgStrategy):
+class MAPStrategy(BaseStrategy):
     """FedAvg of the uploaded stage-1 models (uniform by default, as Alg. 1) + HPM bookkeeping."""
 
-    reply_metrics: ClassVar[dict[str, Number]] = {
-        **FedRSStrategy.reply_metrics,  # stage 1 is FedRS's local training
-        "stage2-loss": Number(float, 0.0, nan=True),  # NaN: no stage 2 (map-personal-epochs=0)
-        "stage2-accuracy": Number(float, 0.0, 1.0, nan=True),  # NaN: no local test data
-        "hpm-mu": FRACTION,
-        "hpm-participations": Number(int, 1),
-        "hpm-transfer": Number(int, 0, 1),
-    }
+    wire = wire.MAP
 
     def __init__(self, cfg: dict[str, Any], device: torch.device | None = None) -> None:
         super().__init__(cfg, device)

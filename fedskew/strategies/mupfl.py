@@ -92,45 +92,41 @@ Decisions / deviations (spec §9 references):
 
 from __future__ import annotations
 
-import copy
 import logging
 import time
 from collections.abc import Iterable
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
-from torch import nn
 
-from fedskew.client_app.mupfl import CLASSIFIER, FEATURES, GLOBAL, GRADS, MAPS, TIMES
-from fedskew.data import DatasetInfo, dataset_info
-from fedskew.losses.mupfl import aggregate_class_gradients, attach_bavd, synthesize_features
-from fedskew.records import ArraysSpec, MetricsSpec, Number, Spec, Tensor
+from fedskew import wire
+from fedskew.losses.mupfl import aggregate_class_gradients, synthesize_features
 from fedskew.strategies.aggregate import weighted_average
+from fedskew.strategies.base import BaseStrategy, arrays_to_numpy, numpy_to_arrays
 from fedskew.strategies.clustering import cluster_update, select_clusters
-from fedskew.strategies.fedavg import FRACTION, NON_NEGATIVE, FedAvgStrategy, arrays_to_numpy, numpy_to_arrays
+from fedskew.wire import MUPFL_CLASSIFIER as CLASSIFIER
+from fedskew.wire import MUPFL_FEATURES as FEATURES
+from fedskew.wire import MUPFL_GLOBAL as GLOBAL
+from fedskew.wire import MUPFL_GRADS as GRADS
+from fedskew.wire import MUPFL_MAPS as MAPS
+from fedskew.wire import MUPFL_TIMES as TIMES
 
 log = logging.getLogger("fedskew.server")
 
 
-class MuPFLStrategy(FedAvgStrategy):
+class MuPFLStrategy(BaseStrategy):
     """Per-client start models, ACMU cluster updates and PKCF feature synthesis."""
 
-    reply_metrics: ClassVar[dict[str, Number]] = {
-        "start-accuracy": FRACTION,
-        "finetune-loss": NON_NEGATIVE,
-        "pkcf-client-seconds": NON_NEGATIVE,
-        "bavd-seconds": NON_NEGATIVE,
-    }
+    wire = wire.MUPFL
 
     def __init__(self, cfg: dict[str, Any], device: torch.device | None = None) -> None:
         super().__init__(cfg, device)
         model = self.build_model()
         self.trainable = [name for name, _ in model.named_parameters()]
         self.num_classes, self.feature_dim = model.num_classes, model.feature_dim
-        self.map_size = bavd_map_size(model, dataset_info(cfg)) if cfg["mupfl-bavd"] else 0
         self.personal: dict[int, dict[str, np.ndarray]] = {}  # w~_i by partition id (init "personal")
         self.bases: dict[int, dict[str, np.ndarray]] = {}  # start models sent this round
         self.features: torch.Tensor | None = None  # h_glo (K, m, d) on self.device
@@ -199,18 +195,6 @@ class MuPFLStrategy(FedAvgStrategy):
         return out
 
     # ------------------------------------------------------------------ uplink
-    def reply_schema(self) -> dict[str, Spec]:
-        """FedAvg's records, the flattened BAVD maps (BAVD on and layers to hook) and, with PKCF,
-        one classifier gradient per class the client holds and its timing."""
-        schema = super().reply_schema()
-        if self.map_size:
-            schema[MAPS] = ArraysSpec({"map": Tensor((self.map_size,), "float32")})
-        if self.cfg["mupfl-pkcf"]:
-            grad = Tensor((self.num_classes, self.feature_dim), "float32")
-            schema[GRADS] = ArraysSpec({str(k): grad for k in range(self.num_classes)}, partial=True)
-            schema[TIMES] = MetricsSpec({"grads-seconds": Number(float, 0.0, required=True)})
-        return schema
-
     def flat(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
         return np.concatenate([np.asarray(arrays[k], dtype=np.float64).ravel() for k in self.trainable])
 
@@ -323,13 +307,3 @@ class MuPFLStrategy(FedAvgStrategy):
         metrics["pkcf-seconds"] = time.perf_counter() - t0
         metrics["pkcf-classes"] = len(targets)
         return metrics
-
-
-def bavd_map_size(model: nn.Module, info: DatasetInfo) -> int:
-    """Length of a client's flattened BAVD maps: the activations (channels x positions) of every
-    layer `attach_bavd` hooks in `model`, measured on one blank batch; 0 when it hooks none."""
-    model = copy.deepcopy(model).train()
-    layers = attach_bavd(model)
-    with torch.no_grad():
-        model(torch.zeros(2, info.channels, info.size, info.size))
-    return sum(layer.h_bar.numel() for layer in layers)

@@ -1,0 +1,168 @@
+"""The base of every fedskew trainer (client side): one `train` message per round.
+
+Check every record the server sent (`receive`: the round config and the method's declared
+downlink records, `fedskew.wire`; the model arrays in `load_global`), load the global model and
+evaluate it on the local test split (`client-global-accuracy`: the "average client test accuracy"
+of MuPFL's Table II and FedGELA's PA for a global model), train locally, evaluate the client's
+personalized model on the same split (`personal-accuracy`), and reply with the upload, the sample
+count, the metrics and the method's uplink records. A method subclasses `BaseTrainer`, sets `wire`
+and overrides only the hooks that differ (FL-bench style):
+
+    build_model      the network (default: `model` from the run config)
+    receive          checks the server's records before anything else; a method reads its extras
+                     from `self.received`, never unchecked
+    load_global      how the downloaded arrays enter the model (checked by `checked_arrays`)
+    loss             the local objective on one mini-batch (default: cross-entropy)
+    optimizer        the local optimiser (default: `sgd` from the run config, fresh each round)
+    local_train      the whole local procedure (default: `train_epochs` on `loss`, batches through
+                     `self.augment`, the configured augmentation)
+    received_global_model  the global model as received, for `client-global-accuracy` (default: the
+                       model right after `load_global`)
+    personalized_model  what "personalized accuracy" measures (default: the trained model)
+    upload           the ArrayRecord sent back (default: the whole state dict)
+    extra_records    the method's uplink records (prototypes, counts, gradients ...)
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, MetricRecord, RecordDict
+from torch import nn
+
+from fedskew.client_app.state import ClientState
+from fedskew.data import dataset_info
+from fedskew.data.augment import augmentation
+from fedskew.data.clients import ClientData
+from fedskew.models import SplitNet, build_model
+from fedskew.records import ArraysSpec, Rejected, check_arrays, decoded_content, tensor_like
+from fedskew.training import cross_entropy_loss, evaluate, sgd, train_epochs
+from fedskew.wire import BASE, MODEL, Dims, Wire, bounded
+
+
+def checked_arrays(
+    content: RecordDict, expected: dict[str, torch.Tensor], key: str = "arrays"
+) -> dict[str, torch.Tensor]:
+    """The server's arrays as tensors, after checking names, shapes, dtypes, finiteness and the bound
+    on received values (`fedskew.wire.RECEIVED_BOUND`) against `expected`; raises `Rejected` naming
+    the first problem (the server logs it as this node's failure)."""
+    if key not in content:
+        raise Rejected(f"server message lacks the {key!r} ArrayRecord")
+    spec = ArraysSpec(bounded({name: tensor_like(t) for name, t in expected.items()}))
+    return as_tensors(check_arrays(content[key], spec, f"server {key}"))
+
+
+def as_tensors(arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    return {k: torch.from_numpy(v.copy()) for k, v in arrays.items()}  # decoded arrays are read-only
+
+
+@dataclass
+class TrainerContext:
+    """Everything a trainer needs for one round on one client."""
+
+    cfg: dict[str, Any]
+    data: ClientData
+    device: torch.device
+    state: ClientState
+    partition_id: int
+    server_round: int
+    generator: torch.Generator
+
+
+class BaseTrainer:
+    """A fedskew method's client side; subclasses set `wire` and override the hooks that differ."""
+
+    wire: ClassVar[Wire] = BASE  # the method's records beyond the model (`fedskew.wire`)
+
+    def __init__(self, ctx: TrainerContext) -> None:
+        self.ctx = ctx
+        self.cfg = ctx.cfg
+        self.dims = Dims.of(self.cfg)
+        self.data = ctx.data
+        self.device = ctx.device
+        self.augment = augmentation(self.cfg, dataset_info(self.cfg))  # of training batches, per `augment`
+
+    # ------------------------------------------------------------------ hooks
+    def build_model(self) -> SplitNet:
+        return build_model(self.cfg["model"], dataset_info(self.cfg)).to(self.device)
+
+    def receive(self, content: RecordDict) -> dict[str, Any]:
+        """The server's records but the model arrays, each checked against the method's
+        `wire.downlink_schema`: ArrayRecords as dicts of tensors, ConfigRecords as they are. A
+        record the method does not declare, or one of another form, is refused (raises `Rejected`)."""
+        rest = RecordDict({k: v for k, v in content.items() if k != MODEL})
+        decoded = decoded_content(rest, self.wire.downlink_schema(self.dims))
+        return {k: as_tensors(v) if isinstance(v, dict) else v for k, v in decoded.items()}
+
+    def load_global(self, model: nn.Module, content: RecordDict) -> None:
+        model.load_state_dict(checked_arrays(content, model.state_dict()), strict=True)
+
+    def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return cross_entropy_loss(model, x, y)
+
+    def optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        return sgd(model.parameters(), self.cfg)
+
+    def local_train(self, model: nn.Module, content: RecordDict) -> dict[str, float]:
+        return train_epochs(
+            model,
+            self.data.x_train,
+            self.data.y_train,
+            self.loss,
+            self.optimizer(model),
+            self.cfg["local-epochs"],
+            self.cfg["batch-size"],
+            self.ctx.generator,
+            self.device,
+            self.augment,
+        )
+
+    def received_global_model(self, model: nn.Module) -> nn.Module:
+        """The global model as the server sent it, called right after `load_global`."""
+        return model
+
+    def personalized_model(self, model: nn.Module) -> nn.Module:
+        return model
+
+    def upload(self, model: nn.Module) -> ArrayRecord:
+        return ArrayRecord(model.state_dict())
+
+    def extra_records(self, model: nn.Module) -> dict[str, Any]:
+        return {}
+
+    # ------------------------------------------------------------------ the round
+    def evaluate_local(self, model: nn.Module) -> tuple[float, float]:
+        """(loss, accuracy) of `model` on this client's local test split (NaN when it is empty)."""
+        return evaluate(model, self.data.x_test, self.data.y_test, self.cfg["eval-batch-size"], self.device)
+
+    def fit(self, content: RecordDict) -> RecordDict:
+        """One round: returns the reply content (arrays, metrics and any extra records)."""
+        t0 = time.perf_counter()
+        self.received = self.receive(content)
+        model = self.build_model()
+        self.load_global(model, content)
+        g_loss, g_acc = self.evaluate_local(self.received_global_model(model))
+        stats = self.local_train(model, content)
+        train_seconds = time.perf_counter() - t0
+        p_loss, p_acc = self.evaluate_local(self.personalized_model(model))
+        metrics = {
+            "num-examples": len(self.data.y_train),
+            "partition-id": self.ctx.partition_id,
+            "personal-num-test": len(self.data.y_test),
+            "train-seconds": train_seconds,
+            **stats,
+        }
+        if len(self.data.y_test):
+            metrics.update(
+                {
+                    "personal-accuracy": p_acc,
+                    "personal-loss": p_loss,
+                    "client-global-accuracy": g_acc,
+                    "client-global-loss": g_loss,
+                }
+            )
+        return RecordDict({"arrays": self.upload(model), "metrics": MetricRecord(metrics), **self.extra_records(model)})
