@@ -117,7 +117,7 @@ compose up -d --no-build supernode-{0,1,2} superexec-clientapp-{0,1,2}
 say "job $RUN_NAME: $ROUNDS rounds on 3 nodes$([ "$KILL" = 0 ] || echo "; supernode-2 killed after round 1")"
 LOG=$OUT/$RUN_NAME.log
 operator run /app demo --stream --run-config \
-  "out-dir=\"/outputs\" run-name=\"$RUN_NAME\" data-root=\"/data\" partition=\"dirichlet\" dirichlet-alpha=0.5 num-server-rounds=$ROUNDS fraction-train=1.0 min-nodes=3" \
+  "out-dir=\"/outputs\" run-name=\"$RUN_NAME\" data-root=\"/data\" partition=\"dirichlet\" dirichlet-alpha=0.5 num-server-rounds=$ROUNDS fraction-train=1.0 min-nodes=3 num-partitions=3" \
   >"$LOG" 2>&1 &
 STREAM_PID=$!
 tail -n +1 -f "$LOG" --pid "$STREAM_PID" | grep --line-buffered -E "started run|round +[0-9]+/|dropped|lost|done in|ERROR" &

@@ -178,6 +178,19 @@ COMMON: dict[str, Param] = {
     "device": Param(str, "auto", "'auto' (cuda when present), 'cpu', 'cuda' or 'cuda:N'"),
     "torch-threads": Param(int, 1, "torch CPU threads per ClientApp (0 = torch default)", low=0),
     "min-nodes": Param(int, 1, "the server waits for this many connected nodes before round 1", low=1),
+    "num-partitions": Param(
+        int,
+        0,
+        "partitions the nodes serve (fedskew run: -n); a node reporting another count serves nothing; 0 = the "
+        "count a strict majority of the nodes reports (nodes with their own data report 0)",
+        low=0,
+    ),
+    "max-update-ratio": Param(
+        float,
+        10.0,
+        "a reply whose update ||w - w_sent|| exceeds this times max(||w_sent||, 1) is refused (0 = no bound)",
+        low=0.0,
+    ),
     "round-timeout": Param(float, 600.0, "seconds the server waits for a round's replies", low=0.0, low_open=True),
     "min-replies": Param(int, 1, "usable replies a round needs (else it is retried, then the run stops)", low=1),
     "round-retries": Param(int, 1, "times a round with too few usable replies is sent again", low=0),

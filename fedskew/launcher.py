@@ -74,9 +74,16 @@ def read_overrides(items: list[str]) -> dict[str, Any]:
 
 def prepare_config(app_dir: Path, overrides: dict[str, Any], num_clients: int) -> tuple[dict, dict]:
     """Validate defaults + overrides and check data and partition; return (validated, overrides
-    to submit) with `out-dir`/`data-root` (and an `hf:` folder) absolute and `run-name` filled in."""
+    to submit) with `out-dir`/`data-root` (and an `hf:` folder) absolute, `run-name` filled in and
+    `num-partitions` set to the number of simulated clients (the count the server trusts)."""
     overrides = dict(overrides)
     cfg = validate({**app_defaults(app_dir), **overrides})
+    if cfg["num-partitions"] not in (0, num_clients):  # the server takes the count from here, not from the nodes
+        raise ConfigError(
+            f"num-partitions={cfg['num-partitions']} is not allowed: the simulation has {num_clients} clients "
+            "(-n / num-supernodes); leave num-partitions out"
+        )
+    overrides["num-partitions"] = num_clients
     overrides["out-dir"] = str(Path(cfg["out-dir"]).expanduser().absolute())
     if cfg["data-root"]:
         overrides["data-root"] = str(Path(cfg["data-root"]).expanduser().absolute())

@@ -6,7 +6,11 @@ and `ConfigRecord`s. Each method declares their form once, in `fedskew.wire` (`A
 trainer every server message with `check_content`, so no method reads an unchecked payload.
 
 An array is decoded from its bytes and the decoded array is what is checked: its dtype and shape
-(which must also equal what the array declares), finite values and value range. A metric must be
+(which must also equal what the array declares), finite values and value range. A floating array
+whose form declares no range may hold no value beyond +-`VALUE_BOUND` (1e6), in either direction:
+trained weights, BatchNorm statistics of normalised inputs, features, prototypes, gradients and
+control variates are orders of magnitude below it, and a larger value can only be hostile (a
+finite 3.4e38 model averaged in turns every client's next round into NaN). A metric must be
 a number of its declared kind (never a list or a bool) in its range; a config value a number, a
 text or a list of flags of its declared form. The first problem raises
 `Rejected` with one line naming the record, the entry and what was expected.
@@ -23,6 +27,8 @@ import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from fedskew.config import INT64
+
+VALUE_BOUND = 1e6
 
 
 class Rejected(ValueError):
@@ -124,12 +130,16 @@ def check_tensor(value: np.ndarray, form: Tensor, where: str) -> None:
     if value.dtype != np.dtype(form.dtype) or not shape_ok:
         want = [("*" if d is None else d) for d in form.shape]
         raise Rejected(f"{where} is {value.dtype}{list(value.shape)}, expected {form.dtype}{want}")
-    if value.dtype.kind == "f" and not np.isfinite(value).all():
+    floating = value.dtype.kind == "f"
+    if floating and not np.isfinite(value).all():
         raise Rejected(f"{where} holds NaN or inf")
-    if value.size and form.low is not None and value.min() < form.low:
-        raise Rejected(f"{where} holds {value.min()} < {form.low:g}")
-    if value.size and form.high is not None and value.max() > form.high:
-        raise Rejected(f"{where} holds {value.max()} > {form.high:g}")
+    low, high = form.low, form.high
+    if floating and low is None and high is None:
+        low, high = -VALUE_BOUND, VALUE_BOUND
+    if value.size and low is not None and value.min() < low:
+        raise Rejected(f"{where} holds {value.min():.4g} < {low:g}")
+    if value.size and high is not None and value.max() > high:
+        raise Rejected(f"{where} holds {value.max():.4g} > {high:g}")
 
 
 def check_arrays(record: object, spec: ArraysSpec, name: str) -> dict[str, np.ndarray]:

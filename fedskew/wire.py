@@ -7,12 +7,9 @@ and its downlink, as functions of `Dims` (the run config and the shapes of the m
 network), so that the server's base strategy screens replies and the client's base trainer checks
 server messages against one declaration (`fedskew.records.check_content`).
 
-Bounds shared by every method:
-- `RECEIVED_BOUND`: a float array a client receives (model, prototypes, features, ETF, control
-  variates ...) may hold no value beyond +-1e6. Trained weights, BatchNorm statistics of normalised
-  inputs, features and prototypes are orders of magnitude below it; a larger value can only be hostile
-  and would overflow float32 within a few SGD steps (a 3.4e38 model trains to NaN in one epoch).
-- `server-round` is an integer in [1, num-server-rounds] and `attempt` in [0, round-retries].
+Bounds shared by every method: a floating array in either direction holds no value beyond
++-`fedskew.records.VALUE_BOUND` unless its form declares a range; `server-round` is an integer in
+[1, num-server-rounds] and `attempt` in [0, round-retries].
 """
 
 from __future__ import annotations
@@ -38,7 +35,6 @@ from fedskew.records import (
 if TYPE_CHECKING:
     from fedskew.data import DatasetInfo
 
-RECEIVED_BOUND = 1e6
 MODEL = "arrays"
 CONFIG = "config"
 METRICS = "metrics"
@@ -90,17 +86,6 @@ def _network(model: str, info: DatasetInfo) -> tuple[int, int, tuple[tuple[str, 
     net = build_model(model, info)
     forms = tuple((k, tensor_like(v)) for k, v in net.state_dict().items())
     return net.num_classes, net.feature_dim, forms
-
-
-def bounded(forms: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """`forms` with each floating array's values bounded by `RECEIVED_BOUND` (what a client accepts)."""
-    return {k: _bounded(f) for k, f in forms.items()}
-
-
-def _bounded(form: Tensor) -> Tensor:
-    if not form.dtype.startswith(("float", "bfloat")):
-        return form
-    return Tensor(form.shape, form.dtype, -RECEIVED_BOUND, RECEIVED_BOUND)
 
 
 Records = Callable[[Dims], dict[str, Spec]]
@@ -186,7 +171,7 @@ def _fedmr_uplink(dims: Dims) -> dict[str, Spec]:
 
 def _fedmr_downlink(dims: Dims) -> dict[str, Spec]:
     c, d = dims.num_classes, dims.feature_dim
-    protos = bounded({"prototypes": Tensor((c, d), "float32"), "valid": Tensor((c,), "bool")})
+    protos = {"prototypes": Tensor((c, d), "float32"), "valid": Tensor((c,), "bool")}
     return {
         FEDMR_PROTOTYPES: ArraysSpec(protos, required=False),
         FEDMR_CONFIG: ConfigSpec({"share-mask": Flags(MAX_PARTITIONS, required=True)}, required=False),
@@ -244,11 +229,11 @@ def _mupfl_downlink(dims: Dims) -> dict[str, Spec]:
     cfg, c, d = dims.cfg, dims.num_classes, dims.feature_dim
     records: dict[str, Spec] = {}
     if cfg["mupfl-pkcf"]:
-        records[MUPFL_CLASSIFIER] = ArraysSpec(bounded({"weight": Tensor((c, d), "float32")}))
+        records[MUPFL_CLASSIFIER] = ArraysSpec({"weight": Tensor((c, d), "float32")})
         feats = {"features": Tensor((None, d), "float32"), "labels": Tensor((None,), "int64", low=0, high=c - 1)}
-        records[MUPFL_FEATURES] = ArraysSpec(bounded(feats), required=False)
+        records[MUPFL_FEATURES] = ArraysSpec(feats, required=False)
     if cfg["mupfl-init"] == "personal":
-        records[MUPFL_GLOBAL] = ArraysSpec(bounded(dims.model))
+        records[MUPFL_GLOBAL] = ArraysSpec(dict(dims.model))
     return records
 
 

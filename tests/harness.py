@@ -32,20 +32,19 @@ class InProcessGrid:
         run_config: dict[str, Any],
         faults: dict[tuple[int, int], Fault] | None = None,
         num_partitions: int | None = None,
+        extra_nodes: dict[int, dict[str, Any]] | None = None,
     ):
-        """Node i serves partition i of `num_partitions` (default: one partition per node)."""
+        """Node i serves partition i of `num_partitions` (default: one partition per node);
+        `extra_nodes` adds nodes by id with their own node config (ids below 1000 answer first)."""
         self.run_config = run_config
         self.faults = faults or {}
-        ids = [1000 + 17 * i for i in range(num_nodes)]
+        configs = {
+            1000 + 17 * i: {"partition-id": i, "num-partitions": num_partitions or num_nodes} for i in range(num_nodes)
+        }
+        configs = dict(sorted({**configs, **(extra_nodes or {})}.items()))
         self.contexts = {
-            nid: Context(
-                run_id=1,
-                node_id=nid,
-                node_config={"partition-id": i, "num-partitions": num_partitions or num_nodes},
-                state=RecordDict(),
-                run_config=run_config,
-            )
-            for i, nid in enumerate(ids)
+            nid: Context(run_id=1, node_id=nid, node_config=nc, state=RecordDict(), run_config=run_config)
+            for nid, nc in configs.items()
         }
         self.sent: list[Message] = []
         self._ids = itertools.count(1)
@@ -73,10 +72,14 @@ class InProcessGrid:
 
 
 def run_in_process(
-    overrides: dict[str, Any], num_nodes: int, faults: dict | None = None, num_partitions: int | None = None
+    overrides: dict[str, Any],
+    num_nodes: int,
+    faults: dict | None = None,
+    num_partitions: int | None = None,
+    extra_nodes: dict[int, dict[str, Any]] | None = None,
 ) -> InProcessGrid:
     """Run the whole ServerApp main in this process; returns the grid (its contexts hold client state)."""
     cfg = {**app_defaults(), **overrides}
-    grid = InProcessGrid(num_nodes, cfg, faults, num_partitions)
+    grid = InProcessGrid(num_nodes, cfg, faults, num_partitions, extra_nodes)
     server_main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=cfg))
     return grid

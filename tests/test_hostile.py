@@ -109,13 +109,32 @@ GENERIC: dict[str, Edit] = {
     "inf-loss": metric(train_loss=float("inf")),
     "int-beyond-float": metric(train_seconds=10**400),
     "unknown-record": record("evil", lambda c, ctx: ArrayRecord({"x": torch.zeros(2)})),
+    # finite but extreme: 3.4e38 weights average into a model every client trains to NaN
+    "finite-extreme-model": first_array_bytes(lambda shape: npy(np.full(shape, 3.4e38, np.float32))),
+    # within the value bound, but an update thousands of times the model's norm
+    "huge-update": first_array_bytes(lambda shape: npy(np.full(shape, 1e5, np.float32))),
 }
+EVERY_METHOD = ("list-metric", "num-examples-2**62", "other-partition", "finite-extreme-model", "huge-update")
+
+
+def extreme(name: str, key: str) -> Edit:
+    """The record `name` with its array `key` replaced by finite 3.4e38 values (the rest kept)."""
+
+    def edit(content: RecordDict, ctx: dict[str, Any]) -> RecordDict:
+        arrays = dict(content[name].items())
+        arrays[key] = Array(np.full(arrays[key].shape, 3.4e38, np.float32))
+        return with_records(content, **{name: ArrayRecord(arrays)})
+
+    return edit
+
+
 SPECIFIC: dict[str, dict[str, Edit]] = {
     "map": {"list-hpm-participations": metric(hpm_participations=[1, 2])},
     "fedmr": {
         "list-intra-loss": metric(intra_loss=[0.5]),
         "prototypes-outside-sharing": record(PROTO_RECORD, prototypes_with_counts),
         "private-class-counts": record(PROTO_RECORD, lambda c, ctx: prototypes_with_counts(c, {"class": 0})),
+        "extreme-prototypes": extreme(PROTO_RECORD, "prototypes"),
         "nan-prototypes": record(
             PROTO_RECORD,
             lambda c, ctx: ArrayRecord(
@@ -135,6 +154,8 @@ SPECIFIC: dict[str, dict[str, Edit]] = {
             lambda c, ctx: ArrayRecord({k: Array(np.full(v.shape, np.nan, np.float32)) for k, v in c[GRADS].items()}),
         ),
         "map-wrong-size": record(MAPS, lambda c, ctx: ArrayRecord({"map": Array(np.zeros(3, np.float32))})),
+        "extreme-map": extreme(MAPS, "map"),
+        "extreme-gradient": lambda c, ctx: extreme(GRADS, next(iter(c[GRADS].keys())))(c, ctx),
         "list-start-accuracy": metric(start_accuracy=[0.5]),
     },
     "fedgela": {
@@ -147,8 +168,8 @@ SPECIFIC: dict[str, dict[str, Edit]] = {
     },
 }
 CASES = (
-    [(m, k) for m in METHODS for k in ("list-metric", "num-examples-2**62", "other-partition")]
-    + [("fedavg", k) for k in GENERIC if k not in ("list-metric", "num-examples-2**62", "other-partition")]
+    [(m, k) for m in METHODS for k in EVERY_METHOD]
+    + [("fedavg", k) for k in GENERIC if k not in EVERY_METHOD]
     + [(m, k) for m, kinds in SPECIFIC.items() for k in kinds]
 )
 
@@ -240,6 +261,7 @@ class InfoGrid:
 
     def __init__(self, infos: dict[int, dict | None]) -> None:
         self.infos = infos
+        self.asked: list[int] = []
 
     def get_node_ids(self) -> list[int]:
         return list(self.infos)
@@ -247,6 +269,7 @@ class InfoGrid:
     def send_and_receive(self, messages, timeout=None):
         out = []
         for m in messages:
+            self.asked.append(m.metadata.dst_node_id)
             info = self.infos[m.metadata.dst_node_id]
             content = RecordDict() if info is None else RecordDict({"info": ConfigRecord(info)})
             out.append(Message(content, reply_to=m))
@@ -256,6 +279,11 @@ class InfoGrid:
 HONEST = {n: {"partition-id": n - 1, "num-partitions": 10} for n in (1, 2, 3)}
 
 
+def fedmr_strategy(**cfg: Any):
+    return get_method("fedmr").strategy_class()(validate({"method": "fedmr", "partition": "iid", **cfg}))
+
+
+@pytest.mark.parametrize("counted", [0, 10], ids=["count-from-majority", "count-from-config"])
 @pytest.mark.parametrize(
     "info",
     [
@@ -267,33 +295,62 @@ HONEST = {n: {"partition-id": n - 1, "num-partitions": 10} for n in (1, 2, 3)}
         {"partition-id": 5},
         {"partition-id": 5, "num-partitions": 3e9},
         {"partition-id": 5, "num-partitions": 3_000_000_000},
-        {"partition-id": 5, "num-partitions": 12},  # not what the other nodes report
+        {"partition-id": 5, "num-partitions": 12},  # not the run's count
+        {"partition-id": 1, "num-partitions": 2},  # not the run's count, and it says so first
         {"partition-id": 10, "num-partitions": 10},
         {"partition-id": -1, "num-partitions": 10},
-        {"partition-id": 0, "num-partitions": 10},  # partition 0 is node 1's
     ],
     ids=lambda i: "no-info" if i is None else ",".join(f"{k}={v}" for k, v in i.items()),
 )
-def test_discovery_refuses_a_bad_node_report(task_identity, info: dict | None) -> None:
-    strategy = get_method("fedmr").strategy_class()(validate({"method": "fedmr", "partition": "iid"}))
-    nodes = strategy.discover(InfoGrid({**HONEST, 9: info}))
-    assert nodes == {1: 0, 2: 1, 3: 2} and strategy.num_partitions == 10
-    assert strategy.share_mask().shape == (10,)
-    assert strategy.discover(InfoGrid({**HONEST, 9: info})) == nodes  # asked once, refused once
-    # the refusal is counted with the next round's failures
-    strategy.sent_messages = []
-    strategy.aggregate_train(1, [])
-    assert [(f["node"], f["partition"]) for f in strategy.failures] == [(9, -1)]
-    assert "refused" in strategy.failures[0]["reason"]
+def test_discovery_refuses_a_bad_node_report(task_identity, info: dict | None, counted: int) -> None:
+    """Whether it answers first or last, a bad report serves nothing and the honest nodes serve
+    theirs; its refusal is counted with the next round's failures, and it is asked again."""
+    for order in ({9: info, **HONEST}, {**HONEST, 9: info}):
+        strategy = fedmr_strategy(**{"num-partitions": counted})
+        nodes = strategy.discover(InfoGrid(order))
+        assert nodes == {1: 0, 2: 1, 3: 2} and strategy.num_partitions == 10
+        assert strategy.share_mask().shape == (10,)
+        grid = InfoGrid(order)
+        assert strategy.discover(grid) == nodes and grid.asked == [9]  # refused nodes are asked again
+        strategy.sent_messages = []
+        strategy.aggregate_train(1, [])
+        assert [(f["node"], f["partition"]) for f in strategy.failures] == [(9, -1)]  # once, however often asked
+        assert "refused" in strategy.failures[0]["reason"]
+
+
+def test_a_contested_partition_is_served_by_no_claimant_until_one_leaves(task_identity) -> None:
+    """A node claiming partition 0, which node 1 serves, takes it from nobody and gives it to nobody
+    (whichever answered first); once it leaves, node 1 serves partition 0 again."""
+    liar = {"partition-id": 0, "num-partitions": 10}
+    for order in ({9: liar, **HONEST}, {**HONEST, 9: liar}):
+        strategy = fedmr_strategy()
+        assert strategy.discover(InfoGrid(order)) == {2: 1, 3: 2}
+        assert "contested" in strategy.refused[1] and "contested" in strategy.refused[9]
+        assert strategy.discover(InfoGrid(HONEST)) == {1: 0, 2: 1, 3: 2}
+    strategy = fedmr_strategy()
+    assert strategy.discover(InfoGrid(HONEST)) == {1: 0, 2: 1, 3: 2}  # served first, contested later
+    assert strategy.discover(InfoGrid({**HONEST, 9: liar})) == {2: 1, 3: 2}
+
+
+def test_without_a_configured_count_only_a_strict_majority_of_nodes_sets_it(task_identity) -> None:
+    """No count in the run config: a count more than half of the nodes report, never the first one."""
+    strategy = fedmr_strategy()
+    lone = {9: {"partition-id": 0, "num-partitions": 2}}
+    assert strategy.discover(InfoGrid(lone)) == {9: 0}  # alone, it is the majority: set num-partitions
+    strategy = fedmr_strategy()
+    tie = {9: {"partition-id": 0, "num-partitions": 2}, 1: HONEST[1]}
+    assert strategy.discover(InfoGrid(tie)) == {} and strategy.num_partitions is None
+    assert strategy.discover(InfoGrid({**tie, **HONEST})) == {1: 0, 2: 1, 3: 2}  # the refusal was not for good
+    assert strategy.num_partitions == 10
 
 
 # ---------------------------------------------------------------------------------------------- end to end
 E2E: dict[str, list[str]] = {
     "fedavg": list(GENERIC),
-    "fedmr": ["list-metric", *SPECIFIC["fedmr"]],
-    "mupfl": ["num-examples-2**62", *SPECIFIC["mupfl"]],
-    "map": ["other-partition", *SPECIFIC["map"]],
-    "fedgela": ["complex64-bytes", *SPECIFIC["fedgela"]],
+    "fedmr": ["list-metric", "finite-extreme-model", *SPECIFIC["fedmr"]],
+    "mupfl": ["num-examples-2**62", "finite-extreme-model", *SPECIFIC["mupfl"]],
+    "map": ["other-partition", "finite-extreme-model", *SPECIFIC["map"]],
+    "fedgela": ["complex64-bytes", "finite-extreme-model", *SPECIFIC["fedgela"]],
 }
 
 
@@ -331,6 +388,46 @@ def test_one_hostile_client_among_honest_ones_changes_nothing(tmp_path, task_ide
     assert ma.keys() == mb.keys() and all(ma[k].dtype == mb[k].dtype and torch.equal(ma[k], mb[k]) for k in ma)
 
 
+def without_failure_counts(path) -> list[dict]:
+    return [{k: v for k, v in row.items() if k != "failures"} for row in rows(path)]
+
+
+def same_model(a, b) -> bool:
+    ma, mb = torch.load(a / "model.pt", weights_only=True), torch.load(b / "model.pt", weights_only=True)
+    return ma.keys() == mb.keys() and all(ma[k].dtype == mb[k].dtype and torch.equal(ma[k], mb[k]) for k in ma)
+
+
+@pytest.mark.parametrize("counted", [0, PARTITIONS], ids=["count-from-majority", "count-from-config"])
+@pytest.mark.parametrize("method", list(METHODS))
+def test_a_node_that_races_to_report_another_count_changes_nothing(tmp_path, task_identity, method, counted) -> None:
+    """The real ServerApp: a node that answers discovery first with num-partitions=2 (the honest nodes
+    serve partitions of 50) serves nothing, its refusal is logged, and the run equals the honest-only run."""
+    cfg = {**COMMON, "method": method, **METHODS[method], "out-dir": str(tmp_path), "num-partitions": counted}
+    liar = {1: {"partition-id": 0, "num-partitions": 2}}
+    run_in_process({**cfg, "run-name": "race"}, NODES, num_partitions=PARTITIONS, extra_nodes=liar)
+    run_in_process({**cfg, "run-name": "honest"}, NODES, num_partitions=PARTITIONS)
+    race, honest = tmp_path / "race", tmp_path / "honest"
+    assert without_failure_counts(race / "metrics.jsonl") == without_failure_counts(honest / "metrics.jsonl")
+    assert same_model(race, honest)
+    lost = rows(race / "failures.jsonl")
+    assert [(f["round"], f["node"]) for f in lost] == [(1, 1)] and "num-partitions=2" in lost[0]["reason"]
+
+
+def test_a_node_claiming_a_served_partition_takes_it_from_nobody(tmp_path, task_identity) -> None:
+    """A node that answers first claiming partition 0 contests it: neither it nor the honest node of
+    partition 0 trains, and the run equals one without partition 0's node."""
+    cfg = {**COMMON, "method": "fedavg", "out-dir": str(tmp_path), "num-partitions": PARTITIONS}
+    liar = {1: {"partition-id": 0, "num-partitions": PARTITIONS}}
+    run_in_process({**cfg, "run-name": "race"}, NODES, num_partitions=PARTITIONS, extra_nodes=liar)
+    run_in_process({**cfg, "run-name": "honest"}, NODES, num_partitions=PARTITIONS)
+    race = tmp_path / "race"
+    assert [(f["node"], "contested" in f["reason"]) for f in rows(race / "failures.jsonl")] == [(1, True), (1000, True)]
+    assert not same_model(race, tmp_path / "honest")  # partition 0's node trained there, not here
+    absent = {1000 + 17 * i: {"partition-id": i + 1, "num-partitions": PARTITIONS} for i in range(NODES - 1)}
+    run_in_process({**cfg, "run-name": "absent"}, 0, num_partitions=PARTITIONS, extra_nodes=absent)
+    assert same_model(race, tmp_path / "absent")
+
+
 # ---------------------------------------------------------------------------------------------- server -> client
 def nan_like(rec: ArrayRecord, key: str) -> ArrayRecord:
     arrays = dict(rec.items())
@@ -343,6 +440,14 @@ def nan_etf(content: RecordDict) -> RecordDict:
     from fedskew.losses.fedgela import etf_checksum
 
     etf = torch.full(tuple(content["etf"]["etf"].shape), float("nan"))
+    return with_records(content, etf=ArrayRecord({"etf": etf}), etf_info=ConfigRecord({"sha256": etf_checksum(etf)}))
+
+
+def etf_with_checksum(content: RecordDict, make: Callable[..., torch.Tensor]) -> RecordDict:
+    """Another ETF (`make(shape)`) with the checksum of its own bytes: a checksum proves nothing."""
+    from fedskew.losses.fedgela import etf_checksum
+
+    etf = make(tuple(content["etf"]["etf"].shape))
     return with_records(content, etf=ArrayRecord({"etf": etf}), etf_info=ConfigRecord({"sha256": etf_checksum(etf)}))
 
 
@@ -373,6 +478,26 @@ SERVER_PAYLOADS: dict[str, tuple[str, dict[str, Any], Callable[[RecordDict], Rec
         ),
     ),
     "fedgela-nan-etf": ("fedgela", {}, nan_etf),
+    "fedgela-zero-etf-with-its-checksum": ("fedgela", {}, lambda c: etf_with_checksum(c, torch.zeros)),
+    "fedavg-extreme-model": ("fedavg", {}, lambda c: extreme("arrays", next(iter(c["arrays"].keys())))(c, {})),
+    "fedmr-extreme-prototypes": ("fedmr", {}, lambda c: extreme(PROTO_RECORD, "prototypes")(c, {})),
+    "fedmr-share-mask-text": ("fedmr", {}, lambda c: with_records(c, fedmr_config=ConfigRecord({"share-mask": "yes"}))),
+    "mupfl-extreme-features": ("mupfl", {}, lambda c: extreme("mupfl-features", "features")(c, {})),
+    "mupfl-features-and-labels-differ": (
+        "mupfl",
+        {},
+        lambda c: with_records(
+            c, mupfl_features=ArrayRecord({**dict(c["mupfl-features"].items()), "labels": Array(np.zeros(3, np.int64))})
+        ),
+    ),
+    **{
+        f"server-round-{name}": (
+            "fedavg",
+            {},
+            lambda c, v=value: with_records(c, config=ConfigRecord({"server-round": v})),
+        )
+        for name, value in (("text", "7"), ("float", 1.9), ("bool", True), ("0", 0), ("2**62", 2**62))
+    },
     "undeclared-record": ("fedavg", {}, lambda c: with_records(c, evil=ArrayRecord({"x": torch.zeros(2)}))),
 }
 

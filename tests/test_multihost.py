@@ -243,6 +243,7 @@ def test_deployment_across_namespaces(tmp_path: Path, method: str) -> None:
                     f"num-server-rounds = {ROUNDS}",
                     "fraction-train = 1.0",
                     "min-nodes = 3",
+                    f"num-partitions = {NUM_PARTITIONS}",
                     "round-timeout = 120.0",
                     f"eval-every = {ROUNDS}",
                     'partition = "classes-per-client"',

@@ -41,18 +41,18 @@ from fedskew.data.clients import ClientData
 from fedskew.models import SplitNet, build_model
 from fedskew.records import ArraysSpec, Rejected, check_arrays, decoded_content, tensor_like
 from fedskew.training import cross_entropy_loss, evaluate, sgd, train_epochs
-from fedskew.wire import BASE, MODEL, Dims, Wire, bounded
+from fedskew.wire import BASE, MODEL, Dims, Wire
 
 
 def checked_arrays(
     content: RecordDict, expected: dict[str, torch.Tensor], key: str = "arrays"
 ) -> dict[str, torch.Tensor]:
-    """The server's arrays as tensors, after checking names, shapes, dtypes, finiteness and the bound
-    on received values (`fedskew.wire.RECEIVED_BOUND`) against `expected`; raises `Rejected` naming
-    the first problem (the server logs it as this node's failure)."""
+    """The server's arrays as tensors, after checking names, shapes, dtypes, finite and bounded values
+    (`fedskew.records.check_tensor`) against `expected`; raises `Rejected` naming the first problem
+    (the server logs it as this node's failure)."""
     if key not in content:
         raise Rejected(f"server message lacks the {key!r} ArrayRecord")
-    spec = ArraysSpec(bounded({name: tensor_like(t) for name, t in expected.items()}))
+    spec = ArraysSpec({name: tensor_like(t) for name, t in expected.items()})
     return as_tensors(check_arrays(content[key], spec, f"server {key}"))
 
 

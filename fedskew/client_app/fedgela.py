@@ -24,15 +24,18 @@ from torch import nn
 from fedskew import wire
 from fedskew.client_app.base import BaseTrainer
 from fedskew.data import dataset_info
-from fedskew.losses.fedgela import ETFNet, etf_checksum, etf_net, local_phi
+from fedskew.losses.fedgela import ETFNet, etf_checksum, etf_net, is_simplex_etf, local_phi
 from fedskew.models import build_model
 from fedskew.records import Rejected
 from fedskew.training import clip_before_step
 
 
 def verified_etf(etf: torch.Tensor, info: ConfigRecord) -> torch.Tensor:
-    """`etf` (already checked: shape, dtype, finite values in [-1, 1]) after checking its checksum
-    against the `etf-info` record of the same message (checked: a 64-digit hex sha256)."""
+    """`etf` (already checked: shape, dtype, finite values in [-1, 1]) after checking that it is a
+    simplex ETF (a checksum from the same sender proves nothing about an all-zero matrix) and its
+    checksum against the `etf-info` record of the same message (checked: a 64-digit hex sha256)."""
+    if not is_simplex_etf(etf):
+        raise Rejected("FedGELA: the server's 'etf' is not a simplex ETF (unit columns, pairwise cosine -1/(C-1))")
     if etf_checksum(etf) != info["sha256"]:
         raise Rejected(f"FedGELA: ETF checksum {etf_checksum(etf)[:12]} != broadcast {info['sha256'][:12]}")
     return etf

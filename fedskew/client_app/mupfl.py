@@ -38,6 +38,7 @@ from fedskew import wire
 from fedskew.client_app.base import BaseTrainer
 from fedskew.losses.mupfl import BAVD, attach_bavd, class_gradients, finetune_classifier, flat_maps, loss_change
 from fedskew.models import SplitNet
+from fedskew.records import Rejected
 from fedskew.training import cross_entropy_loss
 from fedskew.wire import MUPFL_CLASSIFIER as CLASSIFIER
 from fedskew.wire import MUPFL_FEATURES as FEATURES
@@ -75,6 +76,9 @@ class MuPFLTrainer(BaseTrainer):
         if self.cfg["mupfl-pkcf"] and FEATURES in self.received:
             t0 = time.perf_counter()
             feats = self.received[FEATURES]
+            if len(feats["features"]) != len(feats["labels"]):
+                n, m = len(feats["features"]), len(feats["labels"])
+                raise Rejected(f"server {FEATURES!r} holds {n} features but {m} labels")
             stats["finetune-loss"] = finetune_classifier(
                 model.classifier,
                 feats["features"].to(self.device),

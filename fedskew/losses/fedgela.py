@@ -90,6 +90,17 @@ def make_etf(d: int, num_classes: int, seed: int) -> torch.Tensor:
     return torch.from_numpy(np.sqrt(c / (c - 1)) * m).to(torch.float32).contiguous()
 
 
+def is_simplex_etf(m: torch.Tensor, atol: float = 1e-4) -> bool:
+    """Whether `m` `[d, C]` is a simplex ETF: M^T M = C/(C-1) (I - 11^T/C), i.e. unit columns with
+    pairwise cosine -1/(C-1) (Fan et al., NeurIPS'23, Def. 1), within `atol`."""
+    c = m.shape[1]
+    if c < 2:
+        return False
+    gram = m.double().T @ m.double()
+    want = (torch.eye(c, dtype=torch.float64) - 1.0 / c) * (c / (c - 1))
+    return bool(torch.allclose(gram, want, atol=atol, rtol=0.0))
+
+
 def etf_checksum(etf: torch.Tensor) -> str:
     """SHA-256 of the matrix's float32 bytes (shape included): equal checksums = identical matrices."""
     a = etf.detach().cpu().to(torch.float32).contiguous().numpy()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -24,6 +25,24 @@ def weighted_average(models: Sequence[Mapping[str, np.ndarray]], weights: Sequen
         out[key] = acc.astype(first.dtype).reshape(np.shape(first))  # 0-d buffers stay 0-d
 
     return out
+
+
+def update_ratio(model: Mapping[str, np.ndarray], start: Mapping[str, np.ndarray]) -> float:
+    """||w - w0||_2 / max(||w0||_2, 1) over the floating arrays of `model` that `start` holds with
+    the same shape, in float64 (0 when there are none, e.g. an upload without model arrays).
+
+    The size of a client's update relative to the model it started from: honest local training moves
+    a model by a fraction of its norm to a few times it (the round's largest ratio is logged as
+    `update-ratio-max`); a finite but extreme reply (3.4e38 weights) is beyond it by dozens of orders."""
+    diff = norm = 0.0
+    for key, w in model.items():
+        w0 = start.get(key)
+        if w0 is None or np.shape(w0) != np.shape(w) or np.asarray(w).dtype.kind != "f":
+            continue
+        w64, w0_64 = np.asarray(w, np.float64), np.asarray(w0, np.float64)
+        diff += float(np.square(w64 - w0_64).sum())
+        norm += float(np.square(w0_64).sum())
+    return math.sqrt(diff) / max(math.sqrt(norm), 1.0)
 
 
 def summarize_clients(values: Sequence[float]) -> tuple[float, float]:

@@ -8,15 +8,18 @@ What the base does for every method:
   message, asked once per node), and each round samples max(1, floor(fraction-train * K))
   partitions with a numpy generator seeded by (seed, round), so a run (and a resumed run) samples
   the same clients whatever the random node IDs;
-- node discovery that trusts no report: a node whose `query.info` lacks an integer partition id
-  and partition count, reports another count than the other nodes or more partitions than the data
-  set has examples, or claims a partition another connected node serves is refused (logged, and
-  counted with the next round's failures);
+- node discovery that trusts no report (`discovery.py`): the partition count comes from the run
+  config (`num-partitions`; only when it is 0, from a strict majority of the nodes), a node that
+  reports another count, a malformed report or more partitions than the data set has examples
+  serves nothing, and a partition two nodes claim is served by neither while contested; refusals
+  are logged, counted with the next round's failures, and asked again at the next discovery;
 - reply screening before any method sees a reply (`screen`): every record is checked against the
   method's declared wire records (`wire`, a `fedskew.wire.Wire`: arrays decoded from their bytes
   and checked, metrics typed and in range, no undeclared record), then `check_reply` ties the reply
-  to its node's partition and bounds `num-examples` by that partition's size. A reply that fails is
-  dropped, logged with node, partition and reason, and counted in `self.failures` (failures.jsonl);
+  to its node's partition, bounds `num-examples` by that partition's size and the update's norm by
+  `max-update-ratio` times the norm of the model sent (a finite but extreme model never enters the
+  average). A reply that fails is dropped, logged with node, partition and reason, and counted in
+  `self.failures` (failures.jsonl);
 - replies sorted by partition id before aggregation (bit-exact runs);
 - hooks for subclasses: `broadcast` (extra records sent to every client), `expected_upload`,
   `check_reply` (the method's rules for a well-formed reply), `aggregate_arrays` (default: the
@@ -43,7 +46,8 @@ from fedskew.data import dataset_info, load_arrays
 from fedskew.data.clients import client_indices
 from fedskew.models import SplitNet, build_model
 from fedskew.records import Rejected, Spec, Tensor, check_content
-from fedskew.strategies.aggregate import summarize_clients, weighted_average
+from fedskew.strategies.aggregate import summarize_clients, update_ratio, weighted_average
+from fedskew.strategies.discovery import assign_partitions, majority_count
 from fedskew.wire import BASE, Dims, Wire
 
 log = logging.getLogger("fedskew.server")
@@ -67,11 +71,14 @@ class BaseStrategy(Strategy):
         self.cfg = cfg
         self.dims = Dims.of(cfg)
         self.device = device or torch.device("cpu")
-        self.node_partitions: dict[int, int] = {}
-        self.num_partitions: int | None = None  # as the first accepted node reports it (0: own data)
-        self.refused: set[int] = set()  # nodes whose report was refused (never asked again)
+        self.reports: dict[int, tuple[int, int]] = {}  # node -> (partition-id, num-partitions) reported
+        self.node_partitions: dict[int, int] = {}  # node -> partition, of the nodes that serve one
+        self.num_partitions: int | None = cfg["num-partitions"] or None  # (0: nodes with their own data)
+        self.refused: dict[int, str] = {}  # node -> why it serves nothing (asked again next discovery)
         self.failures: list[dict[str, Any]] = []  # of the last aggregated round
-        self.pending: list[dict[str, Any]] = []  # refusals at discovery, counted with the next round
+        self.pending: dict[int, dict[str, Any]] = {}  # refusals at discovery, counted with the next round
+        self.update_ratios: dict[int, float] = {}  # partition -> its reply's update ratio this round
+        self._start: dict[str, np.ndarray] | None = None  # the sent arrays, decoded once a round
         self.sent_arrays = ArrayRecord()  # the global arrays of the current round
         self.sent_messages: list[Message] = []  # this round's train messages (ids are set when pushed)
 
@@ -106,30 +113,42 @@ class BaseStrategy(Strategy):
         return {}
 
     def discover(self, grid: Grid) -> dict[int, int]:
-        """node id -> partition id for every connected node, asking only new nodes."""
+        """node id -> partition id of every connected node that serves one (`fedskew.strategies.
+        discovery`). Nodes that serve nothing yet (new, refused or contesting) are asked for their
+        partition; the reports of the others are kept."""
         node_ids = sorted(grid.get_node_ids())
-        new = [n for n in node_ids if n not in self.node_partitions and n not in self.refused]
-        if new:
-            msgs = [Message(RecordDict(), dst_node_id=n, message_type=f"{MessageType.QUERY}.info") for n in new]
+        self.reports = {n: r for n, r in self.reports.items() if n in set(node_ids)}  # gone nodes
+        ask = [n for n in node_ids if n not in self.node_partitions]
+        if ask:
+            msgs = [Message(RecordDict(), dst_node_id=n, message_type=f"{MessageType.QUERY}.info") for n in ask]
             for reply in grid.send_and_receive(msgs, timeout=self.cfg["round-timeout"]):
                 src = reply.metadata.src_node_id
+                self.reports.pop(src, None)
                 if reply.has_error():
                     log.warning("node %d did not say its partition: %s", src, reply.error.reason)
                     continue
                 try:
-                    pid, num = self.node_report(reply.content, node_ids)
+                    self.reports[src] = self.node_report(reply.content)
                 except Rejected as e:
-                    self.refused.add(src)
-                    self.pending.append({"node": src, "partition": -1, "reason": f"refused at discovery: {e}"})
-                    log.warning("node %d refused: %s", src, e)
-                    continue
-                self.node_partitions[src], self.num_partitions = pid, num
+                    self.refuse(src, str(e))
+        expected = self.cfg["num-partitions"] or majority_count(self.reports)
+        self.node_partitions, refused = assign_partitions(self.reports, expected)
+        for node, reason in refused.items():
+            self.refuse(node, reason)
+        if expected is not None:
+            self.num_partitions = expected
         return {n: self.node_partitions[n] for n in node_ids if n in self.node_partitions}
 
-    def node_report(self, content: RecordDict, connected: list[int]) -> tuple[int, int]:
+    def refuse(self, node: int, reason: str) -> None:
+        """Count `node`'s refusal with the next round's failures (once per node), log a new reason."""
+        if self.refused.get(node) != reason:
+            log.warning("node %d refused at discovery: %s", node, reason)
+        self.refused[node] = reason
+        self.pending[node] = {"node": node, "partition": -1, "reason": f"refused at discovery: {reason}"}
+
+    def node_report(self, content: RecordDict) -> tuple[int, int]:
         """(partition-id, num-partitions) of a `query.info` reply; raises `Rejected` unless both are
-        integers, the count equals the other nodes' and is at most the data set's size, and the
-        partition is in range and not served by another connected node."""
+        integers, the count is at most the data set's size and the partition is in range."""
         info = content.get("info")
         if not isinstance(info, ConfigRecord):
             raise Rejected("the reply lacks the 'info' ConfigRecord")
@@ -139,13 +158,8 @@ class BaseStrategy(Strategy):
                 raise Rejected(f"{key}={value!r} is not an integer")
         if not 0 <= num <= self.train_size():
             raise Rejected(f"num-partitions={num} is outside [0, {self.train_size()}] (the training set's size)")
-        if self.num_partitions is not None and num != self.num_partitions:
-            raise Rejected(f"num-partitions={num}, but the other nodes report {self.num_partitions}")
         if pid < 0 or (num and pid >= num):
             raise Rejected(f"partition-id={pid} is outside [0, {num or 'inf'})")
-        owner = next((n for n in connected if self.node_partitions.get(n) == pid), None)
-        if owner is not None:
-            raise Rejected(f"partition {pid} is already served by node {owner}")
         return pid, num
 
     def train_size(self) -> int:
@@ -175,7 +189,7 @@ class BaseStrategy(Strategy):
     ) -> Iterable[Message]:
         node_ids = self.sample(server_round, grid)
         config["server-round"] = server_round
-        self.sent_arrays = arrays
+        self.sent_arrays, self._start = arrays, None
         record = RecordDict({"arrays": arrays, "config": config, **self.broadcast(server_round)})
         self.sent_messages = [Message(record, dst_node_id=n, message_type=MessageType.TRAIN) for n in node_ids]
         return self.sent_messages
@@ -201,13 +215,26 @@ class BaseStrategy(Strategy):
 
     def check_reply(self, content: RecordDict, partition: int) -> None:
         """The method's rules for a reply whose records have their declared form (raise `Rejected`):
-        it is for the partition its node reported, and claims no more examples than it holds."""
+        it is for the partition its node reported, claims no more examples than it holds, and its
+        update is within `max-update-ratio` times the norm of the model it started from
+        (`fedskew.strategies.aggregate.update_ratio`)."""
         metrics = content["metrics"]
         if metrics["partition-id"] != partition:
             raise Rejected(f"the reply claims partition {metrics['partition-id']}, its node serves {partition}")
         bound = self.example_bound(partition)
         if metrics["num-examples"] > bound:
             raise Rejected(f"num-examples={metrics['num-examples']} > {bound}, the size of partition {partition}")
+        ratio = update_ratio(arrays_to_numpy(content["arrays"]), self.start_arrays(partition))
+        limit = self.cfg["max-update-ratio"]
+        if limit and ratio > limit:
+            raise Rejected(f"its update is {ratio:.3g} times the norm of the model sent (max-update-ratio={limit:g})")
+        self.update_ratios[partition] = ratio
+
+    def start_arrays(self, partition: int) -> dict[str, np.ndarray]:
+        """The arrays the client of `partition` started from this round (default: the global ones)."""
+        if self._start is None:
+            self._start = arrays_to_numpy(self.sent_arrays)
+        return self._start
 
     def screen(self, msg: Message, node: int, schema: dict[str, Spec]) -> RecordDict:
         """The reply's content cut to its declared records, after every check; raises `Rejected`."""
@@ -223,7 +250,8 @@ class BaseStrategy(Strategy):
         """Screen every reply (a failure is logged and counted in `self.failures`), also count the
         sampled nodes that did not reply at all (a dead node, the round timed out); sort the rest
         by partition id."""
-        self.failures, self.pending, ok, answered = self.pending, [], [], set()
+        self.failures, ok, answered = list(self.pending.values()), [], set()
+        self.pending, self.update_ratios = {}, {}
         schema = self.reply_schema()
         dst = {m.metadata.message_id: m.metadata.dst_node_id for m in self.sent_messages if m.metadata.message_id}
         for msg in replies:
@@ -270,6 +298,8 @@ class BaseStrategy(Strategy):
         metrics.update(self.aggregate_extras(server_round, ok))
         metrics["server-seconds"] = time.perf_counter() - t0
         metrics.update(self.client_metrics(ok))
+        ratios = [self.update_ratios[m.content["metrics"]["partition-id"]] for m in ok]
+        metrics["update-ratio-max"] = max(ratios)  # the evidence that max-update-ratio drops no honest reply
         return new, MetricRecord(metrics)
 
     @staticmethod

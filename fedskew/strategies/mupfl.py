@@ -195,6 +195,10 @@ class MuPFLStrategy(BaseStrategy):
         return out
 
     # ------------------------------------------------------------------ uplink
+    def start_arrays(self, partition: int) -> dict[str, np.ndarray]:
+        """The start model sent to `partition` this round (w~_i under init "personal")."""
+        return self.bases[partition] if partition in self.bases else super().start_arrays(partition)
+
     def flat(self, arrays: dict[str, np.ndarray]) -> np.ndarray:
         return np.concatenate([np.asarray(arrays[k], dtype=np.float64).ravel() for k in self.trainable])
 
