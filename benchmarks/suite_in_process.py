@@ -7,7 +7,8 @@ time, with the suite's config plus `--set` overrides (e.g. `model=tfcnn device=c
 writes its `metrics.jsonl` round by round into `<out-dir>/<suite>-<tag>/<cell>/`; at `--deadline`
 seconds the cells still running are stopped and keep the rounds they finished. Progress every
 `--every` seconds; at the end, per cell: rounds done, wall, seconds a round, the suite's last-k-round
-mean of the global accuracy (over the rounds done), and the final round's.
+mean of the global accuracy (over the rounds done), and the final round's. A cell folder that holds
+an earlier run's results is refused (nothing is deleted): use another `--tag`, or `--set overwrite=true`.
 
 The in-process grid serves the same partitions and samples the same clients as `flwr run`'s
 simulation, so for a seed it writes the same metrics to the last digit (`tests/test_end_to_end.py`)

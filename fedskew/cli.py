@@ -1,12 +1,14 @@
 """`fedskew` command line: argument parsing and printing; the work is in `fedskew.launcher`.
 
 fedskew run [--run-config 'k=v ...'] [--num-supernodes N] [--actors A] [--federation-config 'k=v']
-    Validate the config (fails in about a second with one line), start a private SuperLink,
+            [--resume RUN_DIR | --overwrite]
+    Validate the config and the results folder (fails in about a second with one line: a folder
+    holding an earlier run's results needs --resume or --overwrite), start a private SuperLink,
     submit the app with `flwr run`, stream its log, print the summary, stop what it started
     (also when interrupted), and exit non-zero when the run failed (`flwr run` itself exits 0
     on failed runs). The simulation trains A clients at once (default: every core busy).
-fedskew experiment SUITE.yaml [--dry-run | --report]
-    Run a suite of simulations (see `fedskew.experiments`).
+fedskew experiment SUITE.yaml [--dry-run | --report] [--rerun-changed]
+    Run a suite of simulations (see `fedskew.experiments`); --dry-run checks every cell as a run would.
 fedskew config
     List every run-config key with its default and meaning.
 fedskew data get NAME [--data-root DIR] [--mirror URL]
@@ -26,7 +28,7 @@ from typing import Any
 
 from fedskew.config import DATASETS, ConfigError, all_params
 from fedskew.data.download import DownloadError, get_dataset, list_datasets
-from fedskew.experiments import labels, load_suite, run_suite, select, write_report
+from fedskew.experiments import describe, labels, load_suite, plan_cells, run_suite, select, write_report
 from fedskew.launcher import (
     RunFailed,
     app_defaults,
@@ -62,6 +64,8 @@ def format_summary(s: dict[str, Any]) -> str:
 def cmd_run(args: argparse.Namespace) -> int:
     app_dir = find_app_dir(args.app)
     overrides, clients = read_overrides(args.run_config), args.num_supernodes or 20
+    if args.overwrite:
+        overrides["overwrite"] = True
     if args.resume:
         overrides, resumed_clients = resume_overrides(Path(args.resume), overrides)
         clients = args.num_supernodes or resumed_clients
@@ -77,15 +81,19 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     app_dir = find_app_dir(args.app)
     suite = load_suite(args.suite, app_defaults(app_dir))
     chosen = select(suite, labels(args.methods), labels(args.partitions), labels(args.seeds, int, "--seeds"))
-    if args.dry_run:
-        for c in chosen:
-            print(f"{c.run_name} ({c.num_supernodes} clients): {c.overrides}")
+    if args.dry_run:  # every check a run makes, nothing started
+        plans = plan_cells(suite, app_dir, chosen, args.actors, args.rerun_changed)
+        for p in plans:
+            note = f" ({p.note})" if p.note else ""
+            print(f"{p.cell.run_name} ({p.cell.num_supernodes} clients): {p.action}{note}: {p.cell.overrides}")
         print(f"{len(chosen)} of {len(suite.cells)} cells -> {suite.folder}")
+        if warning := describe(plans):
+            print(warning)
         return 0
     if args.report:
         write_report(suite)
     else:
-        run_suite(suite, app_dir, stream=args.stream, actors=args.actors, cells=chosen)
+        run_suite(suite, app_dir, args.stream, args.actors, chosen, args.rerun_changed)
     print(f"results: {suite.folder / 'results.md'}")
     return 0
 
@@ -122,7 +130,13 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--app", help="the Flower app folder (default: this checkout)")
     run.add_argument("--run-config", "-c", action="append", default=[], help="'k=v k2=\"s\"' or a TOML file")
     run.add_argument("--num-supernodes", "-n", type=int, help="number of clients (default 20)")
-    run.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its checkpoint.pt")
+    start = run.add_mutually_exclusive_group()
+    start.add_argument("--resume", metavar="RUN_DIR", help="continue a stopped run from its checkpoint.pt")
+    start.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start afresh in a run folder holding an earlier run's results (they move to its aside-<time> folder)",
+    )
     run.add_argument("--actors", "-j", type=int, help=ACTORS_HELP)
     run.add_argument(
         "--federation-config",
@@ -137,6 +151,11 @@ def main(argv: list[str] | None = None) -> int:
     exp.add_argument("--dry-run", action="store_true", help="validate and list the cells, run nothing")
     exp.add_argument("--report", action="store_true", help="only (re)write the table and plots")
     exp.add_argument("--stream", action="store_true", help="show each run's log")
+    exp.add_argument(
+        "--rerun-changed",
+        action="store_true",
+        help="run again the finished cells computed under another config (their earlier files are set aside)",
+    )
     exp.add_argument("--actors", "-j", type=int, help=ACTORS_HELP)
     for flag, what in (("methods", "method labels"), ("partitions", "partition labels"), ("seeds", "seeds")):
         exp.add_argument(f"--{flag}", metavar="A,B", help=f"run only these {what} (default: all the suite's)")

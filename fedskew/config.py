@@ -4,6 +4,14 @@ Every key a user can set lives here (common keys) or in the method's registry li
 (`fedskew.registry`, keys prefixed by the method name). Validation turns the raw
 `context.run_config` (TOML types) into a plain dict of checked, typed values, or raises
 `ConfigError` with one line naming the key, the value and what is allowed.
+
+Keys whose value sets how much is allocated or how long a loop runs have an upper bound where a
+larger value can only be a mistake (an 8 TB allocation or a client that never ends its round,
+found only after the run started): `local-epochs` and `map-personal-epochs` at most 1000,
+`num-server-rounds` 100,000, `round-retries` 100, `torch-threads` 1024 (and, in a simulation, a
+few times the cores: `fedskew.resources`), `hf-image-size` 1024, `map-sigma` 5, and MuPFL's
+`features-per-class` 1000, `tau` 1000, `match-iters` 10,000, MAP's `mmd-kernels` 64 (the reasons
+in their help texts); `round-timeout` is at least 1 s.
 """
 
 from __future__ import annotations
@@ -101,6 +109,12 @@ def folder_name_rule(value: str, cfg: dict[str, Any]) -> None:
         raise ValueError("must be one folder name (no '/', '\\', '.' or '..')")
 
 
+def path_rule(value: str, cfg: dict[str, Any]) -> None:
+    """A `Param.rule`: a path the file system can hold (no NUL character)."""
+    if "\0" in value:
+        raise ValueError("a path holds no NUL character")
+
+
 COMMON: dict[str, Param] = {
     "method": Param(str, "fedavg", "the federated method (strategy + client trainer)"),
     "dataset": Param(
@@ -112,7 +126,9 @@ COMMON: dict[str, Param] = {
     "hf-subset": Param(str, "", "hf: the Hub data set's configuration name ('' = its default)"),
     "hf-image-column": Param(str, "", "hf: column of the images ('' = the Image feature, else image/img)"),
     "hf-label-column": Param(str, "", "hf: column of the labels ('' = the first ClassLabel, else label/labels/...)"),
-    "hf-image-size": Param(int, 0, "hf: resize images to N x N (0 = keep; they must be square, one size)", low=0),
+    "hf-image-size": Param(
+        int, 0, "hf: resize images to N x N (0 = keep; they must be square, one size; at most 1024)", low=0, high=1024
+    ),
     "hf-test-fraction": Param(
         float,
         0.2,
@@ -140,13 +156,22 @@ COMMON: dict[str, Param] = {
     "dirichlet-alpha": Param(float, 0.5, "Dirichlet concentration", low=0.0, low_open=True),
     "min-partition-size": Param(int, 10, "Dirichlet resamples until every client has this many", low=1),
     "imbalance-factor": Param(float, 10.0, "long-tail: largest/smallest class size", low=1.0),
-    "map-sigma": Param(float, 0.3, "map-random: log-normal sigma of client sizes", low=0.0),
+    "map-sigma": Param(
+        float,
+        0.3,
+        "map-random: log-normal sigma of client sizes (MAP: 0.3; at most 5, where one client already holds "
+        "e^15 times another's share)",
+        low=0.0,
+        high=5.0,
+    ),
     "local-test-fraction": Param(
         float, 0.2, "share of each client's data kept as its local test split", low=0.0, high=0.9
     ),
-    "num-server-rounds": Param(int, 20, "federated rounds", low=1),
+    "num-server-rounds": Param(int, 20, "federated rounds (at most 100,000: 100 x FedRS's 1000)", low=1, high=100_000),
     "fraction-train": Param(float, 0.5, "share of clients sampled each round", low=0.0, high=1.0, low_open=True),
-    "local-epochs": Param(int, 1, "local epochs per round", low=1),
+    "local-epochs": Param(
+        int, 1, "local epochs per round (the papers use 1 to 10; at most 1000: a round must end)", low=1, high=1000
+    ),
     "batch-size": Param(int, 64, "local mini-batch size", low=1),
     "lr": Param(float, 0.01, "local SGD learning rate", low=0.0, low_open=True),
     "lr-warmup-rounds": Param(
@@ -176,7 +201,13 @@ COMMON: dict[str, Param] = {
     "eval-every": Param(int, 1, "central evaluation every N rounds (the last round always)", low=1),
     "eval-batch-size": Param(int, 1024, "batch size of evaluation", low=1),
     "device": Param(str, "auto", "'auto' (cuda when present), 'cpu', 'cuda' or 'cuda:N'"),
-    "torch-threads": Param(int, 1, "torch CPU threads per ClientApp (0 = torch default)", low=0),
+    "torch-threads": Param(
+        int,
+        1,
+        "torch CPU threads per ClientApp (0 = torch default; at most 1024, in a simulation 4 x the cores)",
+        low=0,
+        high=1024,
+    ),
     "min-nodes": Param(int, 1, "the server waits for this many connected nodes before round 1", low=1),
     "num-partitions": Param(
         int,
@@ -191,13 +222,23 @@ COMMON: dict[str, Param] = {
         "a reply whose update ||w - w_sent|| exceeds this times max(||w_sent||, 1) is refused (0 = no bound)",
         low=0.0,
     ),
-    "round-timeout": Param(float, 600.0, "seconds the server waits for a round's replies", low=0.0, low_open=True),
+    "round-timeout": Param(
+        float, 600.0, "seconds the server waits for a round's replies (at least 1: a reply takes longer)", low=1.0
+    ),
     "min-replies": Param(int, 1, "usable replies a round needs (else it is retried, then the run stops)", low=1),
-    "round-retries": Param(int, 1, "times a round with too few usable replies is sent again", low=0),
+    "round-retries": Param(
+        int, 1, "times a round with too few usable replies is sent again (at most 100)", low=0, high=100
+    ),
     "checkpoint-every": Param(int, 5, "write checkpoint.pt every N rounds (0 = never)", low=0),
     "resume": Param(bool, False, "continue from the run folder's checkpoint.pt (`fedskew run --resume DIR`)"),
+    "overwrite": Param(
+        bool,
+        False,
+        "start afresh in a run folder that holds an earlier run's results, which move to its aside-<time> "
+        "folder (`fedskew run --overwrite`); without it such a folder is refused",
+    ),
     "state-max-mb": Param(float, 64.0, "bound on a client's persistent state kept in context.state", low=0.0),
-    "out-dir": Param(str, "outputs", "results folder (made absolute by `fedskew run`)"),
+    "out-dir": Param(str, "outputs", "results folder (made absolute by `fedskew run`)", rule=path_rule),
     "run-name": Param(
         str, "", "results subfolder of out-dir ('' = method-dataset-partition-seed-time)", rule=folder_name_rule
     ),
@@ -237,9 +278,14 @@ def class_list_rule(text: str, cfg: dict[str, Any]) -> None:
 
 
 def _device_ok(value: str) -> bool:
+    """auto, cpu, cuda or cuda:N with N in ASCII digits (`str.isdigit` takes other scripts' digits too,
+    which torch refuses) below 128 (torch keeps the index in 8 bits: cuda:128 would be cuda:-128)."""
     if value in ("auto", "cpu", "cuda"):
         return True
-    return value.startswith("cuda:") and value[5:].isdigit()
+    index = value.removeprefix("cuda:")
+    return (
+        value.startswith("cuda:") and 0 < len(index) <= 3 and all(c in "0123456789" for c in index) and int(index) < 128
+    )
 
 
 def validate(raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -253,10 +299,10 @@ def validate(raw: Mapping[str, Any]) -> dict[str, Any]:
     if method not in METHODS:
         raise ConfigError(f"method={method!r} is not allowed: must be one of " + ", ".join(sorted(METHODS)))
     schema = all_params()
-    unknown = [k for k in raw if k not in schema]
+    unknown = [k for k in raw if not isinstance(k, str) or k not in schema]
     if unknown:
         key = unknown[0]
-        hint = difflib.get_close_matches(key, list(schema), n=1)
+        hint = difflib.get_close_matches(str(key), list(schema), n=1)
         raise ConfigError(f"{key}: unknown run-config key" + (f" (did you mean {hint[0]!r}?)" if hint else ""))
     cfg = {key: p.check(key, raw.get(key, p.default)) for key, p in schema.items()}
     _check_cross(cfg)
@@ -283,7 +329,9 @@ def _check_cross(cfg: dict[str, Any]) -> None:
             except ValueError as e:
                 raise ConfigError(f"{key}={cfg[key]!r} is not allowed: {e}") from None
     if not _device_ok(cfg["device"]):
-        raise ConfigError(f"device={cfg['device']!r} is not allowed: must be 'auto', 'cpu', 'cuda' or 'cuda:N'")
+        raise ConfigError(
+            f"device={cfg['device']!r} is not allowed: must be 'auto', 'cpu', 'cuda' or 'cuda:N' (N in 0-127)"
+        )
     name = cfg["dataset"]
     if is_hf(name):  # its classes are known only from the data: checked when it is partitioned
         if not name[len(HF_PREFIX) :].strip():

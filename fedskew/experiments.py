@@ -17,9 +17,18 @@ Suite file::
       c2: {partition: classes-per-client, classes-per-client: 2}
       p5c2: {partition: classes-per-client, classes-per-client: 2, num-supernodes: 5}
 
-Every cell's config is validated before anything runs. A cell whose `summary.json` exists is
-skipped, and a cell stopped part-way continues from its `checkpoint.pt` when its saved config is
-the cell's, so an interrupted suite resumes where it stopped (within `checkpoint-every` rounds).
+The name and every label are single folder names. Before anything runs, every chosen cell is
+checked as its run would check it (`plan_cells`; `--dry-run` stops there) and given its action:
+
+- done: its `summary.json` exists and its saved `config.json` is the cell's config: skipped;
+- changed: finished under another config (the suite was edited since): kept and named in a warning;
+  `--rerun-changed` runs it again (rerun), its earlier files set aside in its `aside-<time>-*/`;
+- resume: stopped part-way with the cell's config: continues from its `checkpoint.pt`, so an
+  interrupted suite resumes where it stopped (within `checkpoint-every` rounds);
+- afresh: stopped part-way under another config, without a checkpoint, or with a damaged file: runs
+  again, its earlier files set aside (never deleted);
+- run: nothing there yet.
+
 `--methods`, `--partitions` and `--seeds` run only the cells with those labels (`select`). At the
 end (and with `--report`) the suite folder gets `results.md`, `results.csv` and one
 `accuracy-<partition>.png` per partition, over every finished cell.
@@ -39,11 +48,12 @@ from typing import Any
 import numpy as np
 import yaml
 
-from fedskew.config import ConfigError, validate
+from fedskew.config import ConfigError, folder_name_rule, validate
 from fedskew.data.clients import client_indices
+from fedskew.files import check_folder
 from fedskew.launcher import RunFailed, app_defaults, prepare_config, resources_for, run_simulation, simulation_link
 from fedskew.partitions import PartitionError
-from fedskew.server_app.results import LAST_ROUNDS, read_jsonl, round_statistics
+from fedskew.server_app.results import LAST_ROUNDS, RESULTS, config_changes, read_jsonl, round_statistics
 
 SUITE_KEYS = {"name", "num-supernodes", "seeds", "out-dir", "base", "methods", "partitions", "last-rounds"}
 
@@ -80,12 +90,27 @@ class Suite:
         return self.out_dir / self.name
 
 
-def _mapping(raw: Any, where: str) -> dict[str, Any]:
+def _mapping(raw: Any, where: str, config: bool = False) -> dict[str, Any]:
+    """`raw` as a mapping ({} for None); with `config`, a run config whose keys must be strings."""
     if raw is None:
         return {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{where}: must be a mapping (key: value), got {type(raw).__name__}")
+    bad = [k for k in raw if config and not isinstance(k, str)]
+    if bad:
+        raise ConfigError(f"{where}: key {bad[0]!r} is not a run-config key (a {type(bad[0]).__name__})")
     return raw
+
+
+def _folder_name(value: Any, where: str) -> str:
+    """A suite's name or label: one folder name (its results stay inside out-dir)."""
+    if not isinstance(value, (str, int)) or isinstance(value, bool) or value == "":
+        raise ConfigError(f"{where}={value!r} is not allowed: must be a non-empty folder name")
+    try:
+        folder_name_rule(str(value), {})
+    except ValueError as e:
+        raise ConfigError(f"{where}={value!r} is not allowed: {e}") from None
+    return str(value)
 
 
 def load_suite(path: str | Path, app_defaults: dict[str, Any]) -> Suite:
@@ -104,12 +129,21 @@ def load_suite(path: str | Path, app_defaults: dict[str, Any]) -> Suite:
     if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and s >= 0 for s in seeds):
         raise ConfigError(f"{path}: seeds={seeds!r} must be a non-empty list of non-negative integers")
     n = _num_supernodes(raw.get("num-supernodes", 20), str(path))
-    base = _mapping(raw.get("base"), f"{path}: base")
+    name = _folder_name(raw.get("name", path.stem), f"{path}: name")
+    out_dir = raw.get("out-dir", "outputs/suites")
+    if not isinstance(out_dir, str):
+        raise ConfigError(f"{path}: out-dir={out_dir!r} is not allowed: must be a folder path")
+    out_dir = Path(out_dir).expanduser().absolute()
+    check_folder(out_dir / name, f"{path}: out-dir")
+    base = _mapping(raw.get("base"), f"{path}: base", config=True)
     methods = _mapping(raw.get("methods"), f"{path}: methods") or {"fedavg": {}}
     partitions = _mapping(raw.get("partitions"), f"{path}: partitions") or {"default": {}}
+    for kind, table in (("methods", methods), ("partitions", partitions)):
+        for label in table:
+            _folder_name(label, f"{path}: {kind} label")
     cells = []
     for p_label, p_raw in partitions.items():
-        p_over = dict(_mapping(p_raw, f"{path}: partitions.{p_label}"))
+        p_over = dict(_mapping(p_raw, f"{path}: partitions.{p_label}", config=True))
         p_n = _num_supernodes(p_over.pop("num-supernodes", n), f"{path}: partitions.{p_label}")
         for m_label, m_over in methods.items():
             for seed in seeds:
@@ -117,7 +151,7 @@ def load_suite(path: str | Path, app_defaults: dict[str, Any]) -> Suite:
                     **base,
                     **p_over,
                     "method": m_label,
-                    **_mapping(m_over, f"{path}: methods.{m_label}"),
+                    **_mapping(m_over, f"{path}: methods.{m_label}", config=True),
                     "seed": seed,
                 }
                 try:
@@ -125,13 +159,10 @@ def load_suite(path: str | Path, app_defaults: dict[str, Any]) -> Suite:
                 except (ConfigError, PartitionError, FileNotFoundError) as e:
                     raise ConfigError(f"{path}: cell {p_label}/{m_label}/seed {seed}: {e}") from None
                 cells.append(Cell(str(m_label), str(p_label), seed, over, p_n))
-    out_dir = Path(raw.get("out-dir", "outputs/suites")).expanduser().absolute()
     last = raw.get("last-rounds", LAST_ROUNDS)
     if not isinstance(last, int) or isinstance(last, bool) or last < 1:
         raise ConfigError(f"{path}: last-rounds={last!r} must be a positive integer")
-    return Suite(
-        str(raw.get("name", path.stem)), out_dir, cells, list(map(str, methods)), list(map(str, partitions)), last
-    )
+    return Suite(name, out_dir, cells, list(map(str, methods)), list(map(str, partitions)), last)
 
 
 def _num_supernodes(value: Any, where: str) -> int:
@@ -183,41 +214,129 @@ def _fmt_eta(seconds: float) -> str:
     return f"{h}h{m:02d}m" if h else f"{m}m{s:02d}s"
 
 
+@dataclass(frozen=True)
+class CellPlan:
+    """What a suite run does with one cell (see the module docstring), with the overrides it
+    submits and the reason of a `changed` or `afresh` action."""
+
+    cell: Cell
+    action: str  # done, changed, rerun, resume, afresh or run
+    overrides: dict[str, Any]
+    note: str = ""
+
+    @property
+    def runs(self) -> bool:
+        return self.action not in ("done", "changed")
+
+
+def plan_cells(
+    suite: Suite, app_dir: Path, cells: list[Cell] | None = None, actors: int | None = None, rerun_changed: bool = False
+) -> list[CellPlan]:
+    """Check each cell (default: all the suite's) as its run would (`prepare_config`: config, data,
+    device, results folder, checkpoint; `resources_for`: actors) and decide its action from what
+    its folder holds. Raises ConfigError naming the first cell a run would refuse."""
+    plans = []
+    for cell in suite.cells if cells is None else cells:
+        run_dir = suite.folder / cell.run_name
+        over = {**cell.overrides, "out-dir": str(suite.folder), "run-name": cell.run_name}
+        try:
+            cfg, subm = prepare_config(app_dir, {**over, "overwrite": True}, cell.num_supernodes)
+            resources_for(cfg, actors)
+            plans.append(_plan(cell, run_dir, cfg, subm, app_dir, rerun_changed))
+        except (ConfigError, PartitionError, FileNotFoundError) as e:
+            raise ConfigError(f"suite {suite.name}: cell {cell.run_name}: {e}") from None
+    return plans
+
+
+def _plan(cell: Cell, run_dir: Path, cfg: dict, subm: dict, app_dir: Path, rerun_changed: bool) -> CellPlan:
+    """One cell's action; `subm` are its overrides with overwrite=true."""
+    if (run_dir / "summary.json").is_file():
+        changes = saved_changes(run_dir, cfg)
+        if not changes:
+            return CellPlan(cell, "done", {})
+        return CellPlan(cell, "rerun" if rerun_changed else "changed", subm if rerun_changed else {}, changes)
+    fresh = {**subm, "overwrite": False}
+    if not any((run_dir / name).exists() for name in RESULTS):
+        return CellPlan(cell, "run", fresh)
+    stopped_at = stopped_round(run_dir, cfg)
+    if not stopped_at:
+        return CellPlan(cell, "afresh", subm, "no usable checkpoint of this config")
+    try:  # the resume's own checks: checkpoint, config.json and the per-round files
+        _, resumed = prepare_config(app_dir, {**fresh, "resume": True}, cell.num_supernodes)
+    except ConfigError as e:
+        return CellPlan(cell, "afresh", subm, str(e))
+    return CellPlan(cell, "resume", resumed, f"after round {stopped_at}")
+
+
+def saved_changes(run_dir: Path, cfg: dict[str, Any]) -> str:
+    """'' when `run_dir`'s `config.json` is the config `cfg`, else which keys differ (`config_changes`)."""
+    try:
+        saved = json.loads((run_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return "config.json not readable"
+    if not isinstance(saved, dict):
+        return "config.json not readable"
+    changes = config_changes(saved, cfg)
+    return "" if not changes else "changed: " + ", ".join(changes)
+
+
+def describe(plans: list[CellPlan]) -> str:
+    """The warning about finished cells computed under another config ('' when there is none)."""
+    changed = [p for p in plans if p.action == "changed"]
+    if not changed:
+        return ""
+    cells = "; ".join(f"{p.cell.run_name} ({p.note})" for p in changed)
+    return (
+        f"warning: {len(changed)} finished cell(s) were computed under another config and are kept as they "
+        f"are: {cells}; --rerun-changed runs them again (their earlier files are set aside, not deleted)"
+    )
+
+
 def run_suite(
     suite: Suite,
     app_dir: Path,
     stream: bool = False,
     actors: int | None = None,
     cells: list[Cell] | None = None,
+    rerun_changed: bool = False,
 ) -> None:
     """Run every cell not done yet (of `cells`, default all the suite's), one after the other on one
     private SuperLink and Ray head (started once), each with every core busy (or `actors` clients at
-    once), with progress and time left; then write the report of every finished cell."""
-    suite.folder.mkdir(parents=True, exist_ok=True)
+    once), with progress and time left; then write the report of every finished cell. Every cell is
+    checked first (`plan_cells`), so a cell a run would refuse stops the suite before anything starts."""
     chosen = suite.cells if cells is None else cells
-    todo = [c for c in chosen if not (suite.folder / c.run_name / "summary.json").is_file()]
+    plans = plan_cells(suite, app_dir, chosen, actors, rerun_changed)
+    suite.folder.mkdir(parents=True, exist_ok=True)
+    todo = [p for p in plans if p.runs]
     done_before = len(chosen) - len(todo)
     of = "" if cells is None else f" of the suite's {len(suite.cells)}"
     print(f"suite {suite.name}: {len(chosen)} cells{of}, {done_before} already done -> {suite.folder}", flush=True)
+    if warning := describe(plans):
+        print(warning, flush=True)
     spent: list[float] = []
     failed = []
     defaults = app_defaults(app_dir)
-    plans = {resources_for(validate({**defaults, **c.overrides}), actors) for c in todo}
+    planned = {resources_for(validate({**defaults, **p.cell.overrides}), actors) for p in todo}
     # one Ray head for the whole suite when every cell needs the same actors (the usual case)
-    with simulation_link(app_dir, plans.pop() if len(plans) == 1 else None) as link:
-        for i, cell in enumerate(todo, start=1):
+    with simulation_link(app_dir, planned.pop() if len(planned) == 1 else None) as link:
+        for i, plan in enumerate(todo, start=1):
+            cell = plan.cell
             t0 = time.perf_counter()
             label = f"[{done_before + i}/{len(chosen)}] {cell.partition} / {cell.method} / seed {cell.seed}"
             print(f"{label} ...", flush=True)
-            over = {**cell.overrides, "out-dir": str(suite.folder), "run-name": cell.run_name}
+            if plan.action == "resume":
+                print(f"{label}: resuming {plan.note}", flush=True)
+            elif plan.action in ("afresh", "rerun"):
+                print(
+                    f"{label}: running afresh ({plan.note}); its earlier files go to its aside-<time> folder",
+                    flush=True,
+                )
             try:
-                cfg, subm = prepare_config(app_dir, over, cell.num_supernodes)
-                stopped_at = stopped_round(suite.folder / cell.run_name, cfg)
-                if stopped_at:  # a cell stopped part-way with this very config continues from its checkpoint
-                    print(f"{label}: resuming after round {stopped_at}", flush=True)
-                    cfg, subm = prepare_config(app_dir, {**over, "resume": True}, cell.num_supernodes)
+                cfg = validate({**defaults, **plan.overrides})
                 resources = resources_for(cfg, actors)
-                s = run_simulation(app_dir, subm, cell.num_supernodes, stream=stream, resources=resources, link=link)
+                s = run_simulation(
+                    app_dir, plan.overrides, cell.num_supernodes, stream=stream, resources=resources, link=link
+                )
                 result = "last 10 rounds: " + ", ".join(
                     f"{name} {s[key]:.4f}" if s.get(key) is not None else f"{name} n/a"
                     for name, key in (
@@ -242,13 +361,11 @@ def stopped_round(run_dir: Path, cfg: dict[str, Any]) -> int:
     interrupted suite cell), else 0: a changed config, or no readable checkpoint, starts afresh."""
     import torch
 
-    try:
-        saved = json.loads((run_dir / "config.json").read_text())
-        if json.loads(json.dumps({**cfg, "resume": False})) != saved:
-            return 0
-        # mmap: only the round number is read here (the ServerApp loads the whole checkpoint)
+    if saved_changes(run_dir, cfg):
+        return 0
+    try:  # mmap: only the round number is read here (the resume's checks read the whole checkpoint)
         return int(torch.load(run_dir / "checkpoint.pt", weights_only=True, mmap=True)["round"])
-    except (OSError, ValueError, KeyError, RuntimeError):
+    except Exception:  # a damaged file: pickle, zip, EOF or torch errors alike
         return 0
 
 

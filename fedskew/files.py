@@ -43,3 +43,18 @@ def _fsync_folder(folder: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def check_folder(path: Path, key: str) -> None:
+    """Raise ConfigError (one line, naming the run-config `key`) unless `path` is a folder or can be
+    made one: no part of it that exists is a file, and it holds no NUL character."""
+    from fedskew.config import ConfigError
+
+    text = str(path)
+    if "\0" in text:
+        raise ConfigError(f"{key}: {text!r} is not allowed: a path holds no NUL character")
+    for part in (Path(path), *Path(path).parents):
+        if part.exists() or part.is_symlink():
+            if not part.is_dir():
+                raise ConfigError(f"{key}: {part} is not a folder (a file is in the way of {path})")
+            return

@@ -95,10 +95,15 @@ def prepare_config(app_dir: Path, overrides: dict[str, Any], num_clients: int) -
 
         overrides["run-name"] = default_run_name(cfg, datetime.now().strftime("%Y%m%d-%H%M%S"))
     cfg = validate({**app_defaults(app_dir), **overrides})
+    if cfg["min-nodes"] > num_clients:  # the server would wait round-timeout for nodes that never come
+        raise ConfigError(f"min-nodes={cfg['min-nodes']} is not allowed: the simulation has {num_clients} clients (-n)")
     from fedskew.data.clients import client_indices
+    from fedskew.server_app.results import check_run_folder
     from fedskew.training import pick_device
 
     pick_device(cfg["device"])  # the simulated clients run here
+    # earlier results without resume or overwrite, or a damaged or foreign checkpoint, refused now
+    check_run_folder(Path(overrides["out-dir"]) / overrides["run-name"], cfg)
     client_indices(cfg, num_clients)  # raises DataMissingError / PartitionError early
     return cfg, overrides
 
@@ -288,22 +293,53 @@ def signals_deferred() -> Iterator[None]:
 
 
 def _descendants(*roots: int) -> dict[int, str]:
-    """The live processes the `roots` started, and theirs, with their command lines, found through
-    one `ps` (Linux and macOS); zombies (ended, not yet reaped by their parent) are left out."""
+    """The live processes the `roots` started, and theirs, with their command lines; zombies (ended,
+    not yet reaped by their parent) are left out. Read from /proc on Linux, so that stopping a run
+    needs no new process (it must work when the process table is full); `ps` elsewhere (macOS)."""
+    children, command_line = _proc_table() if Path("/proc/self/stat").is_file() else _ps_table()
+    found, todo = {}, list(roots)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found[child] = command_line(child)
+            todo.append(child)
+    return found
+
+
+def _proc_table() -> tuple[dict[int, list[int]], Callable[[int], str]]:
+    """(parent pid -> its live children, pid -> command line) from /proc (Linux)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:  # `pid (comm) state ppid ...`; comm may hold spaces and parentheses
+            state, ppid = (Path(entry.path) / "stat").read_text().rsplit(")", 1)[1].split()[:2]
+        except (OSError, ValueError, IndexError):  # ended meanwhile
+            continue
+        if state != "Z":
+            children.setdefault(int(ppid), []).append(int(entry.name))
+
+    def command_line(pid: int) -> str:
+        try:
+            return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            return ""
+
+    return children, command_line
+
+
+def _ps_table() -> tuple[dict[int, list[int]], Callable[[int], str]]:
+    """(parent pid -> its live children, pid -> command line) from one `ps` (macOS)."""
     # -ww: whole command lines; otherwise ps cuts them at $COLUMNS (80 under pytest), and a deep
     # venv path loses the program name that `RunWatch` looks for
     res = subprocess.run(["ps", "-A", "-ww", "-o", "pid=,ppid=,stat=,args="], capture_output=True, text=True)
-    children: dict[int, list[tuple[int, str]]] = {}
+    children: dict[int, list[int]] = {}
+    args: dict[int, str] = {}
     for line in res.stdout.splitlines():
-        pid, ppid, state, *args = line.split(maxsplit=3)
+        pid, ppid, state, *rest = line.split(maxsplit=3)
         if not state.startswith("Z"):
-            children.setdefault(int(ppid), []).append((int(pid), args[0] if args else ""))
-    found, todo = {}, list(roots)
-    while todo:
-        for child, args in children.get(todo.pop(), []):
-            found[child] = args
-            todo.append(child)
-    return found
+            children.setdefault(int(ppid), []).append(int(pid))
+            args[int(pid)] = rest[0] if rest else ""
+    return children, lambda pid: args.get(pid, "")
 
 
 def _running(pid: int) -> bool:
@@ -322,7 +358,10 @@ def stop_process_tree(proc: subprocess.Popen, grace: float = 5.0) -> None:
     SuperExec opens a session of its own, in which `flwr-simulation`, Ray and the ClientApp actors
     run, so signalling the SuperLink's group alone leaves the run going (and writing results).
     Every group in the tree gets SIGTERM, then SIGKILL for whatever still runs after `grace` s."""
-    pids = [proc.pid, *_descendants(proc.pid)]
+    try:
+        pids = [proc.pid, *_descendants(proc.pid)]
+    except OSError:  # e.g. `ps` could not start (macOS, a full process table): the process's own group at least
+        pids = [proc.pid]
     groups = set()
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
@@ -528,13 +567,10 @@ class RunWatch:
                     return current
 
 
-RESUME_FIXED = ("method", "model", "dataset")  # what the checkpoint's arrays and state belong to
-
-
 def resume_overrides(run_dir: Path, changes: dict[str, Any]) -> tuple[dict[str, Any], int]:
     """The config of an earlier run with `changes` applied (and resume=true), and its number of
-    clients. Raises ConfigError for a folder that is not a stopped fedskew run, or for `changes`
-    to what the checkpoint holds (`RESUME_FIXED`)."""
+    clients. Raises ConfigError for a folder that is not a stopped fedskew run; what it holds is
+    checked by `prepare_config` (`results.check_run_folder`)."""
     run_dir = run_dir.expanduser().absolute()
     if not (run_dir / "checkpoint.pt").is_file():
         raise ConfigError(f"--resume {run_dir}: no checkpoint.pt yet (checkpoint-every rounds must have passed)")
@@ -542,15 +578,11 @@ def resume_overrides(run_dir: Path, changes: dict[str, Any]) -> tuple[dict[str, 
     train = _read_json(run_dir / "partition.json", dict).get("train")
     if not isinstance(train, list) or not train:
         raise ConfigError(f"--resume {run_dir / 'partition.json'}: no list of clients under 'train'")
-    for key in RESUME_FIXED:
-        if key in changes and key in saved and changes[key] != saved[key]:
-            raise ConfigError(
-                f"--resume: {key}={changes[key]!r} does not match the checkpoint's {key}={saved[key]!r} "
-                f"({run_dir / 'config.json'})"
-            )
     schema = all_params()
     cfg = {k: v for k, v in saved.items() if k in schema}
-    cfg.update({**changes, "resume": True, "out-dir": str(run_dir.parent), "run-name": run_dir.name})
+    cfg.update(
+        {**changes, "resume": True, "overwrite": False, "out-dir": str(run_dir.parent), "run-name": run_dir.name}
+    )
     return cfg, len(train)
 
 

@@ -124,11 +124,31 @@ METHODS: dict[str, MethodSpec] = {
                 "MuPFL BAVD: map restarts each epoch, each round, or never (client state)",
                 choices=("epoch", "round", "never"),
             ),
-            features_per_class=Param(int, 20, "MuPFL PKCF: synthetic features per class (m)", low=1),
-            tau=Param(int, 30, "MuPFL PKCF: classifier fine-tune epochs on the features", low=0),
+            features_per_class=Param(
+                int,
+                20,
+                "MuPFL PKCF: synthetic features per class (m; the paper studies 10 to 200, Sec. 4.1; at most 1000: "
+                "the server holds classes x m x feature-dim floats and sends them every round)",
+                low=1,
+                high=1000,
+            ),
+            tau=Param(
+                int,
+                30,
+                "MuPFL PKCF: classifier fine-tune epochs on the features (the paper studies 10 to 100, Sec. 4.1; "
+                "at most 1000)",
+                low=0,
+                high=1000,
+            ),
             feature_batch=Param(int, 64, "MuPFL PKCF: batch size of the classifier fine-tune", low=1),
             feature_lr=Param(float, 1.0, "MuPFL PKCF: SGD lr of the feature synthesis", low=0.0, low_open=True),
-            match_iters=Param(int, 100, "MuPFL PKCF: gradient-matching iterations per round", low=0),
+            match_iters=Param(
+                int,
+                100,
+                "MuPFL PKCF: gradient-matching iterations per round (CReFF: 100; at most 10,000)",
+                low=0,
+                high=10_000,
+            ),
             distance=Param(
                 str,
                 "creff",
@@ -151,11 +171,13 @@ METHODS: dict[str, MethodSpec] = {
             transfer_weight=Param(float, 0.1, "MAP: lambda in (1-lambda) CE + lambda L_tr (Eq. 13)", low=0.0, high=1.0),
             temperature=Param(float, 4.0, "MAP: distillation temperature tau", low=0.0, low_open=True),
             soften_student=Param(bool, True, "MAP: divide the student's logits by tau too (paper; false = code)"),
-            personal_epochs=Param(int, 1, "MAP: stage-2 (personalization) epochs", low=0),
+            personal_epochs=Param(int, 1, "MAP: stage-2 (personalization) epochs (at most 1000)", low=0, high=1000),
             personal_lr_factor=Param(float, 1.0, "MAP: stage-2 lr = lr * factor (code: 0.2)", low=0.0, low_open=True),
             mu_bar=Param(float, 0.9, "MAP: macro momentum; mu = mu_bar (n-1) / (Q T)", low=0.0),
             mu_max=Param(float, 1.0, "MAP: upper clip of the HPM momentum (paper 1.0, code 0.9)", low=0.0, high=1.0),
-            mmd_kernels=Param(int, 5, "MAP: number of Gaussian kernels of the MMD", low=1),
+            mmd_kernels=Param(
+                int, 5, "MAP: number of Gaussian kernels of the MMD (paper: 5; at most 64)", low=1, high=64
+            ),
             mmd_kernel_mul=Param(float, 2.0, "MAP: bandwidth ratio between MMD kernels", low=1.0, low_open=True),
             uniform_aggregation=Param(
                 bool, True, "MAP: average uploads uniformly (Alg. 1); false = aggregation-weights"

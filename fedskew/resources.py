@@ -8,6 +8,12 @@ thread: half the machine idles. fedskew instead fills every core: `actors` Clien
 `actors x threads` CPUs. With CUDA present (and `device` not "cpu"), every actor also reserves a
 fraction of a GPU, so several actors share one GPU (measured on an H100: docs/benchmarks.md, "GPU").
 
+Ray is told at most `OVERSUBSCRIPTION` x cores CPUs (actors x threads): each actor is a process
+with `threads` threads, and Ray starts a worker process per CPU it is told of, so a mistyped
+`torch-threads=1000000` or `--actors 100000` would fill the host's process table. A few times the
+cores still allows more actors than cores (docs/benchmarks.md runs 4 actors on 2 cores) and a
+`torch-threads` above the cores (to reproduce a run made on a larger machine).
+
 Results do not depend on the number of actors: clients are seeded by (seed, partition, round) and
 the server sorts replies by partition. They do depend on `torch-threads` (float sums split across
 threads round differently), which is why that, not the actor count, is a run-config key.
@@ -22,8 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedskew.config import ConfigError
+
 # Ray divides GPU shares in units of 1/10,000; a share rounded down always fits `actors` times.
 _GPU_SHARE_UNIT = 10_000
+OVERSUBSCRIPTION = 4  # Ray's CPUs (actors x torch threads) are at most this many times the cores
 
 
 @dataclass(frozen=True)
@@ -81,14 +90,23 @@ def plan_resources(
     """Actors x threads that fill `cores` (default: all of this machine's), or `actors` if given.
 
     `torch_threads` 0 means torch's default, i.e. one actor using every core. With `gpus` > 0 and
-    `use_gpu`, each actor gets an equal share of the GPUs (at most one whole GPU).
+    `use_gpu`, each actor gets an equal share of the GPUs (at most one whole GPU). Raises
+    ConfigError when actors x threads exceed `OVERSUBSCRIPTION` x cores.
     """
     cores = available_cores() if cores is None else cores
     threads = torch_threads if torch_threads > 0 else cores
+    limit = OVERSUBSCRIPTION * cores
+    why = f"at most {limit} in a simulation ({OVERSUBSCRIPTION} x the {cores} cores this process may use)"
+    if threads > limit:
+        raise ConfigError(f"torch-threads={torch_threads} is not allowed: must be {why}")
     if actors is None:
         actors = max(1, cores // threads)
     if actors < 1:
-        raise ValueError(f"actors={actors} must be >= 1")
+        raise ConfigError(f"actors={actors} must be >= 1")
+    if actors * threads > limit:
+        raise ConfigError(
+            f"--actors {actors} is not allowed with torch-threads={threads}: actors x threads must be {why}"
+        )
     gpus = (available_gpus() if use_gpu else 0) if gpus is None else gpus
     share = 0.0
     if use_gpu and gpus > 0:

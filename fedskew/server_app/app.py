@@ -23,11 +23,11 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 from flwr.serverapp import Grid, ServerApp
 
-from fedskew.config import validate
+from fedskew.config import ConfigError, validate
 from fedskew.data.clients import client_class_counts, load_test_set
 from fedskew.partitions import format_counts, plot_counts
 from fedskew.registry import get_method
-from fedskew.server_app.results import RunOutput, read_jsonl, round_statistics, write_json
+from fedskew.server_app.results import RESUME_FIXED, RunOutput, read_jsonl, round_statistics, write_json
 from fedskew.strategies.base import BaseStrategy
 from fedskew.training import evaluate, pick_device, seed_everything
 
@@ -202,15 +202,25 @@ def main(grid: Grid, context: Context) -> None:
     t_start, started_at = time.perf_counter(), time.time()
     if hasattr(grid, "push_messages"):  # Flower's Grids (the tests' in-process one has no push/pull)
         grid = PromptGrid(grid)
-    cfg = validate(dict(context.run_config))
-    seed_everything(cfg["seed"])
-    device = pick_device(cfg["device"])
-    out = RunOutput(cfg, context.run_id)
-    # the test set loads while the nodes are discovered (their ClientApps are starting meanwhile),
-    # the partition's picture is drawn while round 1 trains
+    try:  # the config and the results folder: refused with one line before anything starts
+        cfg = validate(dict(context.run_config))
+        seed_everything(cfg["seed"])
+        device = pick_device(cfg["device"])
+        out = RunOutput(cfg, context.run_id)
+    except ConfigError as e:
+        log.error("fedskew: config error: %s", e)
+        raise
+    # the test set loads while the strategy is built and the nodes are discovered (their ClientApps
+    # are starting meanwhile), the partition's picture is drawn while round 1 trains
     background = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedskew-start")
     test_set = background.submit(load_test_set, cfg)
     strategy: BaseStrategy = get_method(cfg["method"]).strategy_class()(cfg, device)
+    try:
+        ckpt = out.resume(strategy)  # a resume's checkpoint, checked against the strategy and restored into it
+    except ConfigError as e:
+        background.shutdown(wait=False, cancel_futures=True)
+        log.error("fedskew: config error: %s", e)
+        raise
     log.info(
         "fedskew: method=%s dataset=%s model=%s partition=%s -> %s",
         cfg["method"],
@@ -238,11 +248,9 @@ def main(grid: Grid, context: Context) -> None:
     arrays = strategy.initial_arrays()
     rounds = cfg["num-server-rounds"]
     last_metrics, start = {}, 1
-    ckpt = out.load_checkpoint() if cfg["resume"] else None
     if ckpt is not None:
         arrays = ArrayRecord(ckpt["arrays"])
-        strategy.load_state_dict(ckpt["strategy"])
-        last_metrics, start = ckpt["metrics"], ckpt["round"] + 1
+        last_metrics, start = ckpt.get("metrics", {}), ckpt["round"] + 1
         log.info("fedskew: resuming after round %d from %s", ckpt["round"], out.dir / "checkpoint.pt")
     # round r's central evaluation runs in this thread while round r + 1 trains; it writes round r's
     # records as soon as it is done (one round after the other), the checkpoint from a round-end snapshot
@@ -274,6 +282,7 @@ def main(grid: Grid, context: Context) -> None:
                     "round": r,
                     "arrays": arrays.to_torch_state_dict(),
                     "strategy": copy.deepcopy(strategy.state_dict()),
+                    "run": {key: cfg[key] for key in RESUME_FIXED},  # what the arrays and state belong to
                 }
             due = r % cfg["eval-every"] == 0 or r == rounds
             model = strategy.global_model(arrays) if due else None

@@ -8,24 +8,50 @@
 - `summary.json`    method, rounds, wall time and, for global, client-global and personalized accuracy,
                     the final value, the best and the mean of the last 10 rounds (`round_statistics`)
 - `model.pt`        the final global model's state dict
-- `checkpoint.pt`   every `checkpoint-every` rounds: round, global arrays, strategy state (`resume=true`
-                    continues from it; all server randomness is derived from (seed, round))
+- `checkpoint.pt`   every `checkpoint-every` rounds: round, global arrays, strategy state and the run's
+                    `RESUME_FIXED` keys (`resume=true` continues from it; all server randomness is
+                    derived from (seed, round))
 - `accuracy.png`    global and personalized accuracy per round
+- `aside-<time>-<random>/`  what a later start set aside instead of deleting it (`reason.txt` says why)
+
+A run never deletes an earlier run's results. A folder that holds them is refused unless the run
+resumes (`resume`) or starts afresh (`overwrite`: the earlier files move to `aside-<time>-*/`). A
+resume first checks everything it reads (`check_run_folder`): the checkpoint's round, arrays and
+strategy state, `config.json`'s method, model and data set, and every line of the per-round files,
+which must hold rounds 1..R of the checkpoint's round R; a damaged file is refused with the line it
+fails at. Only rows after round R (rounds the resumed run computes again) and a torn last line (a
+crash mid-write) are cut, and the original files are copied aside first.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from fedskew.config import ConfigError, all_params
 from fedskew.data import dataset_slug
-from fedskew.files import atomic_write
+from fedskew.files import atomic_write, check_folder
+
+log = logging.getLogger("flwr.fedskew")
+
+RECORDS = ("metrics.jsonl", "timings.jsonl", "failures.jsonl")  # appended round by round
+RESULTS = (*RECORDS, "summary.json", "checkpoint.pt", "model.pt")  # what an earlier run would lose
+RUN_FILES = ("config.json", "partition.txt", "partition.json", "partition.png", *RESULTS, "accuracy.png")
+RESUME_FIXED = ("method", "model", "dataset")  # what the checkpoint's arrays and state belong to
+START_KEYS = ("resume", "overwrite")  # how a run starts, not what it computes: saved as false
+PLACE_KEYS = ("out-dir", "run-name", "data-root")  # where things are: moving a folder changes no result
+AFRESH = "or start afresh with `fedskew run --overwrite` (run config overwrite=true), which keeps its files aside"
 
 
 def _clean(value: Any) -> Any:
@@ -54,16 +80,58 @@ def append_jsonl(path: Path, row: dict[str, Any]) -> None:
         os.fsync(f.fileno())
 
 
+def _row(line: str) -> dict[str, Any] | None:
+    """A results line: a JSON object with a round number >= 1 (else None)."""
+    try:
+        row = json.loads(line)
+    except ValueError:
+        return None
+    ok = isinstance(row, dict) and isinstance(row.get("round"), int) and not isinstance(row["round"], bool)
+    return row if ok and row["round"] >= 1 else None
+
+
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    """The complete lines of a jsonl file (a torn last line is ignored)."""
+    """The rows of a per-round jsonl file, for reports: every line that is a JSON object with a
+    round number; any other line (a torn last line, a damaged or edited one) is skipped, not the
+    rest of the file. A resume reads them strictly instead (`read_records`)."""
+    if not path.is_file():
+        return []
+    lines = path.read_text(errors="replace").splitlines()
+    return [row for row in map(_row, lines) if row is not None]
+
+
+@dataclass
+class Records:
+    """A per-round jsonl file as a resume reads it: its rows and a torn last line ('' if none)."""
+
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    torn: str = ""
+
+
+def read_records(path: Path) -> Records:
+    """Every line of `path` (absent: none) must be a JSON object with a round number, except a last
+    line without its newline, which a crash mid-write leaves (`torn`); raises ValueError naming the
+    first other bad line."""
+    if not path.is_file():
+        return Records()
+    try:
+        *lines, last = path.read_bytes().decode("utf-8").split("\n")  # `last` is '' after a final newline
+    except UnicodeDecodeError as e:
+        raise ValueError(f"is not UTF-8 text (byte {e.start})") from None
     rows = []
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                break
-    return rows
+    for number, line in enumerate(lines, start=1):
+        row = _row(line)
+        if row is None:
+            raise ValueError(f"line {number} is not a JSON object with a round number: {line[:60]!r}")
+        rows.append(row)
+    torn = ""
+    if last:
+        row = _row(last)
+        if row is None:
+            torn = last
+        else:
+            rows.append(row)
+    return Records(rows, torn)
 
 
 TRACKED = ("global-accuracy", "client-global-accuracy", "personalized-accuracy")
@@ -102,34 +170,241 @@ def default_run_name(cfg: dict[str, Any], suffix: int | str) -> str:
     return f"{cfg['method']}-{dataset_slug(cfg['dataset'])}-{cfg['partition']}-s{cfg['seed']}-{suffix}"
 
 
+def saved_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """`cfg` as `config.json` holds it (JSON values; `START_KEYS` false)."""
+    return json.loads(json.dumps(_clean({**cfg, **dict.fromkeys(START_KEYS, False)})))
+
+
+def config_changes(saved: Mapping[str, Any], cfg: Mapping[str, Any]) -> list[str]:
+    """The keys whose value in `cfg` differs from the `saved` config (a run's `config.json`),
+    leaving out where things are (`PLACE_KEYS`) and how the run starts (`START_KEYS`); a key the
+    saved config lacks (added to fedskew since) counts as its default."""
+    now = saved_config(cfg)
+    defaults = saved_config({k: p.default for k, p in all_params().items()})
+    skip = (*PLACE_KEYS, *START_KEYS)
+    return sorted(k for k, v in now.items() if k not in skip and saved.get(k, defaults.get(k)) != v)
+
+
+def _results(run_dir: Path) -> list[str]:
+    return [name for name in RESULTS if (run_dir / name).exists()]
+
+
+def refuse_results(run_dir: Path, cfg: Mapping[str, Any]) -> None:
+    """Raise ConfigError (one line) when `run_dir` holds an earlier run's results that a fresh start
+    would replace, unless `overwrite` (they are then set aside)."""
+    found = _results(run_dir)
+    if not found or cfg["overwrite"]:
+        return
+    if cfg["resume"]:
+        what = f"resume=true, but {run_dir} holds {', '.join(found)} and no checkpoint.pt to continue from"
+    else:
+        what = f"run-name={run_dir.name!r}: {run_dir} holds an earlier run's {', '.join(found)}"
+    raise ConfigError(f"{what}; give another run-name, continue it with `fedskew run --resume {run_dir}`, {AFRESH}")
+
+
+@dataclass
+class Resume:
+    """What a resume reads, checked: the checkpoint and the per-round files."""
+
+    state: dict[str, Any]
+    records: dict[str, Records]
+
+    @property
+    def round(self) -> int:
+        return int(self.state["round"])
+
+
+def resumes(run_dir: Path, cfg: Mapping[str, Any]) -> bool:
+    """Whether a run with `cfg` continues from `run_dir`'s checkpoint."""
+    return bool(cfg["resume"]) and (run_dir / "checkpoint.pt").is_file()
+
+
+def read_resume(run_dir: Path, cfg: Mapping[str, Any]) -> Resume:
+    """Read and check what resuming `run_dir` with `cfg` needs: `config.json` (`RESUME_FIXED` as in
+    `cfg`), `checkpoint.pt` (round in [1, num-server-rounds], finite global arrays, strategy state)
+    and the per-round files (rounds 1..R in order up to the checkpoint's round R). Raises ConfigError
+    with one line naming the file and what to do."""
+
+    def refuse(path: Path, what: str) -> ConfigError:
+        return ConfigError(f"cannot resume from {path}: {what}; repair it, {AFRESH}")
+
+    config = run_dir / "config.json"
+    try:
+        saved = json.loads(config.read_text())
+    except (OSError, ValueError) as e:
+        raise refuse(config, f"not readable as JSON ({e})") from None
+    if not isinstance(saved, dict):
+        raise refuse(config, f"holds a {type(saved).__name__}, not a JSON object")
+    for key in RESUME_FIXED:
+        if key in saved and saved[key] != cfg[key]:
+            raise ConfigError(
+                f"resume: {key}={cfg[key]!r} does not match the checkpoint's {key}={saved[key]!r} ({config}); "
+                f"keep {key}={saved[key]!r} or start another run"
+            )
+    path = run_dir / "checkpoint.pt"
+    try:
+        state = torch.load(path, weights_only=True, map_location="cpu")
+    except Exception as e:  # a damaged file: pickle, zip, EOF or torch errors alike
+        raise refuse(path, f"does not load ({type(e).__name__}: {str(e)[:100]})") from None
+    problem = _checkpoint_problem(state, cfg["num-server-rounds"])
+    if problem:
+        raise refuse(path, problem)
+    for key, value in state.get("run", {}).items():  # what it was written for (a config.json may be edited)
+        if key in RESUME_FIXED and value != cfg[key]:
+            raise ConfigError(
+                f"resume: {key}={cfg[key]!r} does not match the checkpoint's {key}={value!r} ({path}); "
+                f"keep {key}={value!r} or start another run"
+            )
+    resume = Resume(state, {})
+    for name in RECORDS:
+        try:
+            records = read_records(run_dir / name)
+        except ValueError as e:
+            raise refuse(run_dir / name, str(e)) from None
+        rounds = [row["round"] for row in records.rows if row["round"] <= resume.round]
+        if name != "failures.jsonl" and rounds != list(range(1, resume.round + 1)):
+            shown = ", ".join(map(str, rounds[:12])) + (" ..." if len(rounds) > 12 else "")
+            raise refuse(run_dir / name, f"holds rounds [{shown}], not 1..{resume.round} of the checkpoint")
+        if rounds != sorted(rounds):
+            raise refuse(run_dir / name, "its rounds are out of order")
+        resume.records[name] = records
+    return resume
+
+
+def _checkpoint_problem(state: Any, rounds: int) -> str:
+    """What is wrong with a loaded checkpoint ('' if nothing)."""
+    if not isinstance(state, dict):
+        return f"holds a {type(state).__name__}, not a checkpoint"
+    r = state.get("round")
+    if not isinstance(r, int) or isinstance(r, bool) or r < 1:
+        return f"round={r!r} is not a round number"
+    if r > rounds:
+        return f"it is after round {r} but num-server-rounds={rounds} (give num-server-rounds >= {r})"
+    arrays = state.get("arrays")
+    if not isinstance(arrays, dict) or not arrays:
+        return "holds no global model arrays"
+    for name, value in arrays.items():
+        if not isinstance(name, str) or not isinstance(value, torch.Tensor):
+            return f"array {name!r} is a {type(value).__name__}, not a tensor"
+        if value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            return f"array {name!r} holds NaN or inf"
+    for key in ("strategy", "metrics", "run"):
+        if not isinstance(state.get(key, {}), dict):
+            return f"{key!r} is a {type(state[key]).__name__}, not a mapping"
+    for name, value in state.get("strategy", {}).items():
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            return f"strategy state {name!r} holds NaN or inf"
+    return ""
+
+
+def check_fits(state: dict[str, Any], strategy: Any, path: Path) -> None:
+    """The checkpoint's global arrays have the names, shapes and dtypes of `strategy`'s model, and
+    its strategy state loads into `strategy` (which then holds it); else ConfigError."""
+    from flwr.app import ArrayRecord
+
+    def spec(record: ArrayRecord) -> dict[str, tuple[tuple[int, ...], str]]:
+        return {k: (tuple(v.shape), v.dtype) for k, v in record.items()}
+
+    want, got = spec(strategy.initial_arrays()), spec(ArrayRecord(state["arrays"]))
+    if want != got:
+        name = next(k for k in sorted({*want, *got}) if want.get(k) != got.get(k))
+        what = f"array {name!r} is {got.get(name)}, the model's is {want.get(name)}"
+        raise ConfigError(f"cannot resume from {path}: it does not fit the configured model ({what}); {AFRESH}")
+    try:
+        strategy.load_state_dict(state.get("strategy", {}))
+    except Exception as e:  # whatever the method's own restore raises on a state it did not write
+        what = f"{type(e).__name__}: {str(e)[:100]}"
+        raise ConfigError(f"cannot resume from {path}: its strategy state does not load ({what}); {AFRESH}") from None
+
+
+def quiet_strategy(cfg: dict[str, Any]) -> Any:
+    """The configured method's strategy on the CPU, built without Flower's start-up warnings (to
+    check a checkpoint against it before anything starts)."""
+    from fedskew.registry import get_method
+
+    flower = logging.getLogger("flwr")
+    level = flower.level
+    flower.setLevel(logging.ERROR)
+    try:
+        return get_method(cfg["method"]).strategy_class()(cfg, torch.device("cpu"))
+    finally:
+        flower.setLevel(level)
+
+
+def check_run_folder(run_dir: Path, cfg: dict[str, Any]) -> None:
+    """Up front (the launcher), what `RunOutput` will refuse: an out-dir that cannot be a folder,
+    earlier results without resume or overwrite, or anything a resume would find wrong."""
+    check_folder(run_dir, "out-dir")
+    if resumes(run_dir, cfg):
+        check_fits(read_resume(run_dir, cfg).state, quiet_strategy(cfg), run_dir / "checkpoint.pt")
+    else:
+        refuse_results(run_dir, cfg)
+
+
+def set_aside(run_dir: Path, move: Iterable[str], copy: Iterable[str], reason: str) -> Path:
+    """Move the files `move` and copy the files `copy` of `run_dir` into a new folder
+    `run_dir/aside-<local time>-<random>/` with a `reason.txt`; return that folder."""
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    aside = Path(tempfile.mkdtemp(prefix=f"aside-{stamp}-", dir=run_dir))  # a new folder, never an earlier one
+    for name in copy:
+        data = (run_dir / name).read_bytes()
+        atomic_write(aside / name, lambda f, data=data: f.write(data))
+    for name in move:
+        os.replace(run_dir / name, aside / name)
+    (aside / "reason.txt").write_text(reason + "\n")
+    return aside
+
+
 class RunOutput:
-    """The results folder of one run."""
+    """The results folder of one run. Nothing is written until every check has passed: a fresh
+    start refuses a folder with earlier results unless `overwrite` (they are then set aside); a
+    resume reads and checks its files here and continues in `resume`."""
 
     def __init__(self, cfg: dict[str, Any], run_id: int | str) -> None:
         name = cfg["run-name"] or default_run_name(cfg, run_id)
         self.dir = Path(cfg["out-dir"]).expanduser().absolute() / name
+        self.cfg = cfg
+        check_folder(self.dir, "out-dir")
+        self.pending: Resume | None = None
+        if resumes(self.dir, cfg):
+            self.pending = read_resume(self.dir, cfg)
+            return
+        refuse_results(self.dir, cfg)
         self.dir.mkdir(parents=True, exist_ok=True)
-        if not cfg["resume"]:
-            for stale in ("metrics.jsonl", "timings.jsonl", "failures.jsonl", "summary.json", "checkpoint.pt"):
-                (self.dir / stale).unlink(missing_ok=True)
-        write_json(self.dir / "config.json", {**cfg, "resume": False})
+        earlier = [name for name in RUN_FILES if (self.dir / name).exists()]
+        if cfg["overwrite"] and earlier:
+            aside = set_aside(self.dir, earlier, (), "overwrite=true: a new run started afresh in this folder")
+            log.warning("fedskew: overwrite=true: the earlier run's files are moved to %s", aside)
+        write_json(self.dir / "config.json", saved_config(cfg))
+
+    def resume(self, strategy: Any) -> dict[str, Any] | None:
+        """With resume: check the checkpoint against `strategy` and load its state into it, cut the
+        per-round files back to the checkpoint's round (the originals copied aside first, as are an
+        earlier finish's summary and model); return the checkpoint. None when not resuming."""
+        if self.pending is None:
+            return None
+        r, path = self.pending, self.dir / "checkpoint.pt"
+        check_fits(r.state, strategy, path)
+        cut = [name for name, rec in r.records.items() if rec.torn or any(row["round"] > r.round for row in rec.rows)]
+        finished = [name for name in ("summary.json", "model.pt") if (self.dir / name).exists()]
+        if cut or finished:
+            reason = f"resume after round {r.round}: the files as they were ({', '.join([*cut, *finished])})"
+            aside = set_aside(self.dir, finished, cut, reason)
+            log.warning("fedskew: resume after round %d: %s kept in %s", r.round, ", ".join([*cut, *finished]), aside)
+        for name in cut:
+            text = "".join(
+                json.dumps(_clean(row), sort_keys=True) + "\n"
+                for row in r.records[name].rows
+                if row["round"] <= r.round
+            )
+            atomic_write(self.dir / name, lambda f, text=text: f.write(text.encode()))
+        write_json(self.dir / "config.json", saved_config(self.cfg))
+        self.pending = None
+        return r.state
 
     def save_checkpoint(self, state: dict[str, Any]) -> None:
         """Write `checkpoint.pt` atomically and durably (tensors and plain values only)."""
         atomic_write(self.dir / "checkpoint.pt", lambda f: torch.save(state, f))
-
-    def load_checkpoint(self) -> dict[str, Any] | None:
-        """The last checkpoint, with the per-round files cut back to its round; None if there is none."""
-        path = self.dir / "checkpoint.pt"
-        if not path.is_file():
-            return None
-        state = torch.load(path, weights_only=True)
-        (self.dir / "summary.json").unlink(missing_ok=True)
-        for name in ("metrics.jsonl", "timings.jsonl", "failures.jsonl"):
-            rows = [row for row in read_jsonl(self.dir / name) if row["round"] <= state["round"]]
-            text = "".join(json.dumps(_clean(row), sort_keys=True) + "\n" for row in rows)
-            atomic_write(self.dir / name, lambda f, text=text: f.write(text.encode()))
-        return state
 
     def log_round(self, metrics: dict[str, Any], timings: dict[str, Any], failures: list[dict[str, Any]] = ()) -> None:
         """Append the round's metrics, timings and lost replies (`failures.jsonl`)."""
