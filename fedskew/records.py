@@ -130,15 +130,19 @@ def check_metrics(record: object, spec: MetricsSpec, name: str) -> None:
     if missing:
         raise Rejected(f"{name!r} lacks the metrics {missing[:3]}")
     for key, value in record.items():
-        form = spec.values[key]
-        kinds = (int,) if form.kind is int else (int, float)
-        if isinstance(value, bool) or not isinstance(value, kinds):
-            raise Rejected(f"metric {key}={_short(value)} of {name!r} is not of kind {form.kind.__name__}")
-        if isinstance(value, float) and math.isnan(value) and form.nan:
-            continue
-        finite = math.isfinite(value) if isinstance(value, float) else INT64[0] <= value <= INT64[1]
-        if not (finite and form.low <= value <= form.high):
-            raise Rejected(f"metric {key}={_short(value)} of {name!r} is outside [{form.low:g}, {form.high:g}]")
+        check_number(value, spec.values[key], f"metric {key}={_short(value)} of {name!r}")
+
+
+def check_number(value: object, form: Number, where: str) -> None:
+    """`value` is a number of `form`'s kind (never a bool) in its range (finite, or a NaN it allows)."""
+    kinds = (int,) if form.kind is int else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        raise Rejected(f"{where} is not of kind {form.kind.__name__}")
+    if isinstance(value, float) and math.isnan(value) and form.nan:
+        return
+    finite = math.isfinite(value) if isinstance(value, float) else INT64[0] <= value <= INT64[1]
+    if not (finite and form.low <= value <= form.high):
+        raise Rejected(f"{where} is outside [{form.low:g}, {form.high:g}]")
 
 
 def check_content(content: RecordDict, schema: Mapping[str, Spec]) -> RecordDict:
