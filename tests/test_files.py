@@ -48,6 +48,54 @@ def test_a_tampered_cache_slice_is_never_used(tmp_path: Path, caplog) -> None:
         assert np.array_equal(z["y_train"], good.y_train.numpy())  # rewritten
 
 
+def _truncate(path: Path, keep: float) -> None:
+    path.write_bytes(path.read_bytes()[: int(keep * path.stat().st_size)])
+
+
+def _flip(path: Path, at: float) -> None:
+    blob = bytearray(path.read_bytes())
+    blob[int(at * (len(blob) - 1))] ^= 0x55
+    path.write_bytes(bytes(blob))
+
+
+def _folder(path: Path) -> None:
+    path.unlink()
+    path.mkdir()
+
+
+SLICE_DAMAGES = {
+    **{f"truncated to {k:.1%}": (lambda p, k=k: _truncate(p, k)) for k in (0.0, 0.001, 0.02, 0.5, 0.999)},
+    **{f"bit flip at {a:.1%}": (lambda p, a=a: _flip(p, a)) for a in (0.0, 0.002, 0.01, 0.5, 0.99, 1.0)},
+    "a folder in its place": _folder,
+}
+
+
+@pytest.mark.parametrize("damage", sorted(SLICE_DAMAGES))
+def test_a_damaged_cache_slice_is_recomputed_and_replaced(tmp_path: Path, caplog, damage: str) -> None:
+    """Whatever the damage (a cut file raises BadZipFile or EOFError in np.load), the node serves the
+    right slice, and the cache holds a good copy again (the folder case: the node still serves it)."""
+    from fedskew.data.node import _CHECKED
+
+    nc = {**NODE, "cache-dir": str(tmp_path)}
+    _, good = load_node_data(CFG, nc)
+    (path,) = tmp_path.glob("*.npz")
+    (tmp_path / "unrelated.npz").write_bytes(b"not ours")
+    SLICE_DAMAGES[damage](path)
+    _CHECKED.clear()  # as in a new process
+    with caplog.at_level(logging.WARNING, logger="fedskew.client"):
+        _, again = load_node_data(CFG, nc)
+    assert torch.equal(again.x_train, good.x_train) and torch.equal(again.y_test, good.y_test)
+    assert (tmp_path / "unrelated.npz").read_bytes() == b"not ours"
+    if path.is_file():  # replaced by a good copy: read back without a warning
+        _CHECKED.clear()
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="fedskew.client"):
+            load_node_data(CFG, nc)
+        assert "refused" not in caplog.text
+    else:
+        assert "could not write the data cache" in caplog.text
+
+
 @pytest.mark.parametrize("damage", ["nan", "garbage"])
 def test_a_damaged_client_state_on_disk_counts_as_lost(tmp_path: Path, caplog, damage: str) -> None:
     """E.g. a NaN HPM in MAP's state-dir: refused with a warning, so MAP restarts the client as a
