@@ -88,11 +88,14 @@ def prepare_config(app_dir: Path, overrides: dict[str, Any], num_clients: int) -
 
         overrides["run-name"] = default_run_name(cfg, datetime.now().strftime("%Y%m%d-%H%M%S"))
     cfg = validate({**app_defaults(app_dir), **overrides})
+    from fedskew.data import dataset_info
     from fedskew.data.clients import client_indices
+    from fedskew.models import check_input
     from fedskew.training import pick_device
 
     pick_device(cfg["device"])  # the simulated clients run here
     client_indices(cfg, num_clients)  # raises DataMissingError / PartitionError early
+    check_input(cfg["model"], dataset_info(cfg))  # the model takes the data set's images
     return cfg, overrides
 
 
