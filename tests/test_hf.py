@@ -304,6 +304,10 @@ def test_image_sizes_the_model_cannot_take_are_refused_before_anything_starts(tm
     _preflight(folder, model="mlp")  # any size
     with pytest.raises(ConfigError, match="hf-image-size=3000 is not allowed"):
         _preflight(folder, **{"hf-image-size": 3000})
+    from fedskew.config import COMMON
+    from fedskew.data import MAX_IMAGE_SIZE
+
+    assert COMMON["hf-image-size"].high == MAX_IMAGE_SIZE  # the config's bound is the data's
 
 
 @pytest.mark.parametrize("name", ["lenet", "map-lenet", "mupfl-cnn", "tfcnn", "mlp", "vgg11", "resnet8"])
