@@ -29,6 +29,13 @@ upload and exit), instead of the SuperExec starting a fresh `flwr-simulation` in
 of imports on the path to round 1, and again for every cell of a suite). The ServerApp and the
 ClientApps are loaded from the run's FAB as before; the ClientApps still run in Ray's actors.
 `fedskew.launcher.PrivateSuperLink` starts it for every simulation.
+
+Started by hand, a mistake is one line on stderr and a non-zero exit, before anything is served:
+an address that is not HOST:PORT (port 1..65535) or a `--parent-pid` that is no running process
+(exit 2); nothing answering at the address as a Flower Runtime API within `--connect-timeout`
+seconds (default 60, as long as the launcher waits for its SuperLink), or a server there that
+answers with an HTTP error (exit 1). Once it has been served, connection errors are retried as
+Flower's own executor retries them, until the parent is gone.
 """
 
 from __future__ import annotations
@@ -36,15 +43,41 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import math
 import os
+import re
 import sys
 import time
 import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 WARM_MODULES = ("torch", "flwr.supernode.runtime.run_clientapp", "fedskew.client_app.app")
 SIMULATION_MODULES = ("torch", "ray", "flwr.simulation.app", "fedskew.server_app.app")
+ADDRESS = re.compile(r"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(?P<port>[0-9]{1,5})")  # ASCII digits only
+
+
+class ExecutorError(RuntimeError):
+    """The executor cannot serve: one line for its user, and the exit status (2: the arguments)."""
+
+    def __init__(self, message: str, status: int = 1) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def check_arguments(address: str, parent_pid: int | None, poll: float, connect_timeout: float) -> None:
+    """Raise `ExecutorError` (status 2) for an address that is not HOST:PORT with a port in 1..65535,
+    a parent pid that is not a running process, or a poll or connect timeout that is not a positive
+    number of seconds."""
+    match = ADDRESS.fullmatch(address)
+    if match is None or not 1 <= int(match["port"]) <= 65535:
+        raise ExecutorError(f"--runtime-api-address {address!r} is not HOST:PORT with a port in 1..65535", 2)
+    if parent_pid is not None and (parent_pid < 1 or not parent_alive(parent_pid)):
+        raise ExecutorError(f"--parent-pid {parent_pid} is not a running process", 2)
+    for flag, value in (("--poll", poll), ("--connect-timeout", connect_timeout)):
+        if not (math.isfinite(value) and value > 0):
+            raise ExecutorError(f"{flag} {value} must be a positive number of seconds", 2)
 
 
 def preload(modules: Iterable[str], fresh_package: str = "fedskew") -> None:
@@ -148,14 +181,48 @@ def parent_alive(parent_pid: int | None) -> bool:
         os.kill(parent_pid, 0)
     except ProcessLookupError:
         return False
+    except PermissionError:  # it exists, as another user's process
+        return True
     return True
 
 
+def first_contact(acquire: Callable[[], Any], address: str, timeout: float, parent_pid: int | None) -> Any:
+    """The first answer of the Runtime API at `address` (`acquire`, a request with no retries of its
+    own), waiting up to `timeout` seconds while nothing answers there (its server may be starting);
+    raises `ExecutorError` when nothing does, or when what answers is not a Runtime API."""
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return acquire()
+        except httpx.HTTPStatusError as e:
+            raise ExecutorError(
+                f"{address} answers HTTP {e.response.status_code}, not as a Flower Runtime API: "
+                "check --runtime-api-address (the SuperNode's or SuperLink's Runtime API port)"
+            ) from None
+        except httpx.TransportError as e:  # refused, cut, not HTTP, a name that does not resolve
+            if not parent_alive(parent_pid):
+                raise ExecutorError(f"--parent-pid {parent_pid} ended before {address} answered") from None
+            if time.monotonic() >= deadline:
+                raise ExecutorError(
+                    f"nothing answers as a Flower Runtime API at {address} after {timeout:g} s "
+                    f"({type(e).__name__}: {str(e)[:100]}): check --runtime-api-address"
+                ) from None
+        time.sleep(0.2)
+
+
 def serve(
-    address: str, insecure: bool, root_certificates: str | None, poll: float, parent_pid: int | None, task: str
+    address: str,
+    insecure: bool,
+    root_certificates: str | None,
+    poll: float,
+    parent_pid: int | None,
+    task: str,
+    connect_timeout: float = 60.0,
 ) -> None:
     """Ask the Runtime API at `address` for `task` tasks and fork one warm process per task, until
-    its server (`parent_pid`) is gone."""
+    its server (`parent_pid`) is gone; the first contact waits at most `connect_timeout` seconds."""
     from flwr.proto.runtime_pb2 import AcquireTaskRequest  # pylint: disable=no-name-in-module
     from flwr.supercore.constant import TaskType
     from flwr.supercore.interceptors import RuntimeVersionHttpInterceptor
@@ -166,26 +233,37 @@ def serve(
     task_type, run, _ = TASKS[task]
     certificates = validate_and_resolve_root_certificates(root_certificates, insecure)
     conn = Connection(address, insecure, root_certificates, certificates)
-    client = RuntimeHttpClient.from_server_address(
-        server_address=address,
-        insecure=insecure,
-        root_certificates=certificates,
-        interceptors=[RuntimeVersionHttpInterceptor(component_name="SuperExec")],
-        retry_invoker=make_simple_http_retry_invoker(),
-    )
+
+    def client(retries: bool) -> RuntimeHttpClient:
+        return RuntimeHttpClient.from_server_address(
+            server_address=address,
+            insecure=insecure,
+            root_certificates=certificates,
+            interceptors=[RuntimeVersionHttpInterceptor(component_name="SuperExec")],
+            retry_invoker=make_simple_http_retry_invoker() if retries else None,
+        )
+
     request = AcquireTaskRequest(supported_task_types=[getattr(TaskType, task_type)])
+    probe = client(retries=False)
+    try:
+        res = first_contact(lambda: probe.AcquireTask(request), address, connect_timeout, parent_pid)
+    finally:
+        probe.close()
+    runtime = client(retries=True)
     children: dict[int, float] = {}  # running forks and when each started
     print(f"fedskew.clientexec: warm, serving {task} tasks of {address}", flush=True)
     try:
-        while parent_alive(parent_pid):
-            reap(children)
-            res = client.AcquireTask(request)
+        while True:
             if res.HasField("task") and res.token:
                 children[fork_task(run, conn, res.token)] = time.monotonic()
-                continue  # a next task may be waiting already
-            time.sleep(poll)
+            else:  # else a next task may be waiting already
+                time.sleep(poll)
+            if not parent_alive(parent_pid):
+                break
+            reap(children)
+            res = runtime.AcquireTask(request)
     finally:
-        client.close()
+        runtime.close()
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -196,18 +274,27 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--root-certificates", help="CA of the Runtime API when its server serves it over TLS")
     ap.add_argument("--poll", type=float, default=0.05, help="seconds between task requests (flower-superexec: 1)")
     ap.add_argument("--parent-pid", type=int, help="exit when this process (the SuperNode or SuperLink) is gone")
+    ap.add_argument(
+        "--connect-timeout", type=float, default=60.0, help="seconds to wait for the Runtime API to answer at start"
+    )
     ap.add_argument("--task", choices=sorted(TASKS), default="clientapp", help="the tasks to run (default: clientapp)")
     ap.add_argument("--preload", action="append", help="modules to import up front (default: the task's)")
     args = ap.parse_args(argv)
-    preload(args.preload or TASKS[args.task][2])
-    serve(
-        args.runtime_api_address,
-        args.root_certificates is None,
-        args.root_certificates,
-        args.poll,
-        args.parent_pid,
-        args.task,
-    )
+    try:
+        check_arguments(args.runtime_api_address, args.parent_pid, args.poll, args.connect_timeout)
+        preload(args.preload or TASKS[args.task][2])
+        serve(
+            args.runtime_api_address,
+            args.root_certificates is None,
+            args.root_certificates,
+            args.poll,
+            args.parent_pid,
+            args.task,
+            args.connect_timeout,
+        )
+    except ExecutorError as e:
+        print(f"fedskew.clientexec: {e}", file=sys.stderr, flush=True)
+        sys.exit(e.status)
 
 
 if __name__ == "__main__":

@@ -126,8 +126,8 @@ COMMON: dict[str, Param] = {
     "hf-subset": Param(str, "", "hf: the Hub data set's configuration name ('' = its default)"),
     "hf-image-column": Param(str, "", "hf: column of the images ('' = the Image feature, else image/img)"),
     "hf-label-column": Param(str, "", "hf: column of the labels ('' = the first ClassLabel, else label/labels/...)"),
-    "hf-image-size": Param(
-        int, 0, "hf: resize images to N x N (0 = keep; they must be square, one size; at most 1024)", low=0, high=1024
+    "hf-image-size": Param(  # high: fedskew.data.MAX_IMAGE_SIZE
+        int, 0, "hf: resize images to N x N (0 = keep; they must be square, one size)", low=0, high=256
     ),
     "hf-test-fraction": Param(
         float,

@@ -1,18 +1,23 @@
-"""Files written whole or not at all.
+"""Files written whole or not at all, and checked when read back.
 
 `atomic_write` writes a hidden temporary file beside the target, flushes it to the disk (fsync),
 renames it over the target and flushes the folder, so that a crash or a power loss leaves the old
 file or the new one, never half of one (and concurrent writers of the same file never mix).
+`arrays_digest` is what a cache file of arrays stores (in its name or as a member) so that a
+damaged or edited copy is recognised when it is read back.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import BinaryIO
+
+import numpy as np
 
 
 def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:
@@ -58,3 +63,13 @@ def check_folder(path: Path, key: str) -> None:
             if not part.is_dir():
                 raise ConfigError(f"{key}: {part} is not a folder (a file is in the way of {path})")
             return
+
+
+def arrays_digest(arrays: Mapping[str, np.ndarray], keys: Iterable[str]) -> str:
+    """SHA-256 (16 hex digits) of the arrays `keys` of `arrays`: each one's name, dtype, shape and bytes."""
+    h = hashlib.sha256()
+    for key in keys:
+        a = np.ascontiguousarray(arrays[key])
+        h.update(f"{key}:{a.dtype.str}:{a.shape};".encode())
+        h.update(a.data)
+    return h.hexdigest()[:16]

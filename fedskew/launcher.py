@@ -97,7 +97,9 @@ def prepare_config(app_dir: Path, overrides: dict[str, Any], num_clients: int) -
     cfg = validate({**app_defaults(app_dir), **overrides})
     if cfg["min-nodes"] > num_clients:  # the server would wait round-timeout for nodes that never come
         raise ConfigError(f"min-nodes={cfg['min-nodes']} is not allowed: the simulation has {num_clients} clients (-n)")
+    from fedskew.data import dataset_info
     from fedskew.data.clients import client_indices
+    from fedskew.models import check_input
     from fedskew.server_app.results import check_run_folder
     from fedskew.training import pick_device
 
@@ -105,6 +107,7 @@ def prepare_config(app_dir: Path, overrides: dict[str, Any], num_clients: int) -
     # earlier results without resume or overwrite, or a damaged or foreign checkpoint, refused now
     check_run_folder(Path(overrides["out-dir"]) / overrides["run-name"], cfg)
     client_indices(cfg, num_clients)  # raises DataMissingError / PartitionError early
+    check_input(cfg["model"], dataset_info(cfg))  # the model takes the data set's images
     return cfg, overrides
 
 

@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -35,6 +36,55 @@ def test_preload_keeps_third_party_modules_and_forgets_the_app(monkeypatch) -> N
     preload(["fedskew.training"])
     assert "torch" in sys.modules and "numpy" in sys.modules
     assert not [m for m in sys.modules if m == "fedskew" or m.startswith("fedskew.")]
+
+
+def _hand_started(*args: str, timeout: float = 60) -> tuple[int, list[str]]:
+    """`python -m fedskew.clientexec ARGS` as a user starts it: its exit status and stderr lines."""
+    cmd = [sys.executable, "-m", "fedskew.clientexec", "--preload", "json", *args]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=flower_env(ROOT))
+    return done.returncode, done.stderr.strip().splitlines()
+
+
+def _ended_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+@pytest.mark.parametrize(
+    "address", ["not an address", "127.0.0.1", "localhost:", "127.0.0.1:99999", "127.0.0.1:0", "127.0.0.1:abc"]
+)
+def test_a_malformed_address_is_one_line_and_exit_2(address: str) -> None:
+    rc, err = _hand_started("--runtime-api-address", address, timeout=20)
+    line = f"fedskew.clientexec: --runtime-api-address {address!r} is not HOST:PORT with a port in 1..65535"
+    assert rc == 2 and err == [line]
+
+
+@pytest.mark.parametrize("pid", ["ended", "0", "-1"])
+def test_a_parent_pid_that_is_no_process_is_one_line_and_exit_2(pid: str) -> None:
+    pid = str(_ended_pid()) if pid == "ended" else pid
+    rc, err = _hand_started("--runtime-api-address", f"127.0.0.1:{free_port()}", "--parent-pid", pid, timeout=20)
+    assert rc == 2 and err == [f"fedskew.clientexec: --parent-pid {pid} is not a running process"]
+
+
+def test_nothing_listening_at_the_port_is_one_line_and_exit_1() -> None:
+    address = f"127.0.0.1:{free_port()}"
+    rc, err = _hand_started("--runtime-api-address", address, "--connect-timeout", "1")
+    assert rc == 1 and len(err) == 1, err
+    assert err[0].startswith(f"fedskew.clientexec: nothing answers as a Flower Runtime API at {address} after 1 s")
+
+
+def test_a_port_where_another_http_server_answers_is_one_line_and_exit_1() -> None:
+    from http.server import HTTPServer, SimpleHTTPRequestHandler
+
+    server = HTTPServer(("127.0.0.1", 0), SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        rc, err = _hand_started("--runtime-api-address", f"127.0.0.1:{server.server_address[1]}")
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert rc == 1 and len(err) == 1 and "answers HTTP 501, not as a Flower Runtime API" in err[0], err
 
 
 @pytest.mark.slow

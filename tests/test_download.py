@@ -101,6 +101,8 @@ class FileServer(ThreadingHTTPServer):
         self.cut_once: set[str] = set()
         self.corrupt: set[str] = set()
         self.ignore_range: set[str] = set()
+        self.no_length: set[str] = set()  # paths served with no Content-Length and the file 7 times over
+        self.length: dict[str, str] = {}  # path -> the Content-Length header sent instead of the true one
         self.requests: list[tuple[str, str | None]] = []
 
     def url(self, prefix: str = "host") -> str:
@@ -125,7 +127,11 @@ class Handler(BaseHTTPRequestHandler):
         if start:
             self.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
         body = data[start:]
-        self.send_header("Content-Length", str(len(body)))
+        if self.path in self.server.no_length:
+            body *= 7
+            self.close_connection = True  # the end of the body is the end of the connection
+        else:
+            self.send_header("Content-Length", self.server.length.get(self.path, str(len(body))))
         self.end_headers()
         if name in self.server.cut_once:
             self.server.cut_once.discard(name)
@@ -269,6 +275,45 @@ def test_a_host_offering_another_size_is_refused_before_downloading(server, monk
     with pytest.raises(dl.DownloadError, match=r"offers .* bytes, expected"):
         dl.get_dataset("svhn", str(tmp_path), out=io.StringIO())
     assert not (tmp_path / dl.STAGING).exists()
+
+
+def test_a_host_without_content_length_never_gets_more_than_the_file_size_written(
+    server, monkeypatch, tmp_path: Path
+) -> None:
+    """A host that sends the file 7 times over with no Content-Length: the download stops at the
+    file's size, the host counts as failed (its bytes deleted) and the next host delivers the file."""
+    files = serve(server, "mnist", monkeypatch, tmp_path, hosts=[server.url("loose"), server.url("good")])
+    name = "train-images-idx3-ubyte.gz"
+    server.no_length.add(f"/loose/{name}")
+    written: list[int] = []
+    monkeypatch.setattr(dl.Progress, "update", lambda self, n: written.append(n))
+    out = io.StringIO()
+    dl.get_dataset("mnist", str(tmp_path), out=out)
+    assert (tmp_path / "mnist" / name).read_bytes() == files[name]
+    assert [p for p, _ in server.requests if p.endswith(name)] == [f"/loose/{name}", f"/good/{name}"]
+    assert sum(written) == sum(len(b) for b in files.values()) + len(files[name])  # the loose host: one size
+    monkeypatch.setattr(dl, "CATALOG", local_catalog("mnist", files, [server.url("loose")]))
+    (tmp_path / "mnist" / name).unlink()
+    with pytest.raises(dl.DownloadError, match=r"sends more than the file's \d+ bytes") as info:
+        dl.get_dataset("mnist", str(tmp_path), out=io.StringIO())
+    assert "\n" not in str(info.value) and not (tmp_path / dl.STAGING / f"{name}.part").exists()
+
+
+@pytest.mark.parametrize("header", ["abc", "-5", "1e3", "", "99999999999999999999"])
+def test_a_malformed_content_length_is_a_failed_host_and_the_next_one_is_tried(
+    server, monkeypatch, tmp_path: Path, capsys, header: str
+) -> None:
+    files = serve(server, "svhn", monkeypatch, tmp_path, hosts=[server.url("odd"), server.url("good")])
+    server.length["/odd/test_32x32.mat"] = header
+    assert cli.main(["data", "get", "svhn", "--data-root", str(tmp_path)]) == 0
+    assert (tmp_path / "svhn" / "test_32x32.mat").read_bytes() == files["test_32x32.mat"]
+    monkeypatch.setattr(dl, "CATALOG", local_catalog("svhn", files, [server.url("odd")]))
+    (tmp_path / "svhn" / "test_32x32.mat").unlink()
+    capsys.readouterr()
+    assert cli.main(["data", "get", "svhn", "--data-root", str(tmp_path)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()  # progress of the other file, then one line
+    assert "data get failed" in err[-1] and "test_32x32.mat" in err[-1] and "config error" not in " ".join(err)
+    assert re.search("malformed Content-Length|offers 9+ bytes", err[-1]), err[-1]
 
 
 def test_offline_one_line_non_zero_and_nothing_left_behind(monkeypatch, tmp_path: Path, capsys) -> None:

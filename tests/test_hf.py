@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import datasets  # the `hf` extra; `dev` installs it too
 import numpy as np
@@ -177,7 +178,7 @@ def test_fedskew_run_sends_a_relative_folder_as_an_absolute_one(tmp_path: Path, 
     from fedskew.launcher import prepare_config
     from tests.conftest import ROOT
 
-    usual(tmp_path / "rel")
+    usual(tmp_path / "rel", size=16)  # LeNet (the default model) takes 16 x 16 and more
     monkeypatch.chdir(tmp_path)
     _, overrides = prepare_config(ROOT, {"dataset": "hf:rel", "partition": "iid", "min-partition-size": 1}, 3)
     assert overrides["dataset"] == f"hf:{tmp_path / 'rel'}" and overrides["run-name"].startswith("fedavg-hf-rel-iid-")
@@ -213,3 +214,150 @@ def test_a_node_serving_its_own_data_needs_a_standard_set(tmp_path: Path) -> Non
 
     with pytest.raises(ValueError, match="serve a partition of an hf: data set with num-partitions"):
         node_data_spec({"partition-id": 0, "data-root": str(tmp_path)}, validate({"dataset": "hf:org/x"}))
+
+
+# ----------------------------------------------------------------------------- refused before a run starts
+
+
+def _one_split(folder: Path, column: list, feature: Any, n: int = 8) -> Path:
+    split = {"img": column, "label": [i % 2 for i in range(n)]}
+    return save(folder, {"train": split}, {"img": feature, "label": datasets.ClassLabel(num_classes=2)})
+
+
+def _preflight(folder: Path | str, **kw: Any) -> None:
+    """What `fedskew run` checks before anything starts (the launcher's pre-flight)."""
+    from fedskew.launcher import prepare_config
+    from tests.conftest import ROOT
+
+    prepare_config(ROOT, {"dataset": f"hf:{folder}", "partition": "iid", "min-partition-size": 1, **kw}, 2)
+
+
+def _bomb() -> bytes:
+    """A 10000 x 10000 PNG of 12 kB: over PIL's decompression-bomb limit of about 89 million pixels."""
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("1", (10_000, 10_000)).save(buf, "PNG")
+    return buf.getvalue()
+
+
+def _arrays(shape: tuple[int, ...], dtype: str, value: float, n: int = 8) -> list:
+    return [np.full(shape, value, dtype=dtype) for _ in range(n)]
+
+
+BAD_IMAGES = {  # name -> (column, feature, what the one line says)
+    "float intensities in [0, 1]": (
+        _arrays((16, 16), "float32", 0.5),
+        datasets.Array2D((16, 16), "float32"),
+        "float pixels such as 0.5",
+    ),
+    "NaN pixels": (_arrays((16, 16), "float32", np.nan), datasets.Array2D((16, 16), "float32"), "NaN"),
+    "pixels over 255": (_arrays((16, 16), "int32", 300), datasets.Array2D((16, 16), "int32"), "outside 0..255"),
+    "5 channels": (_arrays((16, 16, 5), "uint8", 7), datasets.Array3D((16, 16, 5), "uint8"), "[H, W, 3]"),
+    "integers, not images": (list(range(8)), datasets.Value("int64"), "type int is not an image"),
+    "a decompression bomb": (
+        [{"bytes": _bomb(), "path": None}] * 8,
+        datasets.Image(),
+        "does not decode: DecompressionBomb",
+    ),
+    "300-pixel images": (
+        list(images(8, 300)),
+        datasets.Image(),
+        "a 300x300 image, over 256 pixels a side: set hf-image-size",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_IMAGES))
+def test_images_fedskew_cannot_use_are_refused_in_one_line_before_anything_starts(tmp_path: Path, case: str) -> None:
+    column, feature, needle = BAD_IMAGES[case]
+    folder = _one_split(tmp_path / "bad", column, feature)
+    with pytest.raises(DataMissingError) as info:
+        _preflight(folder, **{"hf-image-column": "img"})
+    msg = str(info.value)
+    assert needle in msg and "\n" not in msg, msg
+    assert msg.startswith(f"hf:{folder}: train split, column 'img', row 0: ")  # where, then what
+
+
+def test_whole_float_and_integer_arrays_are_images(tmp_path: Path) -> None:
+    column = [np.arange(256, dtype=np.float64).reshape(16, 16)] * 8  # whole values 0..255 as floats
+    folder = _one_split(tmp_path / "ok", column, datasets.Array2D((16, 16), "float64"))
+    x = load_arrays(cfg_for(folder, **{"hf-image-column": "img", "hf-test-fraction": 0.25}))[0]
+    assert x.dtype == np.uint8 and x.shape == (6, 1, 16, 16) and np.array_equal(x[0, 0], column[0])
+
+
+def test_a_huge_label_without_class_names_is_refused_before_any_allocation(tmp_path: Path) -> None:
+    split = {"image": list(images(8, 16)), "label": [0, 1, 2, 3, 4, 5, 6, 2**31]}
+    folder = save(tmp_path / "huge", {"train": split}, {"image": datasets.Image(), "label": datasets.Value("int64")})
+    with pytest.raises(DataMissingError, match=r"holds the label 2147483648: fedskew allows at most 10000 classes"):
+        _preflight(folder)
+
+
+def test_image_sizes_the_model_cannot_take_are_refused_before_anything_starts(tmp_path: Path) -> None:
+    from fedskew.config import ConfigError
+
+    folder, _ = usual(tmp_path / "tiny", size=1)
+    with pytest.raises(ConfigError, match=r"model='lenet' takes images of 16 to 256 pixels .* 1x1"):
+        _preflight(folder)
+    _preflight(folder, model="mlp")  # any size
+    with pytest.raises(ConfigError, match="hf-image-size=3000 is not allowed"):
+        _preflight(folder, **{"hf-image-size": 3000})
+    from fedskew.config import COMMON
+    from fedskew.data import MAX_IMAGE_SIZE
+
+    assert COMMON["hf-image-size"].high == MAX_IMAGE_SIZE  # the config's bound is the data's
+
+
+@pytest.mark.parametrize("name", ["lenet", "map-lenet", "mupfl-cnn", "tfcnn", "mlp", "vgg11", "resnet8"])
+def test_each_models_smallest_image_is_exact(name: str) -> None:
+    """The declared smallest size runs forward; one pixel less fails in the network (when it has a bound)."""
+    import torch
+
+    from fedskew.data import DatasetInfo
+    from fedskew.models import MIN_SIZE, MODELS, build_model
+
+    low = MIN_SIZE.get(name, 1)
+    info = DatasetInfo(3, 1, low, (0.5,), (0.5,))
+    assert build_model(name, info).eval()(torch.zeros(2, 1, low, low)).shape == (2, 3)
+    if low > 1:
+        with pytest.raises(RuntimeError):
+            MODELS[name](1, low - 1, 3)(torch.zeros(2, 1, low - 1, low - 1))
+
+
+def test_a_folder_that_is_not_a_saved_data_set_is_refused_without_walking_it(monkeypatch) -> None:
+    def no_walk(self, pattern):
+        raise AssertionError(f"walked {self} for {pattern}")
+
+    monkeypatch.setattr(Path, "rglob", no_walk)
+    with pytest.raises(DataMissingError, match=r"hf:/: not a folder written by datasets' save_to_disk"):
+        load_arrays(cfg_for("/"))
+
+
+@pytest.mark.parametrize("damage", ["truncated", "bit flip", "a folder"])
+def test_a_damaged_hf_cache_is_converted_again_and_replaced(tmp_path: Path, monkeypatch, damage: str) -> None:
+    folder, _ = usual(tmp_path / "cached")
+    cfg = cfg_for(folder)
+    first, info = load_arrays(cfg), dataset_info(cfg)
+    (path,) = (tmp_path / "cache" / "hf").glob("hf-cached-*.npz")
+    blob = bytearray(path.read_bytes())
+    if damage == "truncated":
+        path.write_bytes(bytes(blob[: len(blob) // 2]))
+    elif damage == "bit flip":
+        blob[len(blob) // 2] ^= 0x10  # inside the images: only the digest tells
+        path.write_bytes(bytes(blob))
+    else:
+        path.unlink()
+        path.mkdir()
+    conversions = []
+    real = hf.convert
+    monkeypatch.setattr(hf, "convert", lambda src: conversions.append(src) or real(src))
+    for _ in range(2):  # a new process each time: the info alone, then the arrays
+        hf._load.cache_clear()
+        hf.info.cache_clear()
+        assert dataset_info(cfg) == info
+        assert all(np.array_equal(u, v) for u, v in zip(first, load_arrays(cfg), strict=True))
+        if damage != "a folder":  # replaced by a good file: the next process reads it
+            assert len(conversions) == 1
+    assert path.is_file() == (damage != "a folder")

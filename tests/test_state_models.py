@@ -8,17 +8,20 @@ from flwr.app import RecordDict
 
 from fedskew.client_app.state import ClientState, StateTooLargeError
 from fedskew.models import MODELS, build_model
+from fedskew.records import Number
+
+COUNTER = {"n": Number(int, 0, 10)}
 
 
 def test_state_round_trips_in_context_state() -> None:
     record = RecordDict()
     st = ClientState(record, max_mb=1, partition_id=3)
-    assert st.load_tensors("hpm") is None and st.load_values("counter") is None
+    assert st.load_tensors("hpm") is None and st.load_values("counter", COUNTER) is None
     st.save_tensors("hpm", {"w": torch.arange(6.0).view(2, 3)})
     st.save_values("counter", {"n": 2})
     again = ClientState(record, max_mb=1, partition_id=3)  # next round: same context.state
     assert torch.equal(again.load_tensors("hpm")["w"], torch.arange(6.0).view(2, 3))
-    assert again.load_values("counter") == {"n": 2}
+    assert again.load_values("counter", COUNTER) == {"n": 2}
 
 
 def test_state_over_its_bound_is_refused_with_a_clear_message() -> None:
@@ -34,7 +37,7 @@ def test_state_on_disk_survives_a_new_context(tmp_path) -> None:
     st.save_tensors("big", {"w": torch.ones(300_000)})  # no bound on disk
     st.save_values("counter", {"n": 5})
     fresh = ClientState(RecordDict(), max_mb=0, partition_id=1, directory=tmp_path / "p1")
-    assert fresh.load_tensors("big")["w"].sum() == 300_000 and fresh.load_values("counter") == {"n": 5}
+    assert fresh.load_tensors("big")["w"].sum() == 300_000 and fresh.load_values("counter", COUNTER) == {"n": 5}
     assert not list((tmp_path / "p1").glob("*.tmp"))
 
 

@@ -135,3 +135,14 @@ def test_weighted_average_properties() -> None:
     with pytest.raises(ValueError):
         weighted_average(models, [0, 0, 0, 0])
     assert summarize_clients([0.5, 1.0]) == (0.75, 0.25)
+
+
+def test_a_clientapp_exception_is_recorded_by_its_type_and_message(setup) -> None:
+    """Ray's traceback of a failed simulated ClientApp: failures.jsonl keeps the exception that says
+    what went wrong (it lies past the first 500 characters), in one bounded line."""
+    from tests.test_reasons import REAL
+
+    strategy, _arrays, msgs = setup
+    strategy.aggregate_train(1, [Message(Error(code=0, reason=REAL["ray-direct-cause"]), reply_to=msgs[0])])
+    reason = next(f["reason"] for f in strategy.failures if f["node"] == msgs[0].metadata.dst_node_id)
+    assert reason.startswith("zipfile.BadZipFile: File is not a zip file: /data/.fedskew-cache/") and len(reason) < 200

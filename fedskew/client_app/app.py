@@ -7,7 +7,9 @@ local data), `cache-dir` (where the node's slice is cached, see `fedskew.data.no
 simulation and deployment.
 
 Every train reply also reports `participations`: how many rounds this client has trained in this
-run, counted in its persistent state (a cheap check that the state survives between messages).
+run, counted in its persistent state (a cheap check that the state survives between messages): the
+rounds it trained in, each from 1 to this round, at most one per message the run can have sent it
+before (`most_trainings`); a record of another form counts as lost and the count starts again.
 """
 
 from __future__ import annotations
@@ -20,10 +22,10 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedskew.client_app.base import TrainerContext
-from fedskew.client_app.state import ClientState
+from fedskew.client_app.state import ClientState, ListOf, most_trainings
 from fedskew.config import validate
 from fedskew.data.node import load_node_data, node_data_spec
-from fedskew.records import check_config
+from fedskew.records import Number, check_config
 from fedskew.registry import get_method
 from fedskew.training import pick_device, round_lr, seed_everything
 from fedskew.wire import CONFIG, round_config
@@ -77,8 +79,10 @@ def train(msg: Message, context: Context) -> Message:
     )
     trainer = get_method(cfg["method"]).trainer_class()(ctx)
     reply = trainer.fit(msg.content)
-    seen = ctx.state.load_values(PARTICIPATION) or {"rounds": []}
-    seen["rounds"] = [*seen["rounds"], server_round]
+    most = most_trainings(cfg, server_round) - 1  # before this round's training
+    seen = ctx.state.load_values(PARTICIPATION, {"rounds": ListOf(Number(int, 1, server_round), most)})
+    seen = seen or {"rounds": []}
+    seen["rounds"] = [*seen.get("rounds", []), server_round]
     ctx.state.save_values(PARTICIPATION, seen)
     reply["metrics"]["participations"] = len(seen["rounds"])
     return Message(reply, reply_to=msg)

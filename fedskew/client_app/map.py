@@ -31,7 +31,8 @@ Decisions (paper vs spec vs the authors' code `lxcnju/MAP`, spec §8):
   the HPM's BatchNorm statistics is not done (LeNet/MLP/TFCNN/VGG11 here have no BN).
 
 Client state and deployment. Per client, `ClientState` (`self.ctx.state`) keeps the tensors "hpm"
-(one model state dict, float32) and the values "map" = {"participations": z}. By default they live in
+(one model state dict, float32) and the values "map" = {"participations": z}, z an integer from 1 to the
+trainings the run can have sent this client before this round (`most_trainings`). By default they live in
 Flower's `context.state`, bounded by `state-max-mb` (64 MB; a SuperNode silently drops a context of
 ~200 MB): LeNet's HPM is ~0.2 MB, MLP ~0.8 MB, VGG11 ~37 MB. A model over the bound raises
 `StateTooLargeError` instead of losing the HPM silently; for such models start each SuperNode with
@@ -53,7 +54,9 @@ from torch import nn
 
 from fedskew import wire
 from fedskew.client_app.fedrs import FedRSTrainer
+from fedskew.client_app.state import most_trainings
 from fedskew.losses import distillation_loss, hpm_momentum, hpm_update, mmd_multi_gaussian, personalization_loss
+from fedskew.records import Number
 from fedskew.training import sgd, train_epochs
 
 log = logging.getLogger("fedskew.client")
@@ -71,8 +74,9 @@ class MAPTrainer(FedRSTrainer):
     # ------------------------------------------------------------------ state
     def load_hpm(self, reference: nn.Module) -> tuple[dict[str, torch.Tensor] | None, int]:
         """(HPM state dict or None, participations so far); an inconsistent state counts as lost."""
-        values = self.ctx.state.load_values(MAP_VALUES) or {}
-        z = int(values.get("participations", 0))
+        most = most_trainings(self.cfg, self.ctx.server_round) - 1  # before this round's training
+        values = self.ctx.state.load_values(MAP_VALUES, {"participations": Number(int, 1, most, required=True)})
+        z = values["participations"] if values else 0
         hpm = self.ctx.state.load_tensors(HPM_TENSORS)
         ref = reference.state_dict()
         if hpm is not None and (z < 1 or list(hpm) != list(ref) or any(hpm[k].shape != ref[k].shape for k in ref)):

@@ -8,8 +8,13 @@ Policy (see docs/usage.md, "Client state"):
 - When the node config sets `state-dir`, the state is written to
   `<state-dir>/run-<run_id>/partition-<id>/` instead (atomic and durable writes), with no bound
   and surviving a SuperNode restart.
-- What is read back is verified: a state that does not load, or holds NaN or inf, counts as lost
-  (logged), and the method starts the client as its paper starts a new one.
+- What is read back is verified: a state that does not load (unreadable, not UTF-8, not JSON, not
+  tensors, a folder where a file should be), holds NaN or inf, or whose values do not have the
+  declared form (`load_values(name, schema)`: each key's kind and range, e.g. a participation count
+  between 1 and the trainings the run can have sent so far, `most_trainings`) counts as lost
+  (logged), and the method starts the client as its paper starts a new one. A folder or other
+  non-file in the way of a state file is renamed aside (`<name>.lost-<random>`), never deleted, so
+  the next save succeeds; a damaged file is simply replaced by that save.
 - Either way the state is per run: a new run starts empty, and a method handles an empty state
   the way its paper handles a client's first participation.
 """
@@ -18,12 +23,18 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from fedskew.files import atomic_write
+from fedskew.records import Number, check_number
 
 log = logging.getLogger("fedskew.client")
 
@@ -32,6 +43,44 @@ MB = 1024 * 1024
 
 class StateTooLargeError(RuntimeError):
     """A client's persistent state would exceed its bound."""
+
+
+@dataclass(frozen=True)
+class ListOf:
+    """A stored value that is a list of at most `max_len` numbers of the form `item`."""
+
+    item: Number
+    max_len: int
+
+
+ValueForm = Number | ListOf
+
+
+def most_trainings(cfg: Mapping[str, Any], server_round: int) -> int:
+    """The most train messages one client can have had by round `server_round` (this one included):
+    one per attempt of each round, and a round is sent at most `round-retries` + 1 times."""
+    return server_round * (int(cfg["round-retries"]) + 1)
+
+
+def check_values(values: object, schema: Mapping[str, ValueForm]) -> dict[str, Any]:
+    """`values` if it is a dict holding only keys of `schema`, each of its declared form (required
+    numbers present); raises ValueError naming the first key that is not."""
+    if not isinstance(values, dict):
+        raise ValueError(f"a JSON {type(values).__name__}, not an object")
+    unexpected = [k for k in values if k not in schema]
+    missing = [k for k, form in schema.items() if isinstance(form, Number) and form.required and k not in values]
+    if unexpected or missing:
+        raise ValueError(f"unexpected keys {unexpected[:3]}, missing keys {missing[:3]}")
+    for key, value in values.items():
+        form = schema[key]
+        if isinstance(form, ListOf):
+            if not isinstance(value, list) or len(value) > form.max_len:
+                raise ValueError(f"{key} must be a list of at most {form.max_len} numbers")
+            for i, item in enumerate(value):
+                check_number(item, form.item, f"{key}[{i}]")
+        else:
+            check_number(value, form, key)
+    return values
 
 
 class ClientState:
@@ -49,6 +98,8 @@ class ClientState:
         self.partition_id = partition_id
         self.directory = Path(directory) if directory else None
         if self.directory:
+            if self.directory.exists() and not self.directory.is_dir():
+                self._set_aside(self.directory)
             self.directory.mkdir(parents=True, exist_ok=True)
 
     # ------------------------------------------------------------------ tensors
@@ -58,14 +109,14 @@ class ClientState:
         try:
             if self.directory:
                 path = self.directory / f"{name}.pt"
-                tensors = torch.load(path, weights_only=True) if path.is_file() else None
+                tensors = torch.load(path, weights_only=True) if self._stored(path) else None
             else:
                 rec = self.record.get(f"tensors.{name}")
                 tensors = None if rec is None else rec.to_torch_state_dict()
             if tensors is not None:
                 _check_tensors(tensors)
         except Exception as e:  # a damaged or tampered file can raise almost anything on load
-            log.warning("partition %d: client state %r refused, treated as lost: %s", self.partition_id, name, e)
+            self._lost(name, e)
             return None
         return tensors
 
@@ -89,23 +140,25 @@ class ClientState:
         self.record[f"tensors.{name}"] = ArrayRecord(cpu)
 
     # ------------------------------------------------------------------ small values
-    def load_values(self, name: str) -> dict | None:
-        """The dict saved under `name` with `save_values`, or None (also, with a warning, when what
-        is stored is not a JSON object)."""
-        if self.directory:
-            path = self.directory / f"{name}.json"
-            text = path.read_text() if path.is_file() else None
-        else:
-            rec = self.record.get(f"values.{name}")
-            text = None if rec is None else str(rec["json"])
+    def load_values(self, name: str, schema: Mapping[str, ValueForm]) -> dict[str, Any] | None:
+        """The dict saved under `name` with `save_values`, or None if this client has none (yet, or
+        lost): what is stored must be UTF-8 JSON of the form `schema` declares (`check_values`), else
+        it is lost (with a warning)."""
         try:
-            values = None if text is None else json.loads(text)
-            if values is not None and not isinstance(values, dict):
-                raise ValueError(f"a JSON {type(values).__name__}, not an object")
-        except ValueError as e:
-            log.warning("partition %d: client state %r refused, treated as lost: %s", self.partition_id, name, e)
+            if self.directory:
+                path = self.directory / f"{name}.json"
+                text = path.read_bytes().decode() if self._stored(path) else None
+            else:
+                rec = self.record.get(f"values.{name}")
+                text = None if rec is None else rec["json"]
+            if text is None:
+                return None
+            if not isinstance(text, str):
+                raise ValueError(f"a {type(text).__name__}, not JSON text")
+            return check_values(json.loads(text), schema)
+        except Exception as e:  # unreadable, not UTF-8, not JSON, or not of its declared form
+            self._lost(name, e)
             return None
-        return values
 
     def save_values(self, name: str, values: dict) -> None:
         text = json.dumps(values)
@@ -113,6 +166,26 @@ class ClientState:
             atomic_write(self.directory / f"{name}.json", lambda f: f.write(text.encode()))
         else:
             self.record[f"values.{name}"] = ConfigRecord({"json": text})
+
+    # ------------------------------------------------------------------ damaged state
+    def _stored(self, path: Path) -> bool:
+        """Whether a state file is stored at `path`; anything else there (a folder, a socket) is
+        renamed aside and raises, so the state counts as lost and the next save succeeds."""
+        if not os.path.lexists(path):
+            return False
+        if path.is_file():
+            return True
+        self._set_aside(path)
+        raise ValueError(f"{path.name} is not a regular file (renamed aside)")
+
+    def _set_aside(self, path: Path) -> None:
+        aside = path.with_name(f"{path.name}.lost-{uuid.uuid4().hex[:8]}")
+        os.replace(path, aside)
+        log.warning("partition %d: %s is not a file of client state: renamed to %s", self.partition_id, path, aside)
+
+    def _lost(self, name: str, error: BaseException) -> None:
+        reason = f"{type(error).__name__}: {error}"[:300]
+        log.warning("partition %d: client state %r refused, treated as lost: %s", self.partition_id, name, reason)
 
     @staticmethod
     def _nbytes(rec: ArrayRecord) -> int:

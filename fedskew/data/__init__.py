@@ -27,6 +27,8 @@ from fedskew.data.readers import DataMissingError, load_dataset
 
 __all__ = [
     "DATASET_INFO",
+    "MAX_CLASSES",
+    "MAX_IMAGE_SIZE",
     "DataMissingError",
     "DatasetInfo",
     "dataset_info",
@@ -37,6 +39,9 @@ __all__ = [
 ]
 
 HF_PREFIX = "hf:"
+# Bounds of any data set (the standard ones are far inside; `fedskew.data.hf` checks hf: sets):
+MAX_IMAGE_SIZE = 256  # pixels a side: ImageNet-style 224 fits; the small models' sizes grow with its square
+MAX_CLASSES = 10_000  # per-class tensors (partitions, FedGELA's ETF, MuPFL's features) grow with it
 
 
 @dataclass(frozen=True)

@@ -179,26 +179,49 @@ def _size(path: Path) -> int:
     return path.stat().st_size if path.is_file() else 0
 
 
+class BadHost(DownloadError):
+    """A host that offers or sends other bytes than the file (a wrong or malformed header, more
+    bytes than the file has): no point in asking it again; the next host is tried."""
+
+
+def _offered(resp: http.client.HTTPResponse, have: int, remote: Remote) -> int | None:
+    """The bytes the response will carry after the `have` already stored (None when the host does
+    not say); raises `BadHost` for a malformed Content-Length or Content-Range, or another file."""
+    length = resp.headers.get("Content-Length")
+    if length is not None and not (length.isascii() and length.isdigit()):
+        raise BadHost(f"the host sends a malformed Content-Length {length[:40]!r}")
+    content_range = resp.headers.get("Content-Range", "")
+    if have and content_range.split("/")[0] != f"bytes {have}-{remote.size - 1}":
+        raise BadHost(f"the host answers the range request for bytes {have}- with {content_range[:60]!r}")
+    if length is not None and have + int(length) != remote.size:
+        raise BadHost(f"the host offers {have + int(length)} bytes, expected {remote.size}")
+    return None if length is None else int(length)
+
+
 def _fetch(url: str, part: Path, remote: Remote, out: TextIO) -> None:
     """Append the rest of `url` to `part` (resuming from its length with a Range request); raises
-    on a connection error or a cut transfer (the bytes received stay for the next try)."""
+    on a connection error or a cut transfer (the bytes received stay for the next try). At most the
+    file's size is ever written: a host that sends more (with no Content-Length to say so) raises
+    `BadHost`, and its bytes are deleted."""
     have = _size(part)
     headers = {"User-Agent": "fedskew", **({"Range": f"bytes={have}-"} if have else {})}
     with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=TIMEOUT_S) as resp:
         if have and resp.status != 206:  # the host ignored the range: start again
             have = 0
-        total = have + int(resp.headers.get("Content-Length", remote.size - have))
-        if total != remote.size:
-            raise DownloadError(f"the host offers {total} bytes, expected {remote.size}")
+        length = _offered(resp, have, remote)
         part.parent.mkdir(parents=True, exist_ok=True)  # only now: offline leaves no folder behind
         progress = Progress(remote.name, remote.size, have, out)
         try:
             with open(part, "ab" if have else "wb") as f:
-                while block := resp.read(CHUNK):
+                while (left := remote.size - have) > 0 and (block := resp.read(min(CHUNK, left))):
                     f.write(block)
+                    have += len(block)
                     progress.update(len(block))
         finally:
             progress.close()
+        if length is None and have == remote.size and resp.read(1):  # no Content-Length bounded it
+            part.unlink()
+            raise BadHost(f"the host sends more than the file's {remote.size} bytes (deleted what it sent)")
     if _size(part) != remote.size:
         raise http.client.IncompleteRead(b"", remote.size - _size(part))
 
@@ -216,7 +239,7 @@ def _try_host(url: str, part: Path, remote: Remote, out: TextIO) -> str | None:
         try:
             _fetch(url, part, remote, out)
             return None
-        except DownloadError as e:  # the host offers another file: no point in trying again
+        except BadHost as e:  # the host offers another file or sends too much: no point in trying again
             return str(e)
         except (OSError, http.client.HTTPException) as e:
             reason = _reason(e)

@@ -21,8 +21,10 @@ Node config keys (all optional except as noted):
 The cache key hashes every setting that determines the slice (the partition keys of
 `fedskew.data.clients.PARTITION_KEYS`, the resolved data root, the node's ids, the mode) and the
 source of the partitioning code, so a changed setting or a code update never reads a stale slice.
-The file is `<key>-<digest>.npz`, the digest a SHA-256 of the slice's arrays: a slice that does
-not match it (damaged, or edited), or whose labels are not class ids, is deleted and recomputed.
+The file is `<key>-<digest>.npz`, the digest a SHA-256 of the slice's arrays: a slice that fails to
+load for any reason (truncated, bit flips, not a zip, a folder of that name), does not match its
+digest (damaged, or edited) or whose labels are not class ids is deleted and recomputed, and the
+recomputed slice replaces it atomically.
 A process checks a file once while it stays the same file (its inode, size and ctime; a simulation
 actor serves the same clients round after round).
 Changing the data files in place is not detected: delete the cache folder then. The folder is
@@ -33,6 +35,7 @@ minutes) beyond `$FEDSKEW_CACHE_MAX_MB` (default 2048) are deleted. Only fedskew
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -50,7 +53,7 @@ import torch
 from fedskew.data import DATASET_INFO, DatasetInfo, dataset_info, dataset_slug, is_hf, load_arrays
 from fedskew.data.clients import PARTITION_KEYS, ClientData, client_indices, to_float
 from fedskew.data.readers import checked_split
-from fedskew.files import atomic_write
+from fedskew.files import arrays_digest, atomic_write
 
 log = logging.getLogger("fedskew.client")
 CACHE_FORMAT = 2
@@ -166,12 +169,7 @@ def compute_slice(cfg: dict[str, Any], spec: NodeData) -> dict[str, np.ndarray]:
 
 def slice_digest(arrays: dict[str, np.ndarray]) -> str:
     """SHA-256 (16 hex digits) of a slice: every array's name, dtype, shape and bytes."""
-    h = hashlib.sha256()
-    for key in SLICE_ARRAYS:
-        a = np.ascontiguousarray(arrays[key])
-        h.update(f"{key}:{a.dtype.str}:{a.shape};".encode())
-        h.update(a.data)
-    return h.hexdigest()[:16]
+    return arrays_digest(arrays, SLICE_ARRAYS)
 
 
 # Slices this process has checked, by path: the file's identity (device, inode, size, ctime in ns)
@@ -204,11 +202,12 @@ def read_cached(folder: Path, key: str, info: DatasetInfo) -> dict[str, np.ndarr
                 checked_split(key, path, "train", arrays["x_train"], arrays["y_train"], info)
                 checked_split(key, path, "test", arrays["x_test"], arrays["y_test"], info)
                 _CHECKED[str(path)] = _identity(st)
-        except (OSError, ValueError, KeyError) as e:  # damaged or edited: recompute and rewrite
+        except Exception as e:  # any failure to load (truncated, bit flips, edited): recompute and rewrite
             _CHECKED.pop(str(path), None)
-            log.warning("data cache %s refused (%s): recomputing the slice", path, e)
+            log.warning("data cache %s refused (%s: %s): recomputing the slice", path, type(e).__name__, e)
             if CACHE_FILE.fullmatch(path.name):
-                path.unlink(missing_ok=True)
+                with contextlib.suppress(OSError):  # e.g. a folder of that name: the rewrite will say so
+                    path.unlink()
             continue
         if time.time() - st.st_mtime > TOUCH_AFTER_S:
             os.utime(path)  # recently used: kept by `prune` (a new ctime: checked again on the next read)

@@ -12,6 +12,12 @@
 - `resnet8`, `resnet18`: CIFAR ResNets (BasicBlock, BN), d = 64 / 512 (FedGELA, FedMR, MuPFL)
 
 Initialisation is PyTorch's default. Deviation: none of the classifiers has a bias (FedRS §8 A5).
+
+Input sizes (`check_input`): the two-conv nets (`lenet`, `map-lenet`, `mupfl-cnn`) need images of at
+least 16 x 16 (two 5x5 convolutions and two 2x2 pools leave one pixel), `tfcnn` at least 8 x 8 (three
+pools); the others take any size. Every model takes at most `fedskew.data.MAX_IMAGE_SIZE` (256) pixels
+a side, since the flattening nets' first layers grow with the image's area (3000-pixel images would
+give LeNet some 1.8e9 parameters), and 1 or 3 channels.
 """
 
 from __future__ import annotations
@@ -22,6 +28,9 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from fedskew.config import ConfigError
+from fedskew.data import MAX_IMAGE_SIZE
 
 if TYPE_CHECKING:
     from fedskew.data import DatasetInfo
@@ -182,10 +191,24 @@ MODELS: dict[str, Callable[[int, int, int], SplitNet]] = {
 }
 
 
+MIN_SIZE: dict[str, int] = {"lenet": 16, "map-lenet": 16, "mupfl-cnn": 16, "tfcnn": 8}  # others: 1
+
+
+def check_input(name: str, info: DatasetInfo) -> None:
+    """Raise ConfigError (one line) unless model `name` takes the data set's images (see above)."""
+    low = MIN_SIZE.get(name, 1)
+    if not low <= info.size <= MAX_IMAGE_SIZE or info.channels not in (1, 3):
+        raise ConfigError(
+            f"model={name!r} takes images of {low} to {MAX_IMAGE_SIZE} pixels a side with 1 or 3 channels; "
+            f"the data set's are {info.size}x{info.size} with {info.channels} (hf: data sets: set hf-image-size)"
+        )
+
+
 def build_model(name: str, dataset: str | DatasetInfo) -> SplitNet:
     """A fresh `name` network shaped for `dataset` (channels, image size, classes): the data set's
     `DatasetInfo` (`fedskew.data.dataset_info(cfg)`), or the name of a standard set."""
     from fedskew.data import dataset_info
 
     info = dataset_info(dataset) if isinstance(dataset, str) else dataset
+    check_input(name, info)
     return MODELS[name](info.channels, info.size, info.num_classes)

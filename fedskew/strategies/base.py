@@ -45,6 +45,7 @@ from torch import nn
 from fedskew.data import dataset_info, load_arrays
 from fedskew.data.clients import client_indices
 from fedskew.models import SplitNet, build_model
+from fedskew.reasons import short_reason
 from fedskew.records import Rejected, Spec, Tensor, check_content
 from fedskew.strategies.aggregate import summarize_clients, update_ratio, weighted_average
 from fedskew.strategies.discovery import assign_partitions, majority_count
@@ -270,8 +271,8 @@ class BaseStrategy(Strategy):
         return sorted(ok, key=lambda m: m.content["metrics"]["partition-id"])
 
     def fail(self, server_round: int, node: int, reason: str) -> None:
-        pid = self.node_partitions.get(node, -1)
-        self.failures.append({"node": node, "partition": pid, "reason": reason[:500]})
+        pid, reason = self.node_partitions.get(node, -1), short_reason(reason)  # the exception, one line
+        self.failures.append({"node": node, "partition": pid, "reason": reason})
         log.warning("round %d: dropped reply of node %d (partition %d): %s", server_round, node, pid, reason)
 
     def aggregate_arrays(self, server_round: int, replies: list[Message]) -> ArrayRecord:
