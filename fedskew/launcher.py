@@ -35,6 +35,9 @@ FLWR_ENV = {
     "FLWR_DISABLE_UPDATE_CHECK": "1",
     "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
     "RAY_DEDUP_LOGS": "0",
+    # a Ray that Flower starts itself: workers on ports the OS picks (as `RayHead`'s), not Ray's
+    # default range from 10002, which clashes between Ray instances started at once on one machine
+    "RAY_USE_RANDOM_PORTS": "1",
     # SuperExec asks the SuperLink for new runs every second by default; 0.25 s starts a run
     # sooner for about 1 % more of one core while idle.
     "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.25",
@@ -260,6 +263,8 @@ class RayHead:
                 f"--num-cpus={r.actors * r.threads}",
                 f"--num-gpus={r.gpus if r.gpus_per_actor else 0}",
                 "--include-dashboard=false",
+                "--min-worker-port=0",  # workers bind ports the OS picks: Ray's default range (from
+                "--max-worker-port=0",  # 10002) clashes between Ray instances started at once
                 "--disable-usage-stats",
                 f"--temp-dir={self.temp_dir}",
                 *ports,  # free ones: Ray's defaults would collide with other Ray instances on this machine

@@ -332,7 +332,10 @@ def test_tampered_or_misshaped_etf_is_refused(task_identity) -> None:
     content["etf"] = ArrayRecord({"etf": torch.zeros(200, 10)})
     with pytest.raises(ValueError, match="expected float32"):
         trainer.receive(content)
-    content["etf"] = ArrayRecord({"etf": etf * 1.0001})
+    content["etf"] = ArrayRecord({"etf": etf * 1.01})  # columns no longer of unit norm
+    with pytest.raises(ValueError, match="not a simplex ETF"):
+        trainer.receive(content)
+    content["etf"] = ArrayRecord({"etf": make_etf(etf.shape[0], etf.shape[1], seed=1)})  # another ETF
     with pytest.raises(ValueError, match="checksum"):
         trainer.receive(content)
 

@@ -42,7 +42,8 @@ def make_reply(request: Message, arrays: dict[str, np.ndarray], n: int, pid: int
 
 @pytest.fixture
 def setup(task_identity):
-    cfg = validate({"model": "mlp", "fraction-train": 1.0, "partition": "iid"})
+    # hand-made replies far from the model sent: the update bound is tested in test_hostile.py
+    cfg = validate({"model": "mlp", "fraction-train": 1.0, "partition": "iid", "max-update-ratio": 0.0})
     strategy = FedAvgStrategy(cfg)
     grid = FakeGrid({111: 2, 222: 0, 333: 1})
     arrays = strategy.initial_arrays()
