@@ -39,6 +39,7 @@ from fedskew.launcher import (
     resume_overrides,
     run_simulation,
 )
+from fedskew.registry import METHODS
 
 
 def format_summary(s: dict[str, Any]) -> str:
@@ -100,7 +101,11 @@ def cmd_experiment(args: argparse.Namespace) -> int:
 
 def cmd_config(args: argparse.Namespace) -> int:
     for key, p in all_params().items():
-        print(f"{key:<26} {p.default!r:<18} {p.help} [{p.allowed()}]")
+        allowed = f"one of {', '.join(METHODS)}" if key == "method" else p.allowed()
+        print(f"{key:<26} {p.default!r:<18} {p.help} [{allowed}]")
+        if key == "method":  # each registered method with its paper
+            for spec in METHODS.values():
+                print(f"  {spec.name:<24} {spec.paper or '(no paper given)'}")
     return 0
 
 
