@@ -509,17 +509,20 @@ def copy_plain(source: IO[bytes], out: TextIO) -> None:
 
 
 class LogStream:
-    """`flwr log --stream` shown on this process's stdout: as Flower writes it on a terminal, as plain
-    text (`copy_plain`) when stdout is a file or a pipe."""
+    """`flwr log --stream` shown on this process's stdout and stderr: as Flower writes it on a
+    terminal, as plain text (`copy_plain`) on each of them that is a file or a pipe."""
 
     def __init__(self, command: list[str], env: dict[str, str]) -> None:
-        plain = not sys.stdout.isatty()
-        self.proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE if plain else None)
-        self.copier = None
-        if plain:
-            assert self.proc.stdout is not None
-            self.copier = threading.Thread(target=copy_plain, args=(self.proc.stdout, sys.stdout), daemon=True)
-            self.copier.start()
+        plain = [not stream.isatty() for stream in (sys.stdout, sys.stderr)]
+        pipe = [subprocess.PIPE if p else None for p in plain]
+        self.proc = subprocess.Popen(command, env=env, stdout=pipe[0], stderr=pipe[1])
+        self.copiers = [
+            threading.Thread(target=copy_plain, args=(source, out), daemon=True)
+            for source, out in ((self.proc.stdout, sys.stdout), (self.proc.stderr, sys.stderr))
+            if source is not None
+        ]
+        for copier in self.copiers:
+            copier.start()
 
     def stop(self) -> None:
         """Wait up to 2 s for the stream's last lines (the run has ended), then stop it."""
@@ -527,8 +530,8 @@ class LogStream:
             self.proc.wait(2.0)
         self.proc.terminate()
         self.proc.wait()
-        if self.copier is not None:
-            self.copier.join(2.0)
+        for copier in self.copiers:
+            copier.join(2.0)
 
 
 def stage_app(app_dir: Path, dest: Path) -> Path:

@@ -486,7 +486,9 @@ def leaderboard_md(suite_path: Path, suite: dict[str, Any], results: ResultSet |
         f"The suite [`{suite_path.as_posix()}`](../{suite_path.as_posix()}) runs every registered method on "
         f"the same settings, seeds and budget. Its protocol, as its header gives it:",
         "",
-        *[f"> {line}".rstrip() for line in header],
+        "```text",
+        *header,
+        "```",
         "",
     ]
     if results is None or not results.cells:

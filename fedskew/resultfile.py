@@ -348,7 +348,8 @@ def export_suite(suite: Any, suite_file: str, app_defaults: dict[str, Any], fold
                 run_dir = suite.folder / c.run_name
                 if not (run_dir / "summary.json").is_file():
                     continue
-                cfg = validate({**app_defaults, **c.overrides})
+                # as the run saved it: `fedskew run` sets num-partitions to the simulated clients
+                cfg = validate({**app_defaults, **c.overrides, "num-partitions": c.num_supernodes})
                 if changes := saved_changes(run_dir, cfg):
                     warnings.warn(f"{run_dir}: not exported, computed under another config ({changes})", stacklevel=2)
                     continue

@@ -139,7 +139,7 @@ def fake_run(suite, cell, accuracies: list[float], **config_changes) -> None:
     """A finished run folder as `fedskew run` leaves it: config.json, metrics.jsonl, summary.json."""
     d = suite.folder / cell.run_name
     d.mkdir(parents=True)
-    cfg = validate({**app_defaults(), **cell.overrides, **config_changes})
+    cfg = validate({**app_defaults(), **cell.overrides, "num-partitions": cell.num_supernodes, **config_changes})
     (d / "config.json").write_text(json.dumps(saved_config(cfg)))
     rows = [{"round": r, "global-accuracy": a, "personalized-accuracy": 0.9} for r, a in enumerate(accuracies, 1)]
     (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))

@@ -109,7 +109,9 @@ def test_log_stream_to_a_file_or_pipe_is_plain_text(capsys: pytest.CaptureFixtur
     from fedskew.launcher import LogStream
 
     line = "\x1b[92mINFO \x1b[0m:      round   1/2 | global acc 0.5000\n"
-    stream = LogStream([sys.executable, "-c", f"import sys; sys.stdout.write({line!r} * 2)"], dict(os.environ))
+    code = f"import sys; sys.stdout.write({line!r} * 2); sys.stderr.write({line!r})"
+    stream = LogStream([sys.executable, "-c", code], dict(os.environ))
     stream.stop()
-    out = capsys.readouterr().out
-    assert out == "INFO :      round   1/2 | global acc 0.5000\n" * 2
+    captured = capsys.readouterr()
+    assert captured.out == "INFO :      round   1/2 | global acc 0.5000\n" * 2
+    assert captured.err == "INFO :      round   1/2 | global acc 0.5000\n"
