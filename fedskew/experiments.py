@@ -449,36 +449,6 @@ def write_report(suite: Suite) -> list[dict[str, Any]]:
     return table
 
 
-COMPARED = (
-    ("global", "global_accuracy"),
-    ("balanced", "global_balanced_accuracy"),
-    ("worst class", "global_worst_class_accuracy"),
-    ("personalized", "personalized_accuracy"),
-)
-
-
-def comparison(suite: Suite, table: list[dict[str, Any]]) -> str:
-    """The finished cells side by side, one line each: the mean of the last k rounds of the global,
-    balanced, worst-class and personalized accuracy (%, mean over seeds; n/a: not measured), then
-    where the table and the plots are."""
-    last = suite.last_rounds
-    lines = [
-        f"suite {suite.name}: accuracy (%), mean of the last {last} rounds, mean over the finished seeds",
-        f"{'partition':<14} {'method':<16} {'seeds':>5} " + " ".join(f"{label:>12}" for label, _ in COMPARED),
-    ]
-    for row in table:
-        values = [row.get(f"last{last}_{key}_mean", math.nan) for _, key in COMPARED]
-        shown = " ".join(f"{'n/a':>12}" if not math.isfinite(v) else f"{100 * v:12.2f}" for v in values)
-        lines.append(f"{row['partition']:<14} {row['method']:<16} {row['seeds']:>5} {shown}")
-    plots = ", ".join(str(suite.folder / f"accuracy-{p}.png") for p in dict.fromkeys(r["partition"] for r in table))
-    lines += [
-        f"table: {suite.folder / 'results.md'}",
-        f"plots: {plots} (every method, per round); each run's accuracy.png in its folder "
-        f"{suite.folder}/<partition>--<method>--s<seed>/",
-    ]
-    return "\n".join(lines)
-
-
 def plot_partition(suite: Suite, partition: str) -> None:
     """Global (solid), client-global (dotted) and personalized (dashed) accuracy per round, mean over
     seeds, one colour per method."""
@@ -521,3 +491,33 @@ def plot_partition(suite: Suite, partition: str) -> None:
     fig.tight_layout()
     fig.savefig(suite.folder / f"accuracy-{partition}.png", dpi=100)
     plt.close(fig)
+
+
+COMPARED = (
+    ("global", "global_accuracy"),
+    ("balanced", "global_balanced_accuracy"),
+    ("worst class", "global_worst_class_accuracy"),
+    ("personalized", "personalized_accuracy"),
+)
+
+
+def comparison(suite: Suite, table: list[dict[str, Any]]) -> str:
+    """The finished cells side by side, one line each: the mean of the last k rounds of the global,
+    balanced, worst-class and personalized accuracy (%, mean over seeds; n/a: not measured), then
+    where the table and the plots are."""
+    last = suite.last_rounds
+    lines = [
+        f"suite {suite.name}: accuracy (%), mean of the last {last} rounds, mean over the finished seeds",
+        f"{'partition':<14} {'method':<16} {'seeds':>5} " + " ".join(f"{label:>12}" for label, _ in COMPARED),
+    ]
+    for row in table:
+        values = [row.get(f"last{last}_{key}_mean", math.nan) for _, key in COMPARED]
+        shown = " ".join(f"{'n/a':>12}" if not math.isfinite(v) else f"{100 * v:12.2f}" for v in values)
+        lines.append(f"{row['partition']:<14} {row['method']:<16} {row['seeds']:>5} {shown}")
+    plots = ", ".join(str(suite.folder / f"accuracy-{p}.png") for p in dict.fromkeys(r["partition"] for r in table))
+    lines += [
+        f"table: {suite.folder / 'results.md'}",
+        f"plots: {plots} (every method, per round); each run's accuracy.png in its folder "
+        f"{suite.folder}/<partition>--<method>--s<seed>/",
+    ]
+    return "\n".join(lines)
