@@ -26,9 +26,7 @@ import yaml
 from fedskew.resultfile import CellResult, ResultSet, Stat, dump_results, load_results
 
 COMMIT = "9caf598"
-SOURCE = (
-    f"migrated from docs/results.md at {COMMIT} (mean ± std as its tables gave them); per-seed values: not kept"
-)
+SOURCE = f"migrated from docs/results.md at {COMMIT} (mean ± std as its tables gave them); per-seed values: not kept"
 ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "results"
 
@@ -38,8 +36,9 @@ consumed: dict[str, list[float]] = defaultdict(list)  # provenance -> numbers ta
 
 
 def old_report() -> str:
-    return subprocess.run(["git", "show", f"{COMMIT}:docs/results.md"], cwd=ROOT, capture_output=True, text=True,
-                          check=True).stdout
+    return subprocess.run(
+        ["git", "show", f"{COMMIT}:docs/results.md"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout
 
 
 TEXT = old_report()
@@ -127,8 +126,13 @@ def text_value(snippet: str, file: str, p: str, m: str, stat: str, mean: float, 
 def common_setting() -> None:
     f = "fmnist-pcdd"
     labels = {
-        "fedavg": "fedavg", "fedprox (mu 0.01)": "fedprox", "fedrs (alpha 0.5)": "fedrs", "map": "map",
-        "fedgela (after issue 13)": "fedgela", "fedmr": "fedmr", "mupfl (after issue 13)": "mupfl",
+        "fedavg": "fedavg",
+        "fedprox (mu 0.01)": "fedprox",
+        "fedrs (alpha 0.5)": "fedrs",
+        "map": "map",
+        "fedgela (after issue 13)": "fedgela",
+        "fedmr": "fedmr",
+        "mupfl (after issue 13)": "mupfl",
     }
     for label, m in labels.items():
         for col, stat in ((1, "global.final"), (2, "global.best"), (3, "personalized.final")):
@@ -143,48 +147,86 @@ def common_setting() -> None:
     for i, row in enumerate(TABLES[2][2:]):
         split, label = row[0], row[1]
         m = label.replace(" (-FT)", "")
-        for col, stat in ((2, "global.last10"), (3, "global.osc10"), (4, "client-global.last10"),
-                          (5, "personalized.last10"), (6, "global.final"), (7, "global.best")):
-            (mean, std, _), = parse(row[col])
+        for col, stat in (
+            (2, "global.last10"),
+            (3, "global.osc10"),
+            (4, "client-global.last10"),
+            (5, "personalized.last10"),
+            (6, "global.final"),
+            (7, "global.best"),
+        ):
+            ((mean, std, _),) = parse(row[col])
             put(f"table 2 row {i} col {col}", "fmnist-skew", split, m, stat, mean, std)
 
     # fmnist-fedgela-ew (seed 0): rows partitions, columns methods, 'global / personalized'
-    methods = {1: "fedgela-ew1e2", 2: "fedgela-ew3e2", 3: "fedgela-ew1e3", 4: "fedgela-ew3e3", 5: "fedgela-ew1e4",
-               6: "fedavg", 7: "fedgela-code"}
+    methods = {
+        1: "fedgela-ew1e2",
+        2: "fedgela-ew3e2",
+        3: "fedgela-ew1e3",
+        4: "fedgela-ew3e3",
+        5: "fedgela-ew1e4",
+        6: "fedavg",
+        7: "fedgela-code",
+    }
     for label, p in (("Dirichlet(0.1)", "dir01"), ("2 classes per client", "c2")):
         for col, m in methods.items():
-            cell(6, label, col, [("fmnist-fedgela-ew", p, m, "global.last10"),
-                                 ("fmnist-fedgela-ew", p, m, "personalized.last10")])
+            cell(
+                6,
+                label,
+                col,
+                [("fmnist-fedgela-ew", p, m, "global.last10"), ("fmnist-fedgela-ew", p, m, "personalized.last10")],
+            )
 
 
 def map_common() -> None:
     f = "fmnist-map"
     for label in ("fedavg", "fedrs", "map"):
-        for col, stat in ((1, "global.final"), (2, "global.best"), (3, "personalized.final"),
-                          (4, "global.last10"), (5, "personalized.last10")):
+        for col, stat in (
+            (1, "global.final"),
+            (2, "global.best"),
+            (3, "personalized.final"),
+            (4, "global.last10"),
+            (5, "personalized.last10"),
+        ):
             cell(3, label, col, [(f, "map", label, stat)])
     f = "fmnist-map50"
-    labels = {"fedavg (1 epoch)": "fedavg", "fedavg-2ep (2 epochs)": "fedavg-2ep", "fedrs (alpha 0.5)": "fedrs",
-              "map (HPM)": "map"}
+    labels = {
+        "fedavg (1 epoch)": "fedavg",
+        "fedavg-2ep (2 epochs)": "fedavg-2ep",
+        "fedrs (alpha 0.5)": "fedrs",
+        "map (HPM)": "map",
+    }
     for label, m in labels.items():
-        for col, stat in ((1, "global.final"), (2, "personalized.final"), (3, "global.last10"),
-                          (4, "personalized.last10")):
+        for col, stat in (
+            (1, "global.final"),
+            (2, "personalized.final"),
+            (3, "global.last10"),
+            (4, "personalized.last10"),
+        ):
             cell(4, label, col, [(f, "map", m, stat)])
     cell(4, "map, stage-2 model theta_hat", 4, [(f, "map", "map", "stage2.last10")])
 
 
 def fedmr() -> None:
     f = "paper-fedmr"
-    kinds = {"FedAvg": "fedavg", "FedProx": "fedprox", "FedMR": "fedmr",
-             "FedMR, intra-class loss only (mu2 = 0)": "fedmr-intra", "FedMR, inter-class loss only (mu1 = 0)": "fedmr-inter"}
+    kinds = {
+        "FedAvg": "fedavg",
+        "FedProx": "fedprox",
+        "FedMR": "fedmr",
+        "FedMR, intra-class loss only (mu2 = 0)": "fedmr-intra",
+        "FedMR, inter-class loss only (mu1 = 0)": "fedmr-inter",
+    }
     for split in ("P5C2", "P10C2", "P10C3", "P10C5", "IID"):
         for kind, m in kinds.items():
             # IID's ablation ran on the rerun's machine (2026-11-26), not beside the first IID runs
             file = "paper-fedmr-iid-rerun" if split == "IID" and m.startswith("fedmr-") else f
             for col, stat in ((2, "global.last10"), (3, "global.final"), (4, "global.best")):
                 cell(7, f"{split} {kind}", col, [(file, split.lower(), m, stat)])
-    for label, m in (("IID FedAvg, rerun (2026-11-26, another machine)", "fedavg"), ("IID FedMR, rerun", "fedmr"),
-                     ("IID FedProx, rerun", "fedprox")):
+    for label, m in (
+        ("IID FedAvg, rerun (2026-11-26, another machine)", "fedavg"),
+        ("IID FedMR, rerun", "fedmr"),
+        ("IID FedProx, rerun", "fedprox"),
+    ):
         for col, stat in ((2, "global.last10"), (3, "global.final"), (4, "global.best")):
             cell(7, label, col, [("paper-fedmr-iid-rerun", "iid", m, stat)])
 
@@ -202,26 +244,46 @@ def mupfl() -> None:
             "FedAvg / MuPFL, global (10,000 test images)": [("fedavg", "global"), ("mupfl", "global")],
         }
         if t == 8:
-            rows.update({
-                "FedProx, mu 0.1 / 1.0 (seed 0 only), client-global": [("fedprox-0.1", "client-global"),
-                                                                       ("fedprox-1", "client-global")],
-                "MuPFL, BAVD rescaled (`mupfl-bavd-rescale`), personalized / client-global / global": [
-                    ("mupfl-rescaled", "personalized"), ("mupfl-rescaled", "client-global"), ("mupfl-rescaled", "global")],
-                "MuPFL without ACMU, personalized / client-global / global": [
-                    ("mupfl-no-acmu", "personalized"), ("mupfl-no-acmu", "client-global"), ("mupfl-no-acmu", "global")],
-                "MuPFL without PKCF, personalized / client-global / global": [
-                    ("mupfl-no-pkcf", "personalized"), ("mupfl-no-pkcf", "client-global"), ("mupfl-no-pkcf", "global")],
-                "MuPFL without BAVD, personalized / client-global / global": [
-                    ("mupfl-no-bavd", "personalized"), ("mupfl-no-bavd", "client-global"), ("mupfl-no-bavd", "global")],
-            })
+            rows.update(
+                {
+                    "FedProx, mu 0.1 / 1.0 (seed 0 only), client-global": [
+                        ("fedprox-0.1", "client-global"),
+                        ("fedprox-1", "client-global"),
+                    ],
+                    "MuPFL, BAVD rescaled (`mupfl-bavd-rescale`), personalized / client-global / global": [
+                        ("mupfl-rescaled", "personalized"),
+                        ("mupfl-rescaled", "client-global"),
+                        ("mupfl-rescaled", "global"),
+                    ],
+                    "MuPFL without ACMU, personalized / client-global / global": [
+                        ("mupfl-no-acmu", "personalized"),
+                        ("mupfl-no-acmu", "client-global"),
+                        ("mupfl-no-acmu", "global"),
+                    ],
+                    "MuPFL without PKCF, personalized / client-global / global": [
+                        ("mupfl-no-pkcf", "personalized"),
+                        ("mupfl-no-pkcf", "client-global"),
+                        ("mupfl-no-pkcf", "global"),
+                    ],
+                    "MuPFL without BAVD, personalized / client-global / global": [
+                        ("mupfl-no-bavd", "personalized"),
+                        ("mupfl-no-bavd", "client-global"),
+                        ("mupfl-no-bavd", "global"),
+                    ],
+                }
+            )
         for label, targets in rows.items():
             for col, stat in cols:
                 cell(t, label, col, [(f, p, m, f"{metric}.{stat}") for m, metric in targets])
     # the ablation tables: personalized | client-global | global (oscillation) | global, final / best
     for t, p in ((10, "if100-a05"), (12, "if10-a1"), (14, "if100-a1")):
-        for label, m in (("all three modules", "mupfl"), ("without BAVD", "mupfl-no-bavd"),
-                         ("without ACMU", "mupfl-no-acmu"), ("without PKCF", "mupfl-no-pkcf"),
-                         ("FedAvg (-FT: personalized)", "fedavg")):
+        for label, m in (
+            ("all three modules", "mupfl"),
+            ("without BAVD", "mupfl-no-bavd"),
+            ("without ACMU", "mupfl-no-acmu"),
+            ("without PKCF", "mupfl-no-pkcf"),
+            ("FedAvg (-FT: personalized)", "fedavg"),
+        ):
             cell(t, label, 1, [(f, p, m, "personalized.last10")])
             cell(t, label, 2, [(f, p, m, "client-global.last10")])
             cell(t, label, 3, [(f, p, m, "global.last10")], osc="global.osc10")
@@ -231,7 +293,9 @@ def mupfl() -> None:
 def fedgela() -> None:
     f = "paper-fedgela"
     base = {
-        "FedAvg, GA": ("fedavg", "global"), "FedRS, GA": ("fedrs", "global"), "FedGELA, GA": ("fedgela", "global"),
+        "FedAvg, GA": ("fedavg", "global"),
+        "FedRS, GA": ("fedrs", "global"),
+        "FedGELA, GA": ("fedgela", "global"),
         "FedGE (global ETF, no local adaptation: `fedge`), GA": ("fedge", "global"),
         "FedAvg, PA of its global model": ("fedavg", "client-global"),
         "FedAvg-FT, PA": ("fedavg", "personalized"),
@@ -239,8 +303,14 @@ def fedgela() -> None:
         "FedGELA, PA": ("fedgela", "personalized"),
         "FedGE, PA (its own backbone, plain ETF)": ("fedge", "personalized"),
     }
-    for t, p in ((16, "part-a01"), (18, "part-a05"), (19, "part-a02"), (20, "full-a01-r20"), (23, "full-a05-r20"),
-                 (21, "full-a01")):
+    for t, p in (
+        (16, "part-a01"),
+        (18, "part-a05"),
+        (19, "part-a02"),
+        (20, "full-a01-r20"),
+        (23, "full-a05-r20"),
+        (21, "full-a01"),
+    ):
         for row in TABLES[t][2:]:
             m, metric = base[row[0]]
             for col, stat in ((2, "last10"), (3, "final"), (4, "best")):
@@ -260,9 +330,12 @@ def fedgela() -> None:
 def map_paper() -> None:
     f = "paper-map"
     labels = {
-        "FedAvg, global": ("fedavg", "global"), "FedRS (alpha 0.5), global": ("fedrs", "global"),
-        "MAP, global": ("map", "global"), "FedAvg, client-global": ("fedavg", "client-global"),
-        "FedRS, client-global": ("fedrs", "client-global"), "MAP, client-global": ("map", "client-global"),
+        "FedAvg, global": ("fedavg", "global"),
+        "FedRS (alpha 0.5), global": ("fedrs", "global"),
+        "MAP, global": ("map", "global"),
+        "FedAvg, client-global": ("fedavg", "client-global"),
+        "FedRS, client-global": ("fedrs", "client-global"),
+        "MAP, client-global": ("map", "client-global"),
         "FedAvg-FT, personalized": ("fedavg", "personalized"),
         "FedRS, personalized (its locally trained model)": ("fedrs", "personalized"),
         "MAP, personalized (HPM)": ("map", "personalized"),
@@ -271,10 +344,12 @@ def map_paper() -> None:
         "MAP (`map-code`), its stage-2 model": ("map-code", "stage2"),
         "MAP (`map-code`), personalized (HPM)": ("map-code", "personalized"),
     }
-    for t, p, cols in ((24, "map-r50", ((1, "last10"), (3, "final"), (4, "best"))),
-                       (25, "map", ((1, "last10"), (3, "final"), (4, "best"))),
-                       (26, "map-r50", ((1, "last10"), (3, "final"), (4, "best"))),
-                       (27, "map", ((1, "last10"), (2, "final"), (3, "best")))):
+    for t, p, cols in (
+        (24, "map-r50", ((1, "last10"), (3, "final"), (4, "best"))),
+        (25, "map", ((1, "last10"), (3, "final"), (4, "best"))),
+        (26, "map-r50", ((1, "last10"), (3, "final"), (4, "best"))),
+        (27, "map", ((1, "last10"), (2, "final"), (3, "best"))),
+    ):
         for row in TABLES[t][2:]:
             m, metric = labels[row[0]]
             for col, stat in cols:
@@ -286,8 +361,12 @@ def map_paper() -> None:
 
 def fedrs() -> None:
     f = "paper-fedrs"
-    labels = {"FedAvg": "fedavg", "FedRS (alpha 0.5)": "fedrs-0.5", "FedRS (alpha 0.9)": "fedrs-0.9",
-              "FedRS (alpha 0.1)": "fedrs-0.1"}
+    labels = {
+        "FedAvg": "fedavg",
+        "FedRS (alpha 0.5)": "fedrs-0.5",
+        "FedRS (alpha 0.9)": "fedrs-0.9",
+        "FedRS (alpha 0.1)": "fedrs-0.1",
+    }
     for t, suffix in ((28, "-r150"), (29, "")):
         for row in TABLES[t][2:]:
             scene, _, kind = row[0].partition(" ")
@@ -368,11 +447,18 @@ def build() -> dict[str, ResultSet]:
         if file == "fmnist-fedgela-ew" or (file, p, m) in SEED0 or p == "c10-100-2-r1000":
             seeds = [0]
         rs = sets.setdefault(file, ResultSet(file, suite, suite_file, [], overrides))
-        rs.cells.append(CellResult(
-            partition=p, method=m, seeds=seeds, rounds=int(config["num-server-rounds"]), config=config,
-            stats={name: Stat(v["mean"], v.get("std")) for name, v in stats.items()},
-            source=SOURCE, note=NOTES.get((file, p), ""),
-        ))
+        rs.cells.append(
+            CellResult(
+                partition=p,
+                method=m,
+                seeds=seeds,
+                rounds=int(config["num-server-rounds"]),
+                config=config,
+                stats={name: Stat(v["mean"], v.get("std")) for name, v in stats.items()},
+                source=SOURCE,
+                note=NOTES.get((file, p), ""),
+            )
+        )
     return sets
 
 
