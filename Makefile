@@ -1,4 +1,4 @@
-# fedskew: `make run` sets up and runs the default federated job; `make test` sets up and tests.
+# fedskew: `make run` sets up and runs the default job (FedAvg and FedRS side by side); `make test` sets up and tests.
 SHELL := /bin/bash
 PYTHON ?= python3
 VENV ?= .venv
@@ -37,8 +37,16 @@ deploy-tools:
 		(apt-get install -y -qq nginx-light || (apt-get update -qq && apt-get install -y -qq nginx-light)) >/dev/null; \
 	else echo "nginx missing (apt-get install nginx-light): the multi-host deployment test will be skipped"; fi
 
+# The default job (suites/demo.yaml): FedAvg and FedRS on the same split, one comparison table;
+# ARGS="..." runs `fedskew run ARGS` instead.
+ifdef ARGS
+RUN = $(VENV)/bin/fedskew run $(ARGS)
+else
+RUN = $(VENV)/bin/fedskew experiment suites/demo.yaml
+endif
+
 run: venv data
-	$(VENV)/bin/fedskew run $(ARGS)
+	$(RUN)
 
 test: venv data deploy-tools
 	$(PY) -m pytest -q $(PYTEST_ARGS)

@@ -1,6 +1,6 @@
 #!/bin/bash
-# The papers' own protocols on a GPU machine lent for minutes (docs/results.md, "FedRS with its TFCNN
-# on a GPU" and "FedGELA ... full participation at the paper's 50 rounds"; docs/benchmarks.md, "GPU");
+# The papers' own protocols on a GPU machine lent for minutes (docs/notes/fedrs.md, "FedRS with its TFCNN
+# on a GPU" and "FedGELA ... full participation at the paper's 50 rounds" in docs/notes/fedgela.md; docs/benchmarks.md, "GPU");
 # run from the checkout's root. $STEPS picks among three steps (default "fedmr fedrs", the second
 # lending's), each `benchmarks/suite_in_process.py`:
 #  1. FedMR's ResNet-18 on P5C2 (FedAvg, FedMR), 2 rounds of 1 local epoch each, one after the

@@ -14,7 +14,7 @@ differences in accuracy points with how many rounds were above 0:
     .venv/bin/python benchmarks/map_hpm.py [--runs outputs/suites/paper-map] [--part map]
         [--method map] [--seeds 0 1 2] [--windows 1-10 11-50 51-100 101-150]
 
-Windows past a run's last round are dropped. The figures are in `docs/results.md` (MAP at 150 rounds; `map-code`
+Windows past a run's last round are dropped. The figures are in `docs/notes/map.md` (MAP at 150 rounds; `map-code`
 at 150, `--method map-code`, and at 50, `--part map-r50 --method map-code --windows 1-10 11-30 31-50`).
 """
 

@@ -7,8 +7,12 @@ fedskew run [--run-config 'k=v ...'] [--num-supernodes N] [--actors A] [--federa
     submit the app with `flwr run`, stream its log, print the summary, stop what it started
     (also when interrupted), and exit non-zero when the run failed (`flwr run` itself exits 0
     on failed runs). The simulation trains A clients at once (default: every core busy).
-fedskew experiment SUITE.yaml [--dry-run | --report] [--rerun-changed]
-    Run a suite of simulations (see `fedskew.experiments`); --dry-run checks every cell as a run would.
+fedskew experiment SUITE.yaml [--dry-run | --report | --export] [--rerun-changed]
+    Run a suite of simulations (see `fedskew.experiments`); --dry-run checks every cell as a run would;
+    --export writes its finished cells' numbers into results/<suite>.yaml (`fedskew.resultfile`).
+fedskew report [--check]
+    Regenerate docs/results.md, docs/leaderboard.md, the figures and README's tables from results/
+    (`fedskew.report`); --check only says whether they are stale.
 fedskew config
     List every run-config key with its default and meaning.
 fedskew data get NAME [--data-root DIR] [--mirror URL]
@@ -28,7 +32,7 @@ from typing import Any
 
 from fedskew.config import DATASETS, ConfigError, all_params
 from fedskew.data.download import DownloadError, get_dataset, list_datasets
-from fedskew.experiments import describe, labels, load_suite, plan_cells, run_suite, select, write_report
+from fedskew.experiments import comparison, describe, labels, load_suite, plan_cells, run_suite, select, write_report
 from fedskew.launcher import (
     RunFailed,
     app_defaults,
@@ -39,6 +43,8 @@ from fedskew.launcher import (
     resume_overrides,
     run_simulation,
 )
+from fedskew.registry import METHODS
+from fedskew.resultfile import export_suite
 
 
 def format_summary(s: dict[str, Any]) -> str:
@@ -90,17 +96,30 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         if warning := describe(plans):
             print(warning)
         return 0
+    if args.export:
+        path = export_suite(suite, args.suite, app_defaults(app_dir), app_dir / "results")
+        print(f"exported: {path} (then `fedskew report` regenerates the docs)")
+        return 0
     if args.report:
-        write_report(suite)
+        print(comparison(suite, write_report(suite)))
     else:
         run_suite(suite, app_dir, args.stream, args.actors, chosen, args.rerun_changed)
-    print(f"results: {suite.folder / 'results.md'}")
     return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from fedskew.report import main as report_main
+
+    return report_main(["--root", str(find_app_dir(None))] + (["--check"] if args.check else []))
 
 
 def cmd_config(args: argparse.Namespace) -> int:
     for key, p in all_params().items():
-        print(f"{key:<26} {p.default!r:<18} {p.help} [{p.allowed()}]")
+        allowed = f"one of {', '.join(METHODS)}" if key == "method" else p.allowed()
+        print(f"{key:<26} {p.default!r:<18} {p.help} [{allowed}]")
+        if key == "method":  # each registered method with its paper
+            for spec in METHODS.values():
+                print(f"  {spec.name:<24} {spec.paper or '(no paper given)'}")
     return 0
 
 
@@ -150,6 +169,11 @@ def main(argv: list[str] | None = None) -> int:
     exp.add_argument("--app", help="the Flower app folder (default: this checkout)")
     exp.add_argument("--dry-run", action="store_true", help="validate and list the cells, run nothing")
     exp.add_argument("--report", action="store_true", help="only (re)write the table and plots")
+    exp.add_argument(
+        "--export",
+        action="store_true",
+        help="write the finished cells' numbers into results/<suite>.yaml (other cells there are kept)",
+    )
     exp.add_argument("--stream", action="store_true", help="show each run's log")
     exp.add_argument(
         "--rerun-changed",
@@ -160,6 +184,9 @@ def main(argv: list[str] | None = None) -> int:
     for flag, what in (("methods", "method labels"), ("partitions", "partition labels"), ("seeds", "seeds")):
         exp.add_argument(f"--{flag}", metavar="A,B", help=f"run only these {what} (default: all the suite's)")
     exp.set_defaults(fn=cmd_experiment)
+    rep = sub.add_parser("report", help="regenerate docs/results.md, docs/leaderboard.md and README's tables")
+    rep.add_argument("--check", action="store_true", help="write nothing; exit 1 when a generated file is stale")
+    rep.set_defaults(fn=cmd_report)
     conf = sub.add_parser("config", help="list every run-config key")
     conf.set_defaults(fn=cmd_config)
     data = sub.add_parser("data", help="download the standard data sets (get) or list them (ls)")

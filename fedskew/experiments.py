@@ -39,6 +39,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import math
 import time
 import warnings
 from dataclasses import dataclass
@@ -351,7 +352,7 @@ def run_suite(
             spent.append(time.perf_counter() - t0)
             left = np.mean(spent) * (len(todo) - i)
             print(f"{label}: {result} in {spent[-1]:.0f} s; about {_fmt_eta(left)} left", flush=True)
-    write_report(suite)
+    print(comparison(suite, write_report(suite)), flush=True)
     if failed:
         raise RunFailed(f"{len(failed)} cell(s) failed: " + ", ".join(c.run_name for c in failed))
 
@@ -455,6 +456,7 @@ def plot_partition(suite: Suite, partition: str) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for i, m in enumerate(suite.method_labels):
@@ -480,6 +482,7 @@ def plot_partition(suite: Suite, partition: str) -> None:
                 color=f"C{i}",
                 label=f"{m} ({key.removesuffix('-accuracy')})",
             )
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
     ax.set_ylabel("accuracy")
     ax.set_title(f"{suite.name}: {partition}")
@@ -488,3 +491,33 @@ def plot_partition(suite: Suite, partition: str) -> None:
     fig.tight_layout()
     fig.savefig(suite.folder / f"accuracy-{partition}.png", dpi=100)
     plt.close(fig)
+
+
+COMPARED = (
+    ("global", "global_accuracy"),
+    ("balanced", "global_balanced_accuracy"),
+    ("worst class", "global_worst_class_accuracy"),
+    ("personalized", "personalized_accuracy"),
+)
+
+
+def comparison(suite: Suite, table: list[dict[str, Any]]) -> str:
+    """The finished cells side by side, one line each: the mean of the last k rounds of the global,
+    balanced, worst-class and personalized accuracy (%, mean over seeds; n/a: not measured), then
+    where the table and the plots are."""
+    last = suite.last_rounds
+    lines = [
+        f"suite {suite.name}: accuracy (%), mean of the last {last} rounds, mean over the finished seeds",
+        f"{'partition':<14} {'method':<16} {'seeds':>5} " + " ".join(f"{label:>12}" for label, _ in COMPARED),
+    ]
+    for row in table:
+        values = [row.get(f"last{last}_{key}_mean", math.nan) for _, key in COMPARED]
+        shown = " ".join(f"{'n/a':>12}" if not math.isfinite(v) else f"{100 * v:12.2f}" for v in values)
+        lines.append(f"{row['partition']:<14} {row['method']:<16} {row['seeds']:>5} {shown}")
+    plots = ", ".join(str(suite.folder / f"accuracy-{p}.png") for p in dict.fromkeys(r["partition"] for r in table))
+    lines += [
+        f"table: {suite.folder / 'results.md'}",
+        f"plots: {plots} (every method, per round); each run's accuracy.png in its folder "
+        f"{suite.folder}/<partition>--<method>--s<seed>/",
+    ]
+    return "\n".join(lines)

@@ -16,12 +16,13 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, TextIO
 
 import tomllib
 
@@ -487,25 +488,55 @@ def submit(
             raise RunFailed(f"flwr run refused the job: {started}")
         run_id = started["run-id"]
         # the log stream (a second `flwr` process, about a second of CPU to start) only when shown
-        logger = (
-            subprocess.Popen([flwr_bin("flwr"), "log", str(run_id), link.connection, "--stream"], env=env)
-            if stream
-            else None
-        )
+        logger = LogStream([flwr_bin("flwr"), "log", str(run_id), link.connection, "--stream"], env) if stream else None
         try:
             status = watch.wait(lambda: _run_status(run_id, link.connection, env))
         finally:
             if logger:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    logger.wait(2.0)  # the stream's last lines, once the run has ended
-                logger.terminate()
-                logger.wait()
+                logger.stop()
     if status != "finished:completed" or not summary_path.is_file():
         raise RunFailed(
             f"run {run_id} ended with status {status!r} (results: {summary_path.parent}; "
             f"SuperLink log: {link.log_path})"
         )
     return json.loads(summary_path.read_text())
+
+
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")  # CSI sequences: colours, cursor moves
+
+
+def copy_plain(source: IO[bytes], out: TextIO) -> None:
+    """Copy `source` line by line to `out` without terminal escape codes (Flower's console handler
+    colours every level name, whatever the output is)."""
+    for raw in iter(source.readline, b""):
+        out.write(ANSI_ESCAPE.sub("", raw.decode(errors="replace")))
+        out.flush()
+
+
+class LogStream:
+    """`flwr log --stream` shown on this process's stdout and stderr: as Flower writes it on a
+    terminal, as plain text (`copy_plain`) on each of them that is a file or a pipe."""
+
+    def __init__(self, command: list[str], env: dict[str, str]) -> None:
+        plain = [not stream.isatty() for stream in (sys.stdout, sys.stderr)]
+        pipe = [subprocess.PIPE if p else None for p in plain]
+        self.proc = subprocess.Popen(command, env=env, stdout=pipe[0], stderr=pipe[1])
+        self.copiers = [
+            threading.Thread(target=copy_plain, args=(source, out), daemon=True)
+            for source, out in ((self.proc.stdout, sys.stdout), (self.proc.stderr, sys.stderr))
+            if source is not None
+        ]
+        for copier in self.copiers:
+            copier.start()
+
+    def stop(self) -> None:
+        """Wait up to 2 s for the stream's last lines (the run has ended), then stop it."""
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(2.0)
+        self.proc.terminate()
+        self.proc.wait()
+        for copier in self.copiers:
+            copier.join(2.0)
 
 
 def stage_app(app_dir: Path, dest: Path) -> Path:

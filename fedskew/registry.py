@@ -16,12 +16,14 @@ from fedskew.config import Param, class_list_rule
 
 @dataclass(frozen=True)
 class MethodSpec:
-    """A registered method: where its strategy and trainer live, and its own config keys."""
+    """A registered method: where its strategy and trainer live, its own config keys and its paper
+    (authors, title, venue: what `fedskew config` lists beside the name)."""
 
     name: str
     strategy: str  # "module:Class"
     trainer: str  # "module:Class"
     params: dict[str, Param] = field(default_factory=dict)
+    paper: str = ""
 
     def strategy_class(self) -> Any:
         return _load(self.strategy)
@@ -35,25 +37,38 @@ def _load(path: str) -> Any:
     return getattr(importlib.import_module(module), attr)
 
 
-def _m(name: str, strategy: str, trainer: str, **params: Param) -> MethodSpec:
+def _m(name: str, strategy: str, trainer: str, paper: str = "", **params: Param) -> MethodSpec:
     keys = {f"{name}-{k.replace('_', '-')}": p for k, p in params.items()}
-    return MethodSpec(name, f"fedskew.strategies.{strategy}", f"fedskew.client_app.{trainer}", keys)
+    return MethodSpec(name, f"fedskew.strategies.{strategy}", f"fedskew.client_app.{trainer}", keys, paper)
 
 
 METHODS: dict[str, MethodSpec] = {
     spec.name: spec
     for spec in (
-        _m("fedavg", "fedavg:FedAvgStrategy", "fedavg:FedAvgTrainer"),
+        _m(
+            "fedavg",
+            "fedavg:FedAvgStrategy",
+            "fedavg:FedAvgTrainer",
+            paper=(
+                'McMahan et al., "Communication-Efficient Learning of Deep Networks from Decentralized Data", '
+                "AISTATS 2017"
+            ),
+        ),
         _m(
             "fedprox",
             "fedprox:FedProxStrategy",
             "fedprox:FedProxTrainer",
+            paper='Li et al., "Federated Optimization in Heterogeneous Networks", MLSys 2020',
             mu=Param(float, 0.01, "FedProx proximal weight: loss + mu/2 ||w - w_global||^2", low=0.0),
         ),
         _m(
             "fedrs",
             "fedrs:FedRSStrategy",
             "fedrs:FedRSTrainer",
+            paper=(
+                'Li & Zhan, "FedRS: Federated Learning with Restricted Softmax for Label Distribution Non-IID '
+                'Data", KDD 2021'
+            ),
             alpha=Param(float, 0.5, "FedRS: scale of missing classes' logits", low=0.0, high=1.0),
             scale=Param(
                 str, "binary", "FedRS: 'binary' (paper) or 'count' (authors' code)", choices=("binary", "count")
@@ -64,6 +79,9 @@ METHODS: dict[str, MethodSpec] = {
             "fedmr",
             "fedmr:FedMRStrategy",
             "fedmr:FedMRTrainer",
+            paper=(
+                'Fan et al., "Federated Learning under Partially Class-Disjoint Data via Manifold Reshaping", TMLR 2023'
+            ),
             mu1=Param(float, 0.01, "FedMR: weight of the intra-class decorrelation loss", low=0.0),
             mu2=Param(float, 1e-4, "FedMR: weight of the inter-class prototype loss", low=0.0),
             intra_mode=Param(
@@ -97,6 +115,10 @@ METHODS: dict[str, MethodSpec] = {
             "mupfl",
             "mupfl:MuPFLStrategy",
             "mupfl:MuPFLTrainer",
+            paper=(
+                'Zhang et al., "Multi-level Personalized Federated Learning on Heterogeneous and Long-Tailed '
+                'Data" (MuPFL; extends ICME 2023)'
+            ),
             bavd=Param(bool, True, "MuPFL: BAVD dropout during local training (and maps for ACMU)"),
             acmu=Param(bool, True, "MuPFL: ACMU cluster update (off = one cluster)"),
             pkcf=Param(bool, True, "MuPFL: PKCF class gradients, feature synthesis, classifier fine-tune"),
@@ -162,6 +184,10 @@ METHODS: dict[str, MethodSpec] = {
             "map",
             "map:MAPStrategy",
             "map:MAPTrainer",
+            paper=(
+                'Li et al., "MAP: Model Aggregation and Personalization in Federated Learning with Incomplete '
+                'Classes", TKDE 2024'
+            ),
             alpha=Param(
                 float, 0.5, "MAP stage 1: restricted-softmax scale of missing classes' logits", low=0.0, high=1.0
             ),
@@ -187,6 +213,10 @@ METHODS: dict[str, MethodSpec] = {
             "fedgela",
             "fedgela:FedGELAStrategy",
             "fedgela:FedGELATrainer",
+            paper=(
+                'Fan et al., "Federated Learning with Bilateral Curation for Partially Class-Disjoint Data" '
+                "(FedGELA), NeurIPS 2023"
+            ),
             head=Param(
                 str,
                 "paper",

@@ -77,7 +77,7 @@ def warmup_lr(lr: float, server_round: int, warmup_rounds: int) -> float:
 def round_lr(cfg: dict[str, Any], server_round: int) -> float:
     """The local lr of round r: warm-up (`lr-warmup-rounds`) times the step decay
     `lr-decay ** floor((r - 1) / lr-decay-every)` (MuPFL §4.1: "decay rate of 0.005 every 3 epochs",
-    read as x 0.995 every 3 rounds, spec A16)."""
+    read as x 0.995 every 3 rounds)."""
     steps = (max(server_round, 1) - 1) // cfg["lr-decay-every"]
     return warmup_lr(cfg["lr"], server_round, cfg["lr-warmup-rounds"]) * cfg["lr-decay"] ** steps
 

@@ -180,3 +180,17 @@ def test_cli_refuses_up_front_with_one_line(tmp_path, monkeypatch, capsys, args:
     code = cli.main(["run", *[a.replace("{tmp}", str(tmp_path)) for a in args]])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and needle in err[0], err
+
+
+def test_fedskew_config_lists_every_method_with_its_paper(capsys: pytest.CaptureFixture[str]) -> None:
+    from fedskew.cli import main
+    from fedskew.registry import METHODS
+
+    assert main(["config"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    method_line = next(line for line in out if line.startswith("method "))
+    assert "[one of " + ", ".join(METHODS) + "]" in method_line
+    listed = {line.split()[0]: line for line in out if line.startswith("  ")}
+    for name, spec in METHODS.items():
+        assert spec.paper, f"method {name} names no paper (registry: _m(..., paper=...))"
+        assert spec.paper in listed[name], f"fedskew config does not show {name}'s paper"

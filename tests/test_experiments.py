@@ -86,6 +86,10 @@ def test_suite_runs_resumes_and_reports(tmp_path, monkeypatch, capsys) -> None:
     assert "FedAvg-FT" in md  # fedavg's personalized model is named for what it is
     assert (suite.folder / "results.csv").read_text().count("\n") == 5
     assert (suite.folder / "accuracy-iid.png").is_file() and (suite.folder / "accuracy-c2.png").is_file()
+    # the comparison printed at the end: one line per cell (balanced / worst class: not in these runs)
+    line = next(x for x in out.splitlines() if x.startswith("iid ") and " rs " in x)
+    assert line.split() == ["iid", "rs", "2", "50.00", "n/a", "n/a", "75.00"]
+    assert f"plots: {suite.folder / 'accuracy-iid.png'}" in out
 
 
 @pytest.mark.parametrize(

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+
 import pytest
 from flwr.common.config import parse_config_args
 from flwr.supercore.utils import simulation_config_from_json
@@ -99,3 +102,16 @@ def test_the_ray_heads_ports_are_distinct() -> None:
     for _ in range(200):
         ports = free_ports(3)
         assert len(set(ports)) == 3 and all(1024 <= p < 65536 for p in ports)
+
+
+def test_log_stream_to_a_file_or_pipe_is_plain_text(capsys: pytest.CaptureFixture[str]) -> None:
+    """Flower's console handler colours each level name; `fedskew run > file` gets plain text."""
+    from fedskew.launcher import LogStream
+
+    line = "\x1b[92mINFO \x1b[0m:      round   1/2 | global acc 0.5000\n"
+    code = f"import sys; sys.stdout.write({line!r} * 2); sys.stderr.write({line!r})"
+    stream = LogStream([sys.executable, "-c", code], dict(os.environ))
+    stream.stop()
+    captured = capsys.readouterr()
+    assert captured.out == "INFO :      round   1/2 | global acc 0.5000\n" * 2
+    assert captured.err == "INFO :      round   1/2 | global acc 0.5000\n"

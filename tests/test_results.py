@@ -41,3 +41,22 @@ def test_a_run_records_client_global_accuracy_and_last_rounds_means(tmp_path, ta
     assert rows[-1]["client-global-accuracy"] > 0.6  # iid: round 2's global model is already good
     summary = json.loads((tmp_path / "r" / "summary.json").read_text())
     assert {k: summary[k] for k in round_statistics(rows)} == round_statistics(rows)
+
+
+def test_accuracy_plot_shows_client_global_accuracy_on_integer_rounds(tmp_path, monkeypatch) -> None:
+    import matplotlib.pyplot as plt
+
+    from fedskew.server_app.results import plot_accuracy
+
+    closed = []
+    monkeypatch.setattr(plt, "close", closed.append)
+    rows = [
+        {"round": r, "global-accuracy": 0.1 * r, "client-global-accuracy": 0.2, "personalized-accuracy": 0.9}
+        for r in (1, 2, 3)
+    ]
+    plot_accuracy(rows, tmp_path / "a.png", "fedavg")
+    ax = closed[0].axes[0]
+    assert [line.get_label() for line in ax.get_lines()] == ["global", "client-global", "personalized"]
+    ticks = [t for t in ax.get_xticks() if 1 <= t <= 3]
+    assert ticks and all(float(t).is_integer() for t in ticks)
+    assert (tmp_path / "a.png").is_file()

@@ -3,13 +3,14 @@
 The server's ETF arrives as the `etf` ArrayRecord with its SHA-256 in the `etf-info` ConfigRecord;
 the client checks its shape (d, C), dtype and finite values (`server_records`, as every server
 record) and the checksum, then trains only the backbone (the network's features and the
-`fedgela-head` layers) with cross-entropy on s * phi_k,c * cos(h, m_c), s = sqrt(E_W) (paper's
-head; the authors' code: s * phi_k,c * m_c^T h with s = 1 / T), where phi_k = C n_{k,c} / n_k
-comes from its own training labels (computed here, never sent). The ETF and phi are buffers, not
-parameters: no gradient, no weight decay, unchanged by training. The upload is the backbone's
-state dict only. The personalized model is the trained backbone with the adapted ETF (spec §2.7),
-evaluated right after local training; the received global model (`client-global-accuracy`, the
-paper's PA of a global model) is the received backbone with the plain, unadapted ETF.
+`fedgela-head` layers) with cross-entropy on s * phi_k,c * cos(h, m_c), s = sqrt(E_W) (paper's head; the
+authors' code: s * phi_k,c * m_c^T h with s = 1 / T), where phi_k = C n_{k,c} / n_k comes from its
+own training labels (computed here, never sent). The ETF and phi are buffers, not parameters: no
+gradient, no weight decay, unchanged by training. The upload is the backbone's state dict only. The
+personalized model is the trained backbone with the adapted ETF, evaluated right after local
+training (no extra fine-tuning: the paper records PA during training); the received global model
+(`client-global-accuracy`, the paper's PA of a global model) is the received backbone with the
+plain, unadapted ETF.
 The gradient norm is clipped to `fedgela-clip` (authors' code: 20; 0 turns it off).
 """
 

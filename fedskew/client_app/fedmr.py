@@ -1,20 +1,23 @@
-"""FedMR client (Fan et al., TMLR 2023, Alg. 1; spec `shared/methods/fedmr.md`).
+"""FedMR client (Fan et al., TMLR 2023, Alg. 1).
 
 Local objective per mini-batch (Eq. 5): ``CE(f2(z), y) + mu1 * l_intra(z, y) + mu2 * l_inter(z, y; G)``
-with ``z = f1(x)`` the backbone features. The maths and the paper-vs-spec decisions are in
+with ``z = f1(x)`` the backbone features. The maths and the decisions where the paper is silent are in
 `fedskew/losses/fedmr.py`. Client-side choices:
 
 - The global prototypes G [C, d] and their validity mask [C] arrive in the `fedmr-prototypes`
   ArrayRecord and stay fixed (no gradient) during local training. Round 1 (nothing valid yet) or a
   class no participant has held yet: its prototype is invalid and masked, so round 1 is CE + intra
-  (spec A6). A term whose weight is 0 is not computed (mu1 = mu2 = 0 reproduces FedAvg bit for bit).
+  (the paper does not say how round 1 or a missing class is handled). A term whose weight is 0 is
+  not computed (mu1 = mu2 = 0 reproduces FedAvg bit for bit).
 - After local training, the client computes its per-class prototypes g_k^c (mean feature over the
-  whole local training set, eval mode, no augmentation; spec A5) and the counts N_k^c, inside the
-  timed part of the round, and uploads them as the `fedmr-prototypes` record {prototypes [C, d]
-  float32, counts [C] int64}, zero rows for classes it does not hold.
-- Privacy (paper Sec. 4.4 / Table 5, spec A15): a client outside the server's fixed sharing subset
-  (`fedmr-share-fraction`, broadcast as `fedmr-config.share-mask`) uploads zero prototypes and zero
-  counts but still uses G; the classes in `fedmr-private-classes` are never uploaded by anyone.
+  whole local training set, eval mode, no augmentation: the paper does not say when or in which
+  mode) and the counts N_k^c, inside the timed part of the round, and uploads them as the
+  `fedmr-prototypes` record {prototypes [C, d] float32, counts [C] int64}, zero rows for classes it
+  does not hold.
+- Privacy (paper Sec. 4.4 / Table 5; whether a non-sharing client still uses G is not said: it
+  does): a client outside the server's fixed sharing subset (`fedmr-share-fraction`, broadcast as
+  `fedmr-config.share-mask`) uploads zero prototypes and zero counts but still uses G; the classes
+  in `fedmr-private-classes` are never uploaded by anyone.
 - The client keeps no state across rounds.
 """
 

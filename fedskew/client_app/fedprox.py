@@ -1,6 +1,7 @@
 """FedProx client (Li et al., MLSys'20): cross-entropy + (mu/2) ||w - w_global||^2.
 
-The standard proximal form, not the authors-of-FedRS smooth-L1 variant (FedRS spec §8 A14).
+The standard proximal form (the FedProx paper, Eq. 2), not the mean smooth-L1 distance that FedRS's
+public code uses for its FedProx baseline.
 """
 
 from __future__ import annotations

@@ -12,13 +12,13 @@ One round on client k (participation n = z^k + 1):
    mu_max) (Eq. 10, Sec. IV-B), and count the participation. The HPM never leaves the client and is
    the model that `personal-accuracy` measures; theta_hat's accuracy is `stage2-accuracy`.
 
-Decisions (paper vs spec vs the authors' code `lxcnju/MAP`, spec §8):
+Decisions (the paper against the authors' code `lxcnju/MAP`):
 - Stage split: Alg. 1 splits E into E/2 RS epochs + E/2 transfer epochs at one lr. Here stage 1
   runs `local-epochs` (so the upload is comparable to FedAvg/FedRS with the same key) and stage 2
   `map-personal-epochs` (default 1) at `lr * map-personal-lr-factor` (default 1.0; the code uses
   0.2 and ~10% of the steps). The paper's split is local-epochs = map-personal-epochs = E/2.
 - Restricted softmax: the paper's binary rule on raw training counts (count >= `map-tau`), reusing
-  `FedRSTrainer`; NOT the code's mask on class *fractions*, which scales every logit by alpha (§8.3).
+  `FedRSTrainer`; NOT the code's mask on class *fractions*, which scales every logit by alpha.
 - KD: both logits divided by tau = `map-temperature` (4.0), batch-mean KL, no tau^2 (paper);
   `map-soften-student=false` gives the code's teacher-only softening.
 - MMD: 5 Gaussian kernels, bandwidths b0 * 2^{-2..2}, b0 the mean pairwise squared distance (code).

@@ -19,8 +19,8 @@ One round on client i:
 
 Client state (`ClientState`): with `mupfl-bavd-reset="never"` the BAVD maps persist across rounds
 (tensors "mupfl-maps"); with the default "epoch" (literal Eq. 6) or "round" they restart each round,
-so nothing is kept. The previous and personalized models live on the server (spec §3, "server state":
-the ACMU update w~_i needs every cluster member's update, which only the server has).
+so nothing is kept. The previous and personalized models live on the server (the ACMU update w~_i, Eq. 14, needs
+every cluster member's update, which only the server has).
 """
 
 from __future__ import annotations

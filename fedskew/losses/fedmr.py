@@ -1,8 +1,9 @@
 """FedMR losses and prototype maths (Fan et al., "Federated Learning under Partially Class-Disjoint
-Data via Manifold Reshaping", TMLR 2023; spec `shared/methods/fedmr.md`). Pure torch/numpy.
+Data via Manifold Reshaping", TMLR 2023). Pure torch/numpy.
 
 Local objective (Eq. 5): ``L_k = CE + mu1 * l_intra + mu2 * l_inter``, both extra terms on the
-backbone features ``z = f1(x)`` (the input of the linear head, spec A20), computed per mini-batch (A3).
+backbone features ``z = f1(x)`` (the input of the linear head, as the authors' code: the paper does not name the layer),
+computed per mini-batch.
 
 Intra-class loss (Eq. 3, anti-collapse), per class c present in the batch with n_c >= 2 samples::
 
@@ -18,20 +19,21 @@ Inter-class loss (Eq. 4, anti-invasion) against fixed global prototypes g (no gr
     D_{ci,cj} = mean_{n: y_n = ci} max(||z_n - g_ci|| - ||z_n - g_cj|| + margin, 0)
     l_inter   = mean over the (ci, cj) pairs used of D_{ci,cj}
 
-Decisions (paper vs spec, recorded here as the issue asks):
+Decisions where the paper is silent or contradicts itself:
 - Negatives c_j: Eq. 4 ranges over the client's own classes only, which contradicts the paper's
   stated purpose (prototypes as "support of the missing classes"; Alg. 1 broadcasts all of them).
-  Default ``negatives="all"`` (every class != c_i with a valid global prototype, spec A1 [rec]);
+  Default ``negatives="all"`` (every class != c_i with a valid global prototype);
   ``"local"`` is the literal Eq. 4 (0 for a single-class client). The normaliser is the number of
   pairs actually used (Eq. 4's 1/(|C_k|(|C_k|-1)) when all are valid).
-- The hinge has no margin constant in the paper; ``margin`` (default 0) is an extra (A7). The
+- The hinge has no margin constant in the paper; ``margin`` (default 0) is an extra (the text
+  speaks of a "larger margin"). The
   "margin removed" ablation (``form="pull"``) is the mean distance to the own prototype.
 - Classes whose prototype is not valid (round 1, classes no participant has held yet) are masked:
-  their samples contribute nothing and they are no negatives (A6). Stale prototypes are kept by the
+  their samples contribute nothing and they are no negatives. Stale prototypes are kept by the
   server (`aggregate_prototypes`).
 - Lite-n (Sec. 4.4): the inter loss on n random samples of the batch (n < 0: whole batch, 0: off).
 - The intra loss defaults to ``"ref"`` because the paper's tuned mu1 (0.001-0.1) only make sense at
-  that scale (A2); the paper's modes are there for faithful-form runs with a re-tuned mu1.
+  that scale; the paper's modes are there for faithful-form runs with a re-tuned mu1.
 """
 
 from __future__ import annotations
@@ -154,7 +156,7 @@ def aggregate_prototypes(
     previous_valid: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Server update g_c = sum_k (N_k^c / sum_k' N_k'^c) g_k^c for every class with a positive total
-    count; other classes keep `previous` (stale, spec A6) and its validity, or are zero and invalid.
+    count; other classes keep `previous` (stale) and its validity, or are zero and invalid.
 
     Returns (global prototypes [C, d] float32, valid [C] bool). Zero-count rows carry no weight, so
     non-sharing clients (all counts 0) have no influence.

@@ -1,19 +1,19 @@
 """MuPFL's client and server maths (Zhang et al., "Multi-level personalized FL", paper 002), pure torch.
 
-Spec: ../shared/methods/mupfl.md (tags [P] paper, [R] our resolution). No public reference code exists.
+No public reference code exists: where the paper is silent the choice is ours, and says so.
 
 BAVD, biased activation value dropout (Sec. 3.3, Eq. 6). Per BAVD layer a map M, accumulated per
-iteration lambda from the batch-mean pre-mask activation h_bar (shape C x H x W, spec A2 "CHW"):
+iteration lambda from the batch-mean pre-mask activation h_bar (shape C x H x W: one value per channel and position):
 
     M^(0) = h_bar^(0),    M^(lambda) = M^(lambda-1) + psi^(lambda) h_bar^(lambda),
-    psi^(lambda) = l^(lambda-1) - l^(lambda)    (loss improvement; spec A1, "paper" flips the sign)
+    psi^(lambda) = l^(lambda-1) - l^(lambda)    (loss improvement; "paper" takes Eq. 6's printed sign)
 
 and the forward pass at iteration lambda keeps the positions where the min-max normalised map of
-iteration lambda-1 is >= its per-channel mean over H x W (spec A4; the mask is invariant to any
+iteration lambda-1 is >= its per-channel mean over H x W (the mask is invariant to any
 positive affine normalisation), h_out = h * mask; with `rescale` (`mupfl-bavd-rescale`) the kept
 positions are scaled by (positions / kept) per channel, as the standard (inverted) dropout layer
 BAVD replaces does ("we substitute the standard dropout layer with our BAVD layer", Sec. 3.3). The
-zero map keeps everything, and BAVD is the identity in eval mode (spec §10 props 1-2).
+zero map keeps everything, and BAVD is the identity in eval mode.
 
 BAVD is attached by forward hooks (`attach_bavd`) after every conv-block ReLU (a ReLU preceded by a
 Conv2d/BatchNorm2d inside an nn.Sequential) and after every ResNet BasicBlock, so the model's
@@ -33,22 +33,19 @@ gradient and over the classes:
 
     L_match = sum_{k in K_t} sum_{r=1..K} (1 - cos(z_hat^k_r, z^k_r))                    ("creff")
 
-or Eq. 20 read as a distance (spec A9), one cosine of the flattened gradient, averaged:
+or Eq. 20 read as a distance (1 - its cosine similarity), one cosine of the flattened gradient,
+averaged:
 
     L_match = 1/|K_t| sum_{k in K_t} (1 - cos(vec z_hat^k, vec z^k))                       ("paper")
 
-The clients then fine-tune their classifier on (h_glo, y) for tau epochs (Eq. 21, spec A11).
+The clients then fine-tune their classifier on (h_glo, y) for tau epochs (Eq. 21).
 
-Why CReFF's form and lr 1.0 (issue 13; paper and CReFF decide where the spec differs): with the
-paper's form and the spec's lr 0.1 (CReFF's lr, but CReFF sums ~|K_t| K terms where Eq. 20 averages
-|K_t|) each feature gets a gradient ~100x smaller and does not move: on the real gradients of 5 clients
-(a LeNet trained 25 FedAvg rounds, Fashion-MNIST long tail IF 10, Dir 0.5) the mean distance went 0.98 -> 0.97 in 100
-iterations, features unchanged (relative change 0.00), and a classifier trained from zero on them
-scores 11 % (chance). CReFF's form at CReFF's lr 0.1 reaches 0.45 (x2.2) in a round; at lr 1.0 it
-reaches 0.02 (x40-70 in the first round, relative change 0.46), and a classifier trained from zero
-on those 20 features per class scores 55 % on the balanced test set (the FedAvg model's own
-classifier: 43 %). The synthesis loss reported (`pkcf-match-loss-first/last`) is the mean cosine
-distance per compared vector, in [0, 2], for either form.
+Why CReFF's form and lr 1.0: Eq. 20 averages |K_t| cosines where CReFF's distance sums about |K_t| K
+row distances, so at CReFF's lr 0.1 each synthetic feature gets a gradient about 100x smaller and
+does not move (on real client gradients a classifier trained on such features is at chance); CReFF's
+form at lr 1.0 converges within a round (the measurements: `docs/notes/mupfl.md`). The synthesis
+loss reported (`pkcf-match-loss-first/last`) is the mean cosine distance per compared vector, in
+[0, 2], for either form.
 """
 
 from __future__ import annotations
@@ -90,7 +87,7 @@ def bavd_mask(activation_map: torch.Tensor, rescale: bool = False, eps: float = 
 
 
 def loss_change(prev_loss: float | None, loss: float, sign: str = "improvement") -> float:
-    """psi^(lambda): l^(lambda-1) - l^(lambda) ('improvement', spec A1) or the literal Eq. 6 sign
+    """psi^(lambda): l^(lambda-1) - l^(lambda) ('improvement') or the literal Eq. 6 sign
     ('paper'); 0 when there is no previous loss."""
     if prev_loss is None:
         return 0.0
@@ -222,7 +219,7 @@ def gradient_distance(synth: torch.Tensor, real: torch.Tensor, form: str = "cref
     """Distance of synthetic to real class gradients, both (n, K, d): one value per class.
 
     creff (CReFF's `distance_wb`): D_k = sum_r (1 - cos(z_hat^k_r, z^k_r)) over the K rows r of the
-    weight gradient, each row compared on its own; paper (Eq. 20 as a distance, spec A9):
+    weight gradient, each row compared on its own; paper (Eq. 20 as a distance):
     D_k = 1 - cos(vec z_hat^k, vec z^k), one cosine over the flattened gradient.
     """
     if form == "creff":

@@ -20,7 +20,9 @@ def fedrs_scale(counts: np.ndarray | torch.Tensor, alpha: float, tau: int = 1, m
     - `binary` (paper, V1/V2): 1 for observed classes (count >= tau), alpha for missing ones.
     - `count` (authors' later code, V3): alpha + (1 - alpha) n_c / max_j n_j; classes below tau
       get alpha.
-    Computed once per round from the local data, never per mini-batch (spec §8 A3, A7).
+    Computed once per round from the local data, never per mini-batch: the paper defines the observed
+    classes on the client's training set, and an early version of the authors' code that rebuilt
+    the scale inside the step loop compounded it towards 1 (FedAvg after a few steps).
     """
     if not 0.0 <= alpha <= 1.0:
         raise ValueError(f"alpha={alpha} must be in [0, 1]")

@@ -3,15 +3,16 @@
 
 - `lenet`  : LeNet-5 (conv 6-16, fc 120-84), d = 84           (FedRS Fig. 3 style, FMNIST)
 - `map-lenet`: the MAP/FedRS authors' FMNIST LeNet (`lxcnju/FedRepo`): conv5x5 1-16, pool, conv5x5
-             16-16, pool, no hidden FC layer, d = 16 * 4 * 4 = 256 (MAP spec §5.3)
+             16-16, pool, no hidden FC layer, d = 16 * 4 * 4 = 256
 - `mupfl-cnn`: MuPFL's FMNIST CNN, "two 5x5 conv layers followed by a single linear layer"; channels
-             unspecified, spec [R]: conv 1-32, pool, conv 32-64, pool, d = 64 * 4 * 4 = 1024
+             unspecified, our choice: conv 1-32, pool, conv 32-64, pool, d = 64 * 4 * 4 = 1024
 - `mlp`    : 2 x 200 hidden units, d = 200                     (FedAvg's MNIST MLP)
 - `tfcnn`  : conv 32-64-64, padding 1, three max-pools, d = 64 * (s/8)^2  (FedRS Table 4)
 - `vgg11`  : VGG-11 without BN, d = 512; inputs below 32x32 are zero-padded to 32 (FedRS Table 5)
 - `resnet8`, `resnet18`: CIFAR ResNets (BasicBlock, BN), d = 64 / 512 (FedGELA, FedMR, MuPFL)
 
-Initialisation is PyTorch's default. Deviation: none of the classifiers has a bias (FedRS §8 A5).
+Initialisation is PyTorch's default. Deviation: none of the classifiers has a bias (FedRS leaves it out
+and its code's classifier has none; the restricted softmax then scales the whole logit).
 
 Input sizes (`check_input`): the two-conv nets (`lenet`, `map-lenet`, `mupfl-cnn`) need images of at
 least 16 x 16 (two 5x5 convolutions and two 2x2 pools leave one pixel), `tfcnn` at least 8 x 8 (three

@@ -425,17 +425,24 @@ class RunOutput:
 
 
 def plot_accuracy(rows: list[dict[str, Any]], path: Path, title: str) -> None:
-    """Global and personalized accuracy against the round."""
+    """Global, client-global (the global model on the clients' test splits) and personalized
+    accuracy against the round (integer ticks)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    for key, label in (("global-accuracy", "global"), ("personalized-accuracy", "personalized")):
+    for key, label in (
+        ("global-accuracy", "global"),
+        ("client-global-accuracy", "client-global"),
+        ("personalized-accuracy", "personalized"),
+    ):
         pts = [(r["round"], r[key]) for r in rows if r.get(key) is not None]
         if pts:
             ax.plot(*zip(*pts, strict=True), marker=".", label=label)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
     ax.set_ylabel("accuracy")
     ax.set_title(title)

@@ -2,9 +2,9 @@
 
 - Similarity (Eq. 8): Sim(i,j) = a cos(dw_i, dw_j) + (1 - a) cos(M_i, M_j), a = `alpha`.
 - k-means needs points: each client is embedded as phi_i = [sqrt(a) dw_i/|dw_i|, sqrt(1-a) M_i/|M_i|],
-  so that |phi_i - phi_j|^2 = 2 (1 - Sim(i,j)) and Euclidean k-means is consistent with Eq. 8 (spec A6).
+  so that |phi_i - phi_j|^2 = 2 (1 - Sim(i,j)) and Euclidean k-means is consistent with Eq. 8.
 - kappa (Eqs. 9-13): the k in [k_min, min(k_max, n-1)] whose k-means labels have the best mean
-  silhouette on the distance 1 - Sim (spec A5: Eq. 8 is a similarity); ties -> smallest k; n <= 2 -> 1.
+  silhouette on the distance 1 - Sim (Eq. 8 is a similarity); ties -> smallest k; n <= 2 -> 1.
 - Cluster update (Eq. 14): w~_i = w_i^(t-1) + mean_{j in C(i)} dw_j (unweighted cluster mean).
 
 A small numpy k-means (k-means++ seeding, best of `n_init` by inertia) and silhouette are written here

@@ -1,10 +1,12 @@
-"""FedMR server (Fan et al., TMLR 2023, Alg. 1; spec `shared/methods/fedmr.md`). Client side:
-`fedskew/client_app/fedmr.py`; maths and paper-vs-spec decisions: `fedskew/losses/fedmr.py`.
+"""FedMR server (Fan et al., TMLR 2023, Alg. 1). Client side: `fedskew/client_app/fedmr.py`; maths
+and the decisions where the paper is silent: `fedskew/losses/fedmr.py`.
 
-- The model is aggregated by FedAvg (sample-weighted, BN buffers included; spec 2.4, A16).
+- The model is aggregated by FedAvg (sample-weighted, BN buffers included: the paper
+  does not say how BatchNorm is aggregated).
 - Prototypes: g_c^t = sum_k (N_k^c / sum_k' N_k'^c) g_k^c over this round's replies, per class and
-  count-weighted (Sec. 3.3.2). A class no reply held this round keeps its previous prototype (stale,
-  spec A6 [rec]); a class never held yet stays invalid and is masked by the clients.
+  count-weighted (Sec. 3.3.2). A class no reply held this round keeps its previous prototype (stale:
+  the paper is silent, and a stale prototype still supports the missing class); a class never held
+  yet stays invalid and is masked by the clients.
 - Downlink (`broadcast`): `fedmr-prototypes` {prototypes [C, d] float32, valid [C] bool} and
   `fedmr-config` {share-mask: bool per partition}. Round 1 sends all-invalid prototypes.
 - Reply screening (on top of FedAvg's, `fedskew.records`): a reply is dropped, and counted as a

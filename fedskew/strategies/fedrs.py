@@ -2,7 +2,7 @@
 
 FedRS changes only the client loss (restricted softmax); payload, aggregation and evaluation are
 FedAvg's. The paper averages uniformly, the authors' code by sample count; they agree on equal-size
-shard partitions. Set `aggregation-weights="uniform"` for the paper's rule (spec §8 A11).
+shard partitions. Set `aggregation-weights="uniform"` for the paper's rule.
 """
 
 from fedskew import wire

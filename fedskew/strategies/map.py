@@ -3,7 +3,7 @@
 The server averages the clients' stage-1 (restricted-softmax) models; the HPMs never leave the
 clients. Alg. 1 line 6 averages uniformly, theta_{t+1} = 1/|S_t| sum_k theta^k_{a,t}; that is the
 default here (`map-uniform-aggregation=true`); `false` follows `aggregation-weights` (the authors'
-code weights by sample count, spec §8.8).
+code weights by sample count).
 
 The server also counts each partition's accepted replies. A client reports its participation
 counter (`hpm-participations`); one lower than the server's count + 1 means its state was lost

@@ -1,19 +1,20 @@
-"""MuPFL server (Zhang et al., "MuPFL: multi-level personalized FL", paper 002, Alg. 1): ACMU + PKCF.
+"""MuPFL server (Zhang et al., "Multi-level Personalized Federated Learning on Heterogeneous and
+Long-Tailed Data", Alg. 1): ACMU + PKCF.
 
 Client side: `fedskew/client_app/mupfl.py`; maths: `fedskew/losses/mupfl.py` (BAVD, PKCF) and
-`fedskew/strategies/clustering.py` (ACMU). Spec: ../shared/methods/mupfl.md. The paper's three tiers
-(client / edge "interface" / cloud) run as client trainer + this one strategy (spec §1 [R]).
+`fedskew/strategies/clustering.py` (ACMU). The paper's three tiers (client / edge "interface" /
+cloud) run as the client trainer and this one strategy.
 
 Round t on the server:
 1. each sampled client gets the global model w_glo (`mupfl-init="global"`, the default), or its
-   own w~_i from its last participation (`"personal"`, the spec's literal Alg. 1 L6; w_glo on first
+   own w~_i from its last participation (`"personal"`, Alg. 1 L6 read literally; w_glo on first
    participation), plus (PKCF) the classifier of the global model it sends this round (`mupfl-classifier`, the one
    the clients take z_i^k at and the synthesis matches at) and the synthetic features h_glo of the
    classes seen so far;
 2. ACMU (`mupfl-acmu`): dw_i = w_i - start_i over the trainable parameters (Eq. 7); clients are
    clustered on Eq. 8's similarity (update cosine and BAVD-map cosine, weight `mupfl-alpha`) with
    k-means, kappa in [k-min, min(k-max, n-1)] by silhouette (Eqs. 9-13); w~_i = start_i + mean dw of
-   i's cluster (Eq. 14). ACMU off = one cluster (spec A17). BN buffers are the client's own;
+   i's cluster (Eq. 14). ACMU off = one cluster. BN buffers are the client's own;
 3. w_glo = sum_i n_i/n w~_i over the sampled clients (Eq. 15; `aggregation-weights` applies);
 4. PKCF (`mupfl-pkcf`): z^k_glo = mean of the uploaded z_i^k over the clients holding class k
    (Eq. 17); h_glo (K x m x d) is optimised on `self.device` so that the gradients of the classifier
@@ -21,49 +22,40 @@ Round t on the server:
    `mupfl-distance`); it is sent next round.
 ACMU and PKCF are timed each round (metrics `acmu-seconds`, `pkcf-seconds`; CUDA synchronised).
 
-Decisions / deviations (spec §9 references):
-- A1 psi = previous loss - current loss (`mupfl-psi-sign="paper"` for the literal sign); A2 CHW maps
-  from batch means; A3 map reset each local epoch (`mupfl-bavd-reset` "round"/"never"; "never" keeps
-  the maps in the client's `ClientState`); A4 mean threshold on the min-max normalised map, `>=`,
-  per channel, no rescaling (`mupfl-bavd-rescale` scales the kept activations as inverted dropout),
-  identity at eval. Measured on the paper's Table II cell (IF 10, Dir 0.5; `benchmarks/mupfl_bavd.py`,
-  10 clients, 10 local epochs): from a random initialisation rescaled BAVD beats plain SGD (+2.7
-  points) and the unscaled one loses (-7.0); from a trained global model, a federated round's
-  situation, every reading loses (-3.1 to -5.1; top-K 90 % is level), and in the federated run (3
-  seeds) rescaled BAVD's personalized accuracy is 85.0 % against 84.7 % unscaled and 90.8 % without
-  BAVD (docs/results.md). So no rescaling stays the default. BAVD sits after every conv-block ReLU (LeNet: 2
-  layers) and after each ResNet block; nets without conv blocks get none (then maps are not sent
-  and ACMU uses the update cosine only, alpha = 1, spec A17).
-- A5/A6 silhouette on the distance 1 - Sim, k-means on the embedding phi (exactly Eq. 8), k-means++
+Decisions and deviations (the paper has no public code):
+- BAVD: psi = previous loss - current loss (`mupfl-psi-sign="paper"` for Eq. 6's printed sign);
+  C x H x W maps from batch means; the map restarts each local epoch (`mupfl-bavd-reset` "round" /
+  "never"; "never" keeps the maps in the client's `ClientState`); a mean threshold on the min-max
+  normalised map, `>=`, per channel, no rescaling (`mupfl-bavd-rescale` scales the kept activations
+  as inverted dropout), identity at eval. No rescaling stays the default: from a trained global
+  model, a federated round's situation, every reading of Eqs. 5-6 costs personalized accuracy, the
+  rescaled one included (`benchmarks/mupfl_bavd.py`; `docs/notes/mupfl.md`). BAVD sits after every
+  conv-block ReLU (LeNet: 2 layers) and after each ResNet block; nets without conv blocks get none
+  (then maps are not sent and ACMU uses the update cosine only, alpha = 1).
+- ACMU: silhouette on the distance 1 - Sim, k-means on the embedding phi (exactly Eq. 8), k-means++
   with 10 restarts seeded by (seed, round); numpy implementation (no scikit-learn dependency).
-- A8 start model: the global model, not the spec's personal w~_i (issue 13; the spec asked for an
-  early check, and it decided). The paper supports it: ACMU yields "a more ideal updated local model
-  w~_i for global aggregation" (Sec. 3.4: w~_i exists for Eq. 15), after PKCF the client trains
-  (u_i, v_glo) (Sec. 3.5: the global classifier), "at m = 0 MuPFL defaults to FedAvg" (Sec. 4.5)
-  and Table I's "FedAvg with clustering" is FedAvg whose update is ACMU's; Alg. 1 L6's w_i^(t-1)
-  reuses the superscript that L18 uses for SGD steps. Measured (one seed, long tail IF 10 +
-  Dir 0.5, 20 clients, 5 a round, 30 rounds, mean of the last 10, global / personalized %): before
-  this change personal 20.1 / 69.4, global 48.8 / 77.5 (FedAvg 35.4 / 74.7). With "personal" nothing
-  trains from w_glo, an average of drifting personal models (often one class: 10 %). "personal"
-  keeps w~_i on the server (spec §3 server state: N models; 20 LeNets here).
-- A9/A10 h_glo ~ N(0,1) at first use then warm-started, SGD for `mupfl-match-iters` = 100
-  iterations (CReFF); only classes seen so far are sent. Distance and lr follow CReFF, not the
-  spec (issue 13): the spec's one cosine per class averaged over classes at lr 0.1 left the
-  features where they started (matching loss 0.99 -> 0.98, norms unchanged over 30 rounds), so
-  clients fine-tuned on labelled noise. CReFF's `distance_wb` (1 - cos per row of each class
-  gradient, summed over rows and classes) at lr `mupfl-feature-lr` = 1.0 converges within a round
-  (x40-70 on real gradients; evidence in `fedskew/losses/mupfl.py`); CReFF's own lr 0.1 gives x2.
-  The paper's form stays as `mupfl-distance="paper"` (it needs lr ~20).
+- Start model: the global model, not the client's own w~_i. The paper supports it: ACMU yields
+  "a more ideal updated local model w~_i for global aggregation" (Sec. 3.4: w~_i exists for Eq. 15),
+  after PKCF the client trains (u_i, v_glo) (Sec. 3.5: the global classifier), "at m = 0 MuPFL
+  defaults to FedAvg" (Sec. 4.5) and Table I's "FedAvg with clustering" is FedAvg whose update is
+  ACMU's; Alg. 1 L6's w_i^(t-1) reuses the superscript that L18 uses for SGD steps. With "personal"
+  nothing trains from w_glo, an average of drifting personal models (`docs/notes/mupfl.md`).
+  "personal" keeps every w~_i on the server (N models).
+- PKCF synthesis: h_glo ~ N(0,1) at first use, then warm-started; SGD for `mupfl-match-iters` = 100
+  iterations (CReFF); only classes seen so far are sent. Distance and lr follow CReFF's public code
+  (`distance_wb`, 1 - cos per row of each class gradient, summed over rows and classes, at lr
+  `mupfl-feature-lr` = 1.0), not one cosine per class averaged over classes at CReFF's lr 0.1, which
+  leaves the features where they start (`fedskew/losses/mupfl.py`). The paper's form stays as
+  `mupfl-distance="paper"` (it needs lr ~20).
 - One classifier for real and synthetic gradients (CReFF sends the global model and both sides take
   gradients at its classifier): the server sends the classifier of the global model of this round's
-  start, clients take z_i^k at it, and the synthesis matches at it. The spec had clients use their own
-  trained classifier and the server the new w_glo's, so the two gradients were taken at different
-  points. z_i^k stays where Alg. 1 puts it (L19-20, after local training, the trained extractor's
-  features): on real gradients, features synthesised from post-training z serve the next global model
-  better than CReFF's pre-training z (a classifier trained on them: 39 vs 23 % after 10 rounds, 55
-  vs 53 % after 25).
-- A11 the client fine-tunes the classifier only, tau = 30 epochs, then trains the whole model.
-- A14 m = 20 features per class, tau = 30 (the values the paper holds fixed in Sec. 4.5).
+  start, clients take z_i^k at it, and the synthesis matches at it; gradients taken at the clients'
+  own trained classifiers and at the new w_glo's would be compared at two different points. z_i^k
+  stays where Alg. 1 puts it (L19-20, after local training, the trained extractor's features): on
+  real gradients, features synthesised from post-training z serve the next global model better than
+  CReFF's pre-training z (`docs/notes/mupfl.md`).
+- The client fine-tunes the classifier only, tau = 30 epochs, then trains the whole model.
+- m = 20 features per class, tau = 30 (the values the paper holds fixed in Sec. 4.5).
 - The classifier is bias-free (fedskew's SplitNet), so z_i^k is the K x d weight gradient only.
 - Local optimiser: the common `sgd` (momentum / weight decay as for every method) rather than the
   paper's plain SGD, so that MuPFL and FedAvg differ only by MuPFL's modules.
@@ -73,21 +65,6 @@ Decisions / deviations (spec §9 references):
   `start-accuracy` (only under "personal") is the paper's personalized model w~_i (what the client
   receives; w_glo for a first-time client), both measured before the round's training.
 - PKCF also runs after the last round (its features are unused then) so every round is timed.
-- Measured after issue 13 (one seed each, re-measured here; the 3-seed report is docs/results.md):
-  FMNIST long tail IF 10 + Dir 0.5, 20 clients, 5 a round, 30 rounds, E = 1, LeNet, mean of the
-  last 10 rounds, global / client-global / personalized %:
-    FedAvg (personalized: FedAvg-FT)                              35.4 / 52.7 / 74.7
-    MuPFL defaults                                                55.6 / 65.4 / 81.2
-    before: personal start, one cosine per class at lr 0.1        20.1 /  --  / 69.4
-    global start, one cosine per class at lr 0.1 (one classifier) 49.1 / 62.3 / 78.3
-    "personal" start, CReFF synthesis (start-accuracy: 64.4)      24.5 / 36.3 / 68.7
-    defaults without PKCF / ACMU / BAVD                           39.2 / 58.2 / 73.6;
-                                                                  58.2 / 67.3 / 81.3; 59.3 / 66.5 / 84.8
-    feature lr 0.3 / 3.0 (1.0 default)                            55.3 / 55.1 global
-  PKCF carries MuPFL's gain over FedAvg here; ACMU and BAVD do not help at this scale (BAVD costs
-  3.6 points of personalized accuracy on LeNet). Matching loss per round (first -> last, mean
-  cosine distance): round 1 0.995 -> 0.009, later rounds 0.03-0.13 -> <= 0.013 (warm start); with
-  one cosine per class at lr 0.1 every round moved about 0.01 (0.995 -> 0.984 in round 1).
 """
 
 from __future__ import annotations

@@ -1,0 +1,381 @@
+"""Committed result files, `results/<name>.yaml`: the numbers behind every report table.
+
+Run folders (`outputs/`) are not committed; a result file keeps what the reports need of them, one
+entry per cell (a suite's partition label x method label)::
+
+    suite: paper-fedrs                    # the suite the cells belong to
+    suite-file: suites/paper-fedrs.yaml   # its protocol; `overrides` (optional): what every cell
+    cells:                                #   ran with beyond it, e.g. {model: tfcnn}
+    - partition: c10-100-2
+      method: fedrs-0.5
+      seeds: [0, 1, 2]
+      rounds: 300
+      config: {...}                       # the cell's run config as the suite gives it (no seed)
+      config-sha256: 3f1c...              # of the validated config the runs saved (no seed, no paths)
+      source: what produced the numbers   # an export from run folders, or a migration
+      note: optional, one line
+      stats:
+        global.last50: {mean: 85.28, std: 0.43, per-seed: [85.6, 85.1, 85.2]}
+
+A statistic is named `<metric>.<statistic>`. Metrics: `global` (the server's model on the official
+test set), `client-global` (the global model each sampled client receives, on its local test
+split), `personalized` (each method's personalized model there; FedAvg's is its locally trained
+model, FedAvg-FT), `balanced` and `worst-class` (the global model's mean per-class accuracy and its
+worst class's), or another measured accuracy (MAP's `stage2`). Statistics: `last<k>` the mean of
+the last k rounds (the one conclusions are drawn from: label-skewed FL swings from round to round),
+`osc<k>` the std of the global accuracy over those rounds (the oscillation FedRS reports),
+`r<a>-<b>` / `osc<a>-<b>` the same over rounds a..b, `final` and `best`. Values are percent; `std`
+is the population std over the seeds (as the suite tables), absent where not known; `per-seed`
+follows `seeds`, absent where the values were not kept. A stat measured on fewer seeds than its
+cell names them itself (`seeds`).
+
+`fedskew experiment SUITE --export` writes a suite's finished cells (`export_suite`), replacing
+those cells in the file and keeping the others, so a method added later is added by running and
+exporting only its cells. Every file is checked when read (`load_results`): a wrong key, type or
+value is a ConfigError naming the file and the key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import re
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from fedskew.config import ConfigError, validate
+
+# metric -> the `round_statistics` name of its accuracy (`<stat>_<name>`)
+METRICS = {
+    "global": "global_accuracy",
+    "client-global": "client_global_accuracy",
+    "personalized": "personalized_accuracy",
+    "balanced": "global_balanced_accuracy",
+    "worst-class": "global_worst_class_accuracy",
+}
+STAT_NAME = re.compile(r"^[a-z][a-z0-9-]*\.(last\d+|osc\d+|osc\d+-\d+|r\d+-\d+|final|best)$")
+FILE_KEYS = {"suite", "suite-file", "overrides", "cells"}
+CELL_KEYS = {"partition", "method", "seeds", "rounds", "config", "config-sha256", "source", "note", "stats"}
+STAT_KEYS = {"mean", "std", "per-seed", "seeds"}
+UNHASHED = ("seed", "out-dir", "run-name", "data-root", "resume", "overwrite")  # where and how, not what
+
+
+@dataclass
+class Stat:
+    mean: float
+    std: float | None = None
+    per_seed: list[float] | None = None
+    seeds: list[int] | None = None  # only when fewer than the cell's
+
+
+@dataclass
+class CellResult:
+    partition: str
+    method: str
+    seeds: list[int]
+    stats: dict[str, Stat]
+    rounds: int | None = None
+    config: dict[str, Any] | None = None
+    config_sha256: str = ""
+    source: str = ""
+    note: str = ""
+
+    def stat_seeds(self, name: str) -> list[int]:
+        return self.stats[name].seeds or self.seeds
+
+
+@dataclass
+class ResultSet:
+    name: str  # the file's stem: cell references are <name>/<partition>/<method>
+    suite: str
+    suite_file: str
+    cells: list[CellResult]
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+    def cell(self, partition: str, method: str) -> CellResult | None:
+        return next((c for c in self.cells if c.partition == partition and c.method == method), None)
+
+
+def describe_stat(name: str) -> str:
+    """'global.last10' -> 'global accuracy, mean of the last 10 rounds' (for tables and captions)."""
+    metric, stat = name.split(".", 1)
+    what = f"{metric} accuracy"
+    if m := re.fullmatch(r"last(\d+)", stat):
+        return f"{what}, mean of the last {m[1]} rounds"
+    if m := re.fullmatch(r"osc(\d+)", stat):
+        return f"{what}, std over the last {m[1]} rounds (oscillation)"
+    if m := re.fullmatch(r"osc(\d+)-(\d+)", stat):
+        return f"{what}, std over rounds {m[1]}-{m[2]} (oscillation)"
+    if m := re.fullmatch(r"r(\d+)-(\d+)", stat):
+        return f"{what}, mean of rounds {m[1]}-{m[2]}"
+    return f"{what}, {stat} round"
+
+
+# ---------------------------------------------------------------------------------------------- reading
+
+
+def _fail(path: Path, where: str, value: Any, rule: str) -> ConfigError:
+    return ConfigError(f"{path}: {where}={value!r} is not allowed: {rule}")
+
+
+def _number(path: Path, where: str, value: Any, low: float = -math.inf) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= low
+    if not ok:
+        raise _fail(path, where, value, "must be a finite number" + (f" >= {low:g}" if low > -math.inf else ""))
+    return float(value)
+
+
+def _seeds(path: Path, where: str, value: Any) -> list[int]:
+    ok = isinstance(value, list) and value and all(isinstance(s, int) and not isinstance(s, bool) for s in value)
+    if not ok or len(set(value)) != len(value):
+        raise _fail(path, where, value, "must be a non-empty list of distinct integers")
+    return list(value)
+
+
+def _text(path: Path, where: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise _fail(path, where, value, "must be text")
+    return value
+
+
+def _mapping(path: Path, where: str, value: Any, allowed: set[str]) -> dict[str, Any]:
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise _fail(path, where, value, "must be a mapping with text keys")
+    unknown = sorted(set(value) - allowed)
+    if unknown:
+        raise ConfigError(f"{path}: {where}: unknown key {unknown[0]!r} (allowed: {', '.join(sorted(allowed))})")
+    return value
+
+
+def _stat(path: Path, where: str, raw: Any, cell_seeds: list[int]) -> Stat:
+    raw = _mapping(path, where, raw, STAT_KEYS)
+    if "mean" not in raw:
+        raise ConfigError(f"{path}: {where}: no mean")
+    seeds = _seeds(path, f"{where}.seeds", raw["seeds"]) if "seeds" in raw else None
+    if seeds is not None and not set(seeds) <= set(cell_seeds):
+        raise _fail(path, f"{where}.seeds", seeds, f"must be among the cell's seeds {cell_seeds}")
+    std = _number(path, f"{where}.std", raw["std"], 0.0) if raw.get("std") is not None else None
+    per_seed = raw.get("per-seed")
+    if per_seed is not None:
+        n = len(seeds or cell_seeds)
+        if not isinstance(per_seed, list) or len(per_seed) != n:
+            raise _fail(path, f"{where}.per-seed", per_seed, f"must be a list of {n} numbers, one per seed")
+        per_seed = [_number(path, f"{where}.per-seed[{i}]", v) for i, v in enumerate(per_seed)]
+    return Stat(_number(path, f"{where}.mean", raw["mean"]), std, per_seed, seeds)
+
+
+def _cell(path: Path, i: int, raw: Any) -> CellResult:
+    where = f"cells[{i}]"
+    raw = _mapping(path, where, raw, CELL_KEYS)
+    for key in ("partition", "method", "seeds", "stats"):
+        if key not in raw:
+            raise ConfigError(f"{path}: {where}: no {key}")
+    seeds = _seeds(path, f"{where}.seeds", raw["seeds"])
+    stats_raw = raw["stats"]
+    if not isinstance(stats_raw, dict):
+        raise _fail(path, f"{where}.stats", stats_raw, "must be a mapping of statistics")
+    stats = {}
+    for name, value in stats_raw.items():
+        if not isinstance(name, str) or not STAT_NAME.match(name):
+            raise _fail(path, f"{where}.stats", name, "a statistic is <metric>.<last<k>|osc<k>|r<a>-<b>|final|best>")
+        stats[name] = _stat(path, f"{where}.stats.{name}", value, seeds)
+    rounds = raw.get("rounds")
+    if rounds is not None and (not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1):
+        raise _fail(path, f"{where}.rounds", rounds, "must be a positive integer")
+    config = raw.get("config")
+    if config is not None and not isinstance(config, dict):
+        raise _fail(path, f"{where}.config", config, "must be a mapping (the cell's run config)")
+    return CellResult(
+        partition=_text(path, f"{where}.partition", raw["partition"]),
+        method=_text(path, f"{where}.method", raw["method"]),
+        seeds=seeds,
+        stats=stats,
+        rounds=rounds,
+        config=config,
+        config_sha256=_text(path, f"{where}.config-sha256", raw.get("config-sha256", "")),
+        source=_text(path, f"{where}.source", raw.get("source", "")),
+        note=_text(path, f"{where}.note", raw.get("note", "")),
+    )
+
+
+def load_results(path: str | Path) -> ResultSet:
+    """Read and check a result file (ConfigError naming the file and the key otherwise)."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{path}: not readable ({e})") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    raw = _mapping(path, "the file", raw, FILE_KEYS)
+    cells_raw = raw.get("cells") or []
+    if not isinstance(cells_raw, list):
+        raise _fail(path, "cells", cells_raw, "must be a list of cells")
+    cells = [_cell(path, i, c) for i, c in enumerate(cells_raw)]
+    seen = set()
+    for c in cells:
+        if (c.partition, c.method) in seen:
+            raise ConfigError(f"{path}: two cells for partition {c.partition!r}, method {c.method!r}")
+        seen.add((c.partition, c.method))
+    overrides = raw.get("overrides") or {}
+    if not isinstance(overrides, dict):
+        raise _fail(path, "overrides", overrides, "must be a mapping of run-config keys")
+    return ResultSet(
+        name=path.stem,
+        suite=_text(path, "suite", raw.get("suite", path.stem)),
+        suite_file=_text(path, "suite-file", raw.get("suite-file", "")),
+        cells=cells,
+        overrides=overrides,
+    )
+
+
+def load_all(folder: str | Path) -> dict[str, ResultSet]:
+    """Every result file in `folder` by name (`claims.yaml` is not one)."""
+    return {p.stem: load_results(p) for p in sorted(Path(folder).glob("*.yaml")) if p.name != "claims.yaml"}
+
+
+# ---------------------------------------------------------------------------------------------- writing
+
+
+class _Flow(dict):
+    """A mapping written on one line (`{mean: 85.28, std: 0.43}`)."""
+
+
+class _FlowList(list):
+    """A list written on one line (`[0, 1, 2]`)."""
+
+
+class _Dumper(yaml.SafeDumper):
+    pass
+
+
+_Dumper.add_representer(_Flow, lambda d, v: d.represent_mapping("tag:yaml.org,2002:map", v, flow_style=True))
+_Dumper.add_representer(_FlowList, lambda d, v: d.represent_sequence("tag:yaml.org,2002:seq", v, flow_style=True))
+
+
+def _stat_raw(stat: Stat) -> dict[str, Any]:
+    out: dict[str, Any] = {"mean": stat.mean}
+    if stat.std is not None:
+        out["std"] = stat.std
+    if stat.per_seed is not None:
+        out["per-seed"] = stat.per_seed
+    if stat.seeds is not None:
+        out["seeds"] = stat.seeds
+    return _Flow(out)
+
+
+def dump_results(results: ResultSet, path: str | Path) -> None:
+    """Write `results` as YAML (one line per statistic), the form `load_results` reads."""
+    cells = []
+    for c in results.cells:
+        raw: dict[str, Any] = {"partition": c.partition, "method": c.method, "seeds": _FlowList(c.seeds)}
+        if c.rounds is not None:
+            raw["rounds"] = c.rounds
+        if c.config is not None:
+            raw["config"] = _Flow(c.config)
+        for key, value in (("config-sha256", c.config_sha256), ("source", c.source), ("note", c.note)):
+            if value:
+                raw[key] = value
+        raw["stats"] = {name: _stat_raw(s) for name, s in c.stats.items()}
+        cells.append(raw)
+    top: dict[str, Any] = {"suite": results.suite, "suite-file": results.suite_file}
+    if results.overrides:
+        top["overrides"] = _Flow(results.overrides)
+    top["cells"] = cells
+    text = yaml.dump(top, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=120)
+    Path(path).write_text(text)
+
+
+# ---------------------------------------------------------------------------------------------- export
+
+
+def config_sha256(saved: dict[str, Any]) -> str:
+    """The hash of a run's saved config without where it ran and its seed (`UNHASHED`): equal for
+    every seed of a cell, and for the same cell run again with the same code defaults."""
+    what = {k: v for k, v in saved.items() if k not in UNHASHED}
+    return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
+
+
+def _summarise(values: list[float | None], seeds: list[int]) -> Stat | None:
+    """The stat over the seeds with a value (percent, 4 decimals); None when no seed has one."""
+    kept = [(s, 100 * v) for s, v in zip(seeds, values, strict=True) if v is not None]
+    if not kept:
+        return None
+    per_seed = [round(v, 4) for _, v in kept]
+    arr = np.array([v for _, v in kept])
+    partial = [s for s, _ in kept] if len(kept) < len(seeds) else None
+    return Stat(round(float(arr.mean()), 4), round(float(arr.std()), 4), per_seed, partial)
+
+
+def cell_stats(runs: list[dict[str, Any]], seeds: list[int], last: int) -> dict[str, Stat]:
+    """A cell's statistics from its seeds' `round_statistics` (fractions -> percent): for each metric
+    its last-k mean, final and best round, and the global accuracy's oscillation over the last k."""
+    names = {}
+    for metric, key in METRICS.items():
+        names[f"{metric}.last{last}"] = f"last{last}_{key}"
+        names[f"{metric}.final"] = f"final_{key}"
+        names[f"{metric}.best"] = f"best_{key}"
+    names[f"global.osc{last}"] = f"last{last}_global_accuracy_round_std"
+    stats = {}
+    for name, key in names.items():
+        stat = _summarise([run.get(key) for run in runs], seeds)
+        if stat is not None:
+            stats[name] = stat
+    return stats
+
+
+def export_suite(suite: Any, suite_file: str, app_defaults: dict[str, Any], folder: str | Path) -> Path:
+    """Write the finished cells of `suite` (a `fedskew.experiments.Suite`) into `<folder>/<suite>.yaml`
+    from their runs' `metrics.jsonl`, replacing those cells there and keeping the file's others. A
+    run computed under another config than the suite's cell now (`saved_changes`) is left out, with
+    a warning; a cell with no finished run is not written."""
+    from fedskew.experiments import saved_changes
+    from fedskew.server_app.results import read_jsonl, round_statistics
+
+    path = Path(folder) / f"{suite.name}.yaml"
+    old = load_results(path) if path.is_file() else ResultSet(suite.name, suite.name, suite_file, [])
+    fresh: list[CellResult] = []
+    for p in suite.partition_labels:
+        for m in suite.method_labels:
+            runs, seeds, hashes, rounds, config = [], [], set(), 0, None
+            for c in (c for c in suite.cells if c.partition == p and c.method == m):
+                run_dir = suite.folder / c.run_name
+                if not (run_dir / "summary.json").is_file():
+                    continue
+                # as the run saved it: `fedskew run` sets num-partitions to the simulated clients
+                cfg = validate({**app_defaults, **c.overrides, "num-partitions": c.num_supernodes})
+                if changes := saved_changes(run_dir, cfg):
+                    warnings.warn(f"{run_dir}: not exported, computed under another config ({changes})", stacklevel=2)
+                    continue
+                rows = read_jsonl(run_dir / "metrics.jsonl")
+                runs.append(round_statistics(rows, suite.last_rounds))
+                seeds.append(c.seed)
+                hashes.add(config_sha256(json.loads((run_dir / "config.json").read_text())))
+                rounds = max([rounds, *(int(r["round"]) for r in rows)])
+                config = {k: v for k, v in c.overrides.items() if k != "seed"}
+            if runs:
+                fresh.append(
+                    CellResult(
+                        partition=p,
+                        method=m,
+                        seeds=seeds,
+                        stats=cell_stats(runs, seeds, suite.last_rounds),
+                        rounds=rounds,
+                        config=config,
+                        config_sha256=hashes.pop() if len(hashes) == 1 else "",
+                        source=f"`fedskew experiment {suite_file} --export`, from the runs' metrics.jsonl",
+                    )
+                )
+    replaced = {(c.partition, c.method) for c in fresh}
+    kept = [c for c in old.cells if (c.partition, c.method) not in replaced]
+    order = {(p, m): i for i, (p, m) in enumerate((p, m) for p in suite.partition_labels for m in suite.method_labels)}
+    cells = sorted(fresh + kept, key=lambda c: order.get((c.partition, c.method), len(order)))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    dump_results(ResultSet(path.stem, suite.name, suite_file or old.suite_file, cells, old.overrides), path)
+    return path
