@@ -40,6 +40,16 @@ def _m(name: str, strategy: str, trainer: str, **params: Param) -> MethodSpec:
     return MethodSpec(name, f"fedskew.strategies.{strategy}", f"fedskew.client_app.{trainer}", keys)
 
 
+# FedRS's restricted softmax (`fedskew.client_app.fedrs.FedRSTrainer`), for fedrs and scaffold-rs
+RESTRICTED_SOFTMAX = {
+    "alpha": Param(float, 0.5, "FedRS: scale of missing classes' logits", low=0.0, high=1.0),
+    "scale": Param(str, "binary", "FedRS: 'binary' (paper) or 'count' (authors' code)", choices=("binary", "count")),
+    "tau": Param(int, 1, "FedRS: a class is observed when the client has >= tau samples", low=1),
+}
+SCAFFOLD_SERVER_LR = Param(
+    float, 1.0, "SCAFFOLD: server step size eta_g, x + eta_g (mean y_i - x) (paper: 1)", low=0.0, low_open=True
+)
+
 METHODS: dict[str, MethodSpec] = {
     spec.name: spec
     for spec in (
@@ -50,15 +60,38 @@ METHODS: dict[str, MethodSpec] = {
             "fedprox:FedProxTrainer",
             mu=Param(float, 0.01, "FedProx proximal weight: loss + mu/2 ||w - w_global||^2", low=0.0),
         ),
+        _m("fedrs", "fedrs:FedRSStrategy", "fedrs:FedRSTrainer", **RESTRICTED_SOFTMAX),
+        _m("scaffold", "scaffold:ScaffoldStrategy", "scaffold:ScaffoldTrainer", server_lr=SCAFFOLD_SERVER_LR),
         _m(
-            "fedrs",
-            "fedrs:FedRSStrategy",
-            "fedrs:FedRSTrainer",
-            alpha=Param(float, 0.5, "FedRS: scale of missing classes' logits", low=0.0, high=1.0),
-            scale=Param(
-                str, "binary", "FedRS: 'binary' (paper) or 'count' (authors' code)", choices=("binary", "count")
+            "scaffold-rs",
+            "scaffold_rs:ScaffoldRSStrategy",
+            "scaffold_rs:ScaffoldRSTrainer",
+            server_lr=SCAFFOLD_SERVER_LR,
+            **RESTRICTED_SOFTMAX,
+        ),
+        _m("fednova", "fednova:FedNovaStrategy", "fednova:FedNovaTrainer"),
+        _m(
+            "feddyn",
+            "feddyn:FedDynStrategy",
+            "feddyn:FedDynTrainer",
+            alpha=Param(
+                float,
+                0.01,
+                "FedDyn: weight alpha of the dynamic regulariser and of h (the authors' code: 0.01)",
+                low=0.0,
+                low_open=True,
             ),
-            tau=Param(int, 1, "FedRS: a class is observed when the client has >= tau samples", low=1),
+        ),
+        _m(
+            "feddc",
+            "feddc:FedDCStrategy",
+            "feddc:FedDCTrainer",
+            alpha=Param(
+                float,
+                0.01,
+                "FedDC: weight alpha of the drift penalty alpha/2 ||theta + h - w||^2 (authors' code: 0.01)",
+                low=0.0,
+            ),
         ),
         _m(
             "fedmr",
