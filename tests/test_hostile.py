@@ -194,6 +194,7 @@ SPECIFIC: dict[str, dict[str, Edit]] = {
     "feddc": {
         "update-nan": record(UPDATE, update_with(first_entry(float("nan")))),
         "update-out-of-range": record(UPDATE, update_with(first_entry(3e6))),
+        "update-huge": record(UPDATE, update_with(lambda a: a.update({k: v + 1e5 for k, v in a.items()}))),
         "update-wrong-shape": record(UPDATE, update_with(lambda a: a.update({next(iter(a)): np.zeros(3, np.float32)}))),
         "update-extra-array": record(UPDATE, update_with(lambda a: a.update({"evil": np.zeros(3, np.float32)}))),
         "update-missing": lambda c, ctx: RecordDict({k: v for k, v in c.items() if k != UPDATE}),

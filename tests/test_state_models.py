@@ -6,7 +6,7 @@ import pytest
 import torch
 from flwr.app import RecordDict
 
-from fedskew.client_app.state import ClientState, StateTooLargeError
+from fedskew.client_app.state import ROUND_KEY, ClientState, StateTooLargeError
 from fedskew.models import MODELS, build_model
 from fedskew.records import Number
 
@@ -54,6 +54,10 @@ def test_round_tensors_refuse_another_form_and_a_state_from_a_discarded_attempt(
         assert st.load_round_tensors("c", {"w": torch.zeros(3, 2), "b": torch.zeros(3)}, 5) is None
         assert st.load_round_tensors("c", {"w": torch.zeros(2, 3)}, 5) is None
         assert st.load_round_tensors("c", {**like, "w": torch.zeros(2, 3, dtype=torch.float64)}, 5) is None
+        st.save_tensors("c", {"w": torch.ones(2, 3), "b": torch.ones(3), ROUND_KEY: torch.ones(4, dtype=torch.int64)})
+        assert st.load_round_tensors("c", like, 5) is None  # a damaged round tag
+        st.save_tensors("c", {"w": torch.ones(2, 3), "b": torch.ones(3)})
+        assert st.load_round_tensors("c", like, 5) is None  # none
 
 
 def test_model_sized_states_of_resnet18_under_the_default_bound(tmp_path) -> None:

@@ -155,7 +155,9 @@ class ClientState:
         tensors = self.load_tensors(name)
         if tensors is None:
             return None
-        written = int(tensors.pop(ROUND_KEY, torch.tensor(-1)))
+        tag = tensors.pop(ROUND_KEY, None)
+        integral = isinstance(tag, torch.Tensor) and tag.dim() == 0 and not tag.is_floating_point()
+        written = int(tag) if integral else -1  # -1: no round, or not one integer
         reason = None
         if list(tensors) != list(like) or any(
             tensors[k].shape != v.shape or tensors[k].dtype != v.dtype for k, v in like.items()
@@ -164,7 +166,7 @@ class ClientState:
         elif not 0 < written < server_round:
             reason = f"it was written in round {written}, not before round {server_round} (a discarded attempt)"
         if reason:
-            log.warning("partition %d: client state %r refused, treated as lost: %s", self.partition_id, name, reason)
+            self._lost(name, ValueError(reason))
             return None
         return tensors
 
