@@ -99,13 +99,13 @@ def run_on(grid: InProcessGrid, overrides: dict[str, Any]) -> None:
 
 def cut_and_resume(
     out: Path, overrides: dict[str, Any], num_nodes: int, num_partitions: int | None = None, rounds: int = 2
-) -> tuple[Path, Path]:
-    """(an uninterrupted run's folder, the same run's folder after a cut and a resume): the second run
-    reaches no node in its last round and stops (`round-retries=0`), then `--resume`s from its
-    checkpoint of the round before against the same nodes, which kept their client state as
-    SuperNodes do."""
+) -> tuple[Path, Path, InProcessGrid]:
+    """(an uninterrupted run's folder, the same run's folder after a cut and a resume, the grid of the
+    uninterrupted run): the second run reaches no node in its last round and stops
+    (`round-retries=0`), then `--resume`s from its checkpoint of the round before against the same
+    nodes, which kept their client state as SuperNodes do."""
     cfg = {**overrides, "num-server-rounds": rounds, "checkpoint-every": 1, "round-retries": 0, "out-dir": str(out)}
-    run_in_process({**cfg, "run-name": "full"}, num_nodes, None, num_partitions)
+    full = run_in_process({**cfg, "run-name": "full"}, num_nodes, None, num_partitions)
     grid = InProcessGrid(num_nodes, {}, None, num_partitions)
     grid.unreachable = {rounds}
     try:
@@ -116,4 +116,4 @@ def cut_and_resume(
         raise AssertionError("the cut run did not stop")
     grid.unreachable = set()
     run_on(grid, {**cfg, "run-name": "cut", "resume": True})
-    return out / "full", out / "cut"
+    return out / "full", out / "cut", full

@@ -15,6 +15,7 @@ from fedskew.config import validate
 from fedskew.strategies.aggregate import fednova_normalizer, normalized_average, weighted_average
 from fedskew.strategies.fedavg import FedAvgStrategy
 from fedskew.strategies.fednova import FedNovaStrategy
+from fedskew.training import steps_per_round, train_epochs
 from tests.harness import run_in_process
 
 
@@ -37,6 +38,16 @@ def test_normalizer_is_the_weight_momentum_sgd_gives_the_gradients(steps: int, m
         counter = counter * momentum + 1
         vec += counter
     assert a == pytest.approx(vec if momentum else steps, rel=1e-12)
+
+
+@pytest.mark.parametrize(("n", "epochs", "batch"), [(80, 2, 16), (81, 1, 16), (5, 3, 64), (64, 1, 64)])
+def test_servers_step_count_is_what_local_training_takes(n: int, epochs: int, batch: int) -> None:
+    model = torch.nn.Linear(2, 2)
+    x, y = torch.randn(n, 2), torch.randint(0, 2, (n,))
+    loss = lambda m, xb, yb: torch.nn.functional.cross_entropy(m(xb), yb)  # noqa: E731
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    stats = train_epochs(model, x, y, loss, opt, epochs, batch, torch.Generator().manual_seed(0), torch.device("cpu"))
+    assert stats["train-steps"] == steps_per_round(n, epochs, batch)
 
 
 def models(seed: int, n: int) -> list[dict[str, np.ndarray]]:

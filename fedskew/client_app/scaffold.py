@@ -32,7 +32,9 @@ Personalized model: the locally trained y.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
+import numpy as np
 import torch
 from flwr.app import RecordDict
 from torch import nn
@@ -44,6 +46,10 @@ from fedskew.strategies.aggregate import scaffold_control_deltas
 from fedskew.wire import CONTROL
 
 CLIENT_CONTROL = "control"  # the name of c_i in the client state
+
+
+def as_numpy(names: list[str], tensors: Iterable[torch.Tensor]) -> dict[str, np.ndarray]:
+    return {k: t.detach().cpu().numpy() for k, t in zip(names, tensors, strict=True)}
 
 
 class ScaffoldTrainer(BaseTrainer):
@@ -65,11 +71,9 @@ class ScaffoldTrainer(BaseTrainer):
 
     def local_train(self, model: nn.Module, content: RecordDict) -> dict[str, float]:
         stats = super().local_train(model, content)
-        steps = int(stats["train-steps"])
-        numpy = lambda tensors: {k: t.detach().cpu().numpy() for k, t in zip(self.names, tensors, strict=True)}  # noqa: E731
-        (delta,) = scaffold_control_deltas(
-            numpy(self.control), numpy(self.start), [numpy(model.parameters())], [steps], self.cfg["lr"]
-        )
+        steps, names = int(stats["train-steps"]), self.names
+        c, x, y = (as_numpy(names, t) for t in (self.control, self.start, model.parameters()))
+        (delta,) = scaffold_control_deltas(c, x, [y], [steps], self.cfg["lr"])
         new = [ci + torch.from_numpy(delta[k]).to(ci) for k, ci in zip(self.names, self.client_control, strict=True)]
         self.save_parameter_state(CLIENT_CONTROL, model, new)
         gap = sum(float((c - ci).pow(2).sum()) for c, ci in zip(self.control, self.client_control, strict=True))

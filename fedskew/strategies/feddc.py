@@ -27,7 +27,6 @@ class FedDCStrategy(ScaffoldStrategy):
     """Average of theta_i + h_i; SCAFFOLD's control variate from the uploaded local updates."""
 
     wire = wire.FEDDC
-    prefix = "feddc"
 
     def check_reply(self, content: RecordDict, partition: int) -> None:
         """The base's rules, and the same `max-update-ratio` bound on the local update theta_i - w as
