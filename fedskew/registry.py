@@ -42,6 +42,16 @@ def _m(name: str, strategy: str, trainer: str, paper: str = "", **params: Param)
     return MethodSpec(name, f"fedskew.strategies.{strategy}", f"fedskew.client_app.{trainer}", keys, paper)
 
 
+# FedRS's restricted softmax (`fedskew.client_app.fedrs.FedRSTrainer`), for fedrs and scaffold-rs
+RESTRICTED_SOFTMAX = {
+    "alpha": Param(float, 0.5, "FedRS: scale of missing classes' logits", low=0.0, high=1.0),
+    "scale": Param(str, "binary", "FedRS: 'binary' (paper) or 'count' (authors' code)", choices=("binary", "count")),
+    "tau": Param(int, 1, "FedRS: a class is observed when the client has >= tau samples", low=1),
+}
+SCAFFOLD_SERVER_LR = Param(
+    float, 1.0, "SCAFFOLD: server step size eta_g, x + eta_g (mean y_i - x) (paper: 1)", low=0.0, low_open=True
+)
+
 METHODS: dict[str, MethodSpec] = {
     spec.name: spec
     for spec in (
@@ -69,11 +79,59 @@ METHODS: dict[str, MethodSpec] = {
                 'Li & Zhan, "FedRS: Federated Learning with Restricted Softmax for Label Distribution Non-IID '
                 'Data", KDD 2021'
             ),
-            alpha=Param(float, 0.5, "FedRS: scale of missing classes' logits", low=0.0, high=1.0),
-            scale=Param(
-                str, "binary", "FedRS: 'binary' (paper) or 'count' (authors' code)", choices=("binary", "count")
+            **RESTRICTED_SOFTMAX,
+        ),
+        _m(
+            "scaffold",
+            "scaffold:ScaffoldStrategy",
+            "scaffold:ScaffoldTrainer",
+            paper='Karimireddy et al., "SCAFFOLD: Stochastic Controlled Averaging for Federated Learning", ICML 2020',
+            server_lr=SCAFFOLD_SERVER_LR,
+        ),
+        _m(
+            "scaffold-rs",
+            "scaffold_rs:ScaffoldRSStrategy",
+            "scaffold_rs:ScaffoldRSTrainer",
+            paper="SCAFFOLD (Karimireddy et al., ICML 2020) with FedRS's restricted softmax (Li & Zhan, KDD 2021)",
+            server_lr=SCAFFOLD_SERVER_LR,
+            **RESTRICTED_SOFTMAX,
+        ),
+        _m(
+            "fednova",
+            "fednova:FedNovaStrategy",
+            "fednova:FedNovaTrainer",
+            paper=(
+                'Wang et al., "Tackling the Objective Inconsistency Problem in Heterogeneous Federated '
+                'Optimization", NeurIPS 2020'
             ),
-            tau=Param(int, 1, "FedRS: a class is observed when the client has >= tau samples", low=1),
+        ),
+        _m(
+            "feddyn",
+            "feddyn:FedDynStrategy",
+            "feddyn:FedDynTrainer",
+            paper='Acar et al., "Federated Learning Based on Dynamic Regularization", ICLR 2021',
+            alpha=Param(
+                float,
+                0.01,
+                "FedDyn: weight alpha of the dynamic regulariser and of h (the authors' code: 0.01)",
+                low=0.0,
+                low_open=True,
+            ),
+        ),
+        _m(
+            "feddc",
+            "feddc:FedDCStrategy",
+            "feddc:FedDCTrainer",
+            paper=(
+                'Gao et al., "FedDC: Federated Learning with Non-IID Data via Local Drift Decoupling and '
+                'Correction", CVPR 2022'
+            ),
+            alpha=Param(
+                float,
+                0.01,
+                "FedDC: weight alpha of the drift penalty alpha/2 ||theta + h - w||^2 (authors' code: 0.01)",
+                low=0.0,
+            ),
         ),
         _m(
             "fedmr",

@@ -6,6 +6,7 @@ small images: no per-item Python, no worker processes.
 
 from __future__ import annotations
 
+import math
 import os
 import random
 from collections.abc import Callable, Iterator
@@ -64,6 +65,13 @@ def minibatches(n: int, batch_size: int, generator: torch.Generator, device: tor
     of each batch's indices from pageable memory would make the host wait for the GPU every step."""
     perm = torch.randperm(n, generator=generator)
     yield from perm.to(device).split(batch_size)
+
+
+def steps_per_round(num_examples: int, epochs: int, batch_size: int) -> int:
+    """The local SGD steps of one round, K = E * ceil(n / B): what `train_epochs` takes (the last
+    batch of an epoch may be short), so that a server can compute a client's K from the partition
+    size it knows instead of trusting a reported count."""
+    return epochs * math.ceil(num_examples / batch_size)
 
 
 def warmup_lr(lr: float, server_round: int, warmup_rounds: int) -> float:

@@ -66,26 +66,28 @@ class Dims:
     num_classes: int
     feature_dim: int
     model: Mapping[str, Tensor]  # the plain network's state dict, name -> form
+    params: Mapping[str, Tensor]  # its trainable parameters (no buffers), name -> form
 
     @classmethod
     def of(cls, cfg: Mapping[str, Any]) -> Dims:
         from fedskew.data import dataset_info
 
         info = dataset_info(dict(cfg))
-        classes, features, forms = _network(cfg["model"], info)
-        return cls(cfg, info, classes, features, dict(forms))
+        classes, features, forms, params = _network(cfg["model"], info)
+        forms = dict(forms)
+        return cls(cfg, info, classes, features, forms, {k: forms[k] for k in params})
 
 
 @functools.lru_cache(maxsize=8)
-def _network(model: str, info: DatasetInfo) -> tuple[int, int, tuple[tuple[str, Tensor], ...]]:
-    """(classes, feature dimension, state-dict forms) of the network `model` for data `info`,
-    built once per process (a client builds its trainer every round)."""
+def _network(model: str, info: DatasetInfo) -> tuple[int, int, tuple[tuple[str, Tensor], ...], tuple[str, ...]]:
+    """(classes, feature dimension, state-dict forms, parameter names) of the network `model` for
+    data `info`, built once per process (a client builds its trainer every round)."""
     from fedskew.models import build_model
     from fedskew.records import tensor_like
 
     net = build_model(model, info)
     forms = tuple((k, tensor_like(v)) for k, v in net.state_dict().items())
-    return net.num_classes, net.feature_dim, forms
+    return net.num_classes, net.feature_dim, forms, tuple(k for k, _ in net.named_parameters())
 
 
 Records = Callable[[Dims], dict[str, Spec]]
@@ -247,3 +249,38 @@ MUPFL = Wire(
     _mupfl_uplink,
     _mupfl_downlink,
 )
+
+# ---------------------------------------------------------------------------------------- SCAFFOLD
+# The server control variate c travels down (one array per trainable parameter); nothing but the
+# model travels up: option II's client update Delta c_i = (x - y_i) / (K_i eta_l) - c is computed by
+# the server from the model it sent, the model it received, its own c and K_i (`strategies/scaffold.py`).
+CONTROL = "control"
+
+
+def _control_downlink(dims: Dims) -> dict[str, Spec]:
+    return {CONTROL: ArraysSpec(dict(dims.params))}
+
+
+SCAFFOLD = Wire({"correction-norm": NON_NEGATIVE}, downlink=_control_downlink)  # ||c - c_i|| of the round
+SCAFFOLD_RS = SCAFFOLD.extend(FEDRS.metrics)
+
+# ---------------------------------------------------------------------------------------- FedNova
+# Nothing beyond the model: the server computes each client's local step count and a_i itself.
+FEDNOVA = BASE
+
+# ---------------------------------------------------------------------------------------- FedDyn
+# Nothing beyond the model: the server state h follows from the models it sent and received.
+FEDDYN = Wire({"feddyn-gradient-norm": NON_NEGATIVE})
+
+# ---------------------------------------------------------------------------------------- FedDC
+# Down: the gradient-correction control c (as SCAFFOLD's). Up: the drift-corrected model theta_i + h_i
+# as the model arrays, and the local update theta_i - w (`feddc-update`, one array per trainable
+# parameter), from which the server updates c.
+FEDDC_UPDATE = "feddc-update"
+
+
+def _feddc_uplink(dims: Dims) -> dict[str, Spec]:
+    return {FEDDC_UPDATE: ArraysSpec(dict(dims.params))}
+
+
+FEDDC = SCAFFOLD.extend({"feddc-drift-norm": NON_NEGATIVE}, _feddc_uplink)

@@ -1,6 +1,6 @@
 """An in-process Grid: runs the real ServerApp `main` against the real ClientApp, node by node,
 without Ray or a SuperLink (fast, deterministic), with optional fault injection per
-(partition, round)."""
+(partition, round), and rounds in which no node can be reached."""
 
 from __future__ import annotations
 
@@ -47,6 +47,7 @@ class InProcessGrid:
             for nid, nc in configs.items()
         }
         self.sent: list[Message] = []
+        self.unreachable: set[int] = set()  # rounds whose train messages reach no node (the SuperLink answers)
         self._ids = itertools.count(1)
 
     def get_node_ids(self) -> Iterable[int]:
@@ -58,6 +59,9 @@ class InProcessGrid:
             msg.metadata.__dict__["_message_id"] = f"m{next(self._ids)}"  # normally set by the SuperLink
             self.sent.append(msg)
             ctx = self.contexts[msg.metadata.dst_node_id]
+            if msg.metadata.message_type == "train" and msg.content["config"]["server-round"] in self.unreachable:
+                replies.append(Message(Error(code=0, reason="node unreachable"), reply_to=msg))
+                continue
             try:
                 reply = client_app(msg, ctx)
             except Exception as e:  # what the runtime does with a ClientApp exception
@@ -79,7 +83,37 @@ def run_in_process(
     extra_nodes: dict[int, dict[str, Any]] | None = None,
 ) -> InProcessGrid:
     """Run the whole ServerApp main in this process; returns the grid (its contexts hold client state)."""
-    cfg = {**app_defaults(), **overrides}
-    grid = InProcessGrid(num_nodes, cfg, faults, num_partitions, extra_nodes)
-    server_main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=cfg))
+    grid = InProcessGrid(num_nodes, {}, faults, num_partitions, extra_nodes)
+    run_on(grid, overrides)
     return grid
+
+
+def run_on(grid: InProcessGrid, overrides: dict[str, Any]) -> None:
+    """Run the ServerApp main against `grid`'s nodes, which keep their client state between runs."""
+    cfg = {**app_defaults(), **overrides}
+    grid.run_config = cfg
+    for ctx in grid.contexts.values():
+        ctx.run_config = cfg
+    server_main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=cfg))
+
+
+def cut_and_resume(
+    out: Path, overrides: dict[str, Any], num_nodes: int, num_partitions: int | None = None, rounds: int = 2
+) -> tuple[Path, Path, InProcessGrid]:
+    """(an uninterrupted run's folder, the same run's folder after a cut and a resume, the grid of the
+    uninterrupted run): the second run reaches no node in its last round and stops
+    (`round-retries=0`), then `--resume`s from its checkpoint of the round before against the same
+    nodes, which kept their client state as SuperNodes do."""
+    cfg = {**overrides, "num-server-rounds": rounds, "checkpoint-every": 1, "round-retries": 0, "out-dir": str(out)}
+    full = run_in_process({**cfg, "run-name": "full"}, num_nodes, None, num_partitions)
+    grid = InProcessGrid(num_nodes, {}, None, num_partitions)
+    grid.unreachable = {rounds}
+    try:
+        run_on(grid, {**cfg, "run-name": "cut"})
+    except RuntimeError as e:
+        assert f"round {rounds}: only 0 usable replies" in str(e), e
+    else:
+        raise AssertionError("the cut run did not stop")
+    grid.unreachable = set()
+    run_on(grid, {**cfg, "run-name": "cut", "resume": True})
+    return out / "full", out / "cut", full

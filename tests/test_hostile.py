@@ -21,6 +21,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 
 from fedskew.config import validate
 from fedskew.registry import get_method
+from fedskew.wire import CONTROL
+from fedskew.wire import FEDDC_UPDATE as UPDATE
 from fedskew.wire import FEDMR_PROTOTYPES as PROTO_RECORD
 from fedskew.wire import MUPFL_GRADS as GRADS
 from fedskew.wire import MUPFL_MAPS as MAPS
@@ -35,6 +37,11 @@ METHODS: dict[str, dict[str, Any]] = {
     "fedmr": {"fedmr-share-fraction": 0.5, "fedmr-private-classes": "0"},
     "mupfl": {"model": "lenet", "mupfl-match-iters": 3, "mupfl-tau": 1},
     "fedgela": {},
+    "scaffold": {},
+    "scaffold-rs": {"partition": "classes-per-client"},
+    "fednova": {},
+    "feddyn": {},
+    "feddc": {},
 }
 Edit = Callable[[RecordDict, dict[str, Any]], RecordDict]
 
@@ -93,6 +100,24 @@ def prototypes_with_counts(content: RecordDict, ctx: dict[str, Any]) -> ArrayRec
     counts[ctx["class"]] = 5
     protos[ctx["class"]] = 3.0
     return ArrayRecord({"prototypes": torch.from_numpy(protos), "counts": torch.from_numpy(counts)})
+
+
+def update_with(change: Callable[[dict[str, np.ndarray]], None]) -> Callable[[RecordDict, dict[str, Any]], ArrayRecord]:
+    """FedDC's `feddc-update` record with `change` applied to a copy of its arrays."""
+
+    def make(content: RecordDict, ctx: dict[str, Any]) -> ArrayRecord:
+        arrays = {k: v.numpy().copy() for k, v in content[UPDATE].items()}
+        change(arrays)
+        return ArrayRecord({k: Array(v) for k, v in arrays.items()})
+
+    return make
+
+
+def first_entry(value: float) -> Callable[[dict[str, np.ndarray]], None]:
+    def change(arrays: dict[str, np.ndarray]) -> None:
+        next(iter(arrays.values())).flat[0] = value
+
+    return change
 
 
 GENERIC: dict[str, Edit] = {
@@ -157,6 +182,23 @@ SPECIFIC: dict[str, dict[str, Edit]] = {
         "extreme-map": extreme(MAPS, "map"),
         "extreme-gradient": lambda c, ctx: extreme(GRADS, next(iter(c[GRADS].keys())))(c, ctx),
         "list-start-accuracy": metric(start_accuracy=[0.5]),
+    },
+    "scaffold": {
+        # a client that sends its own Delta c_i: undeclared (the server computes it)
+        "control-uploaded": record(CONTROL, lambda c, ctx: ArrayRecord({"w": torch.ones(2)})),
+    },
+    "feddyn": {
+        "list-gradient-norm": metric(feddyn_gradient_norm=[1.0]),
+        "negative-gradient-norm": metric(feddyn_gradient_norm=-1.0),
+    },
+    "feddc": {
+        "update-nan": record(UPDATE, update_with(first_entry(float("nan")))),
+        "update-out-of-range": record(UPDATE, update_with(first_entry(3e6))),
+        "update-huge": record(UPDATE, update_with(lambda a: a.update({k: v + 1e5 for k, v in a.items()}))),
+        "update-wrong-shape": record(UPDATE, update_with(lambda a: a.update({next(iter(a)): np.zeros(3, np.float32)}))),
+        "update-extra-array": record(UPDATE, update_with(lambda a: a.update({"evil": np.zeros(3, np.float32)}))),
+        "update-missing": lambda c, ctx: RecordDict({k: v for k, v in c.items() if k != UPDATE}),
+        "update-int64": record(UPDATE, update_with(lambda a: a.update({k: v.astype(np.int64) for k, v in a.items()}))),
     },
     "fedgela": {
         "classifier-uploaded": lambda c, ctx: with_records(
@@ -351,6 +393,7 @@ E2E: dict[str, list[str]] = {
     "mupfl": ["num-examples-2**62", "finite-extreme-model", *SPECIFIC["mupfl"]],
     "map": ["other-partition", "finite-extreme-model", *SPECIFIC["map"]],
     "fedgela": ["complex64-bytes", "finite-extreme-model", *SPECIFIC["fedgela"]],
+    "feddc": ["num-examples-2**62", "finite-extreme-model", *SPECIFIC["feddc"]],
 }
 
 
@@ -451,6 +494,8 @@ def etf_with_checksum(content: RecordDict, make: Callable[..., torch.Tensor]) ->
     return with_records(content, etf=ArrayRecord({"etf": etf}), etf_info=ConfigRecord({"sha256": etf_checksum(etf)}))
 
 
+NAME = "classifier.weight"  # a trainable parameter of every network
+
 SERVER_PAYLOADS: dict[str, tuple[str, dict[str, Any], Callable[[RecordDict], RecordDict]]] = {
     "fedmr-nan-prototypes": (
         "fedmr",
@@ -498,6 +543,16 @@ SERVER_PAYLOADS: dict[str, tuple[str, dict[str, Any], Callable[[RecordDict], Rec
         )
         for name, value in (("text", "7"), ("float", 1.9), ("bool", True), ("0", 0), ("2**62", 2**62))
     },
+    "scaffold-nan-control": ("scaffold", {}, lambda c: with_records(c, control=nan_like(c[CONTROL], NAME))),
+    "scaffold-extreme-control": ("scaffold", {}, lambda c: extreme(CONTROL, NAME)(c, {})),
+    "scaffold-control-missing": ("scaffold", {}, lambda c: RecordDict({k: v for k, v in c.items() if k != CONTROL})),
+    "feddc-control-wrong-shape": (
+        "feddc",
+        {},
+        lambda c: with_records(
+            c, control=ArrayRecord({**dict(c[CONTROL].items()), NAME: Array(np.zeros(3, np.float32))})
+        ),
+    ),
     "undeclared-record": ("fedavg", {}, lambda c: with_records(c, evil=ArrayRecord({"x": torch.zeros(2)}))),
 }
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 from flwr.app import RecordDict
 
-from fedskew.client_app.state import ClientState, StateTooLargeError
+from fedskew.client_app.state import ROUND_KEY, ClientState, StateTooLargeError
 from fedskew.models import MODELS, build_model
 from fedskew.records import Number
 
@@ -39,6 +39,39 @@ def test_state_on_disk_survives_a_new_context(tmp_path) -> None:
     fresh = ClientState(RecordDict(), max_mb=0, partition_id=1, directory=tmp_path / "p1")
     assert fresh.load_tensors("big")["w"].sum() == 300_000 and fresh.load_values("counter", COUNTER) == {"n": 5}
     assert not list((tmp_path / "p1").glob("*.tmp"))
+
+
+def test_round_tensors_refuse_another_form_and_a_state_from_a_discarded_attempt(tmp_path) -> None:
+    like = {"w": torch.zeros(2, 3), "b": torch.zeros(3)}
+    for directory in (None, tmp_path / "p2"):
+        st = ClientState(RecordDict(), max_mb=1, partition_id=2, directory=directory)
+        assert st.load_round_tensors("c", like, 2) is None  # none yet
+        st.save_round_tensors("c", {"w": torch.ones(2, 3), "b": torch.ones(3)}, 4)
+        assert st.load_round_tensors("c", like, 4) is None  # written by round 4's discarded attempt
+        assert st.load_round_tensors("c", like, 3) is None  # ahead of a resumed round 3
+        got = st.load_round_tensors("c", like, 5)
+        assert list(got) == ["w", "b"] and torch.equal(got["w"], torch.ones(2, 3))
+        assert st.load_round_tensors("c", {"w": torch.zeros(3, 2), "b": torch.zeros(3)}, 5) is None
+        assert st.load_round_tensors("c", {"w": torch.zeros(2, 3)}, 5) is None
+        assert st.load_round_tensors("c", {**like, "w": torch.zeros(2, 3, dtype=torch.float64)}, 5) is None
+        st.save_tensors("c", {"w": torch.ones(2, 3), "b": torch.ones(3), ROUND_KEY: torch.ones(4, dtype=torch.int64)})
+        assert st.load_round_tensors("c", like, 5) is None  # a damaged round tag
+        st.save_tensors("c", {"w": torch.ones(2, 3), "b": torch.ones(3)})
+        assert st.load_round_tensors("c", like, 5) is None  # none
+
+
+def test_model_sized_states_of_resnet18_under_the_default_bound(tmp_path) -> None:
+    """One float32 copy of ResNet-18's parameters (SCAFFOLD's c_i, FedDyn's g_k: 42.6 MB) fits
+    `state-max-mb=64`; FedDC's two (c_i and h_i: 85 MB) do not, and go to `state-dir`."""
+    params = {k: torch.zeros_like(p) for k, p in build_model("resnet18", "cifar10").named_parameters()}
+    st = ClientState(RecordDict(), max_mb=64, partition_id=0)
+    st.save_round_tensors("control", params, 1)
+    with pytest.raises(StateTooLargeError, match="state-dir"):
+        st.save_round_tensors("feddc-drift", params, 1)
+    on_disk = ClientState(RecordDict(), max_mb=64, partition_id=0, directory=tmp_path / "p0")
+    on_disk.save_round_tensors("control", params, 1)
+    on_disk.save_round_tensors("feddc-drift", params, 1)
+    assert on_disk.load_round_tensors("feddc-drift", params, 2) is not None
 
 
 @pytest.mark.parametrize("name", sorted(MODELS))

@@ -29,24 +29,30 @@ def make_data(n: int = 96, seed: int = 0) -> ClientData:
     return ClientData(x[:80], y[:80], x[80:], y[80:], 10)
 
 
-def make_trainer(cls: type, data: ClientData, **overrides) -> BaseTrainer:
+def make_trainer(
+    cls: type, data: ClientData, *, state: RecordDict | None = None, server_round: int = 1, **overrides
+) -> BaseTrainer:
+    """A trainer of round `server_round` whose client state lives in `state` (fresh by default)."""
     cfg = validate({"model": "mlp", "batch-size": 16, "local-epochs": 2, **overrides})
     ctx = TrainerContext(
         cfg=cfg,
         data=data,
         device=torch.device("cpu"),
-        state=ClientState(RecordDict(), 64, 0),
+        state=ClientState(RecordDict() if state is None else state, 64, 0),
         partition_id=0,
-        server_round=1,
-        generator=seed_everything(cfg["seed"], 0, 1),
+        server_round=server_round,
+        generator=seed_everything(cfg["seed"], 0, server_round),
     )
     return cls(ctx)
 
 
-def global_content(seed: int = 0) -> RecordDict:
+def global_content(seed: int = 0, server_round: int = 1, **records) -> RecordDict:
+    """The server's train message: a seeded mlp, the round config and `records` (names with '_')."""
     torch.manual_seed(seed)
     model = build_model("mlp", "fashion-mnist")
-    return RecordDict({"arrays": ArrayRecord(model.state_dict()), "config": ConfigRecord({"server-round": 1})})
+    extra = {k.replace("_", "-"): v for k, v in records.items()}
+    config = ConfigRecord({"server-round": server_round})
+    return RecordDict({"arrays": ArrayRecord(model.state_dict()), "config": config, **extra})
 
 
 def test_fedavg_reply_has_same_arrays_and_the_metrics_the_server_needs() -> None:

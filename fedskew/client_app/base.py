@@ -21,10 +21,14 @@ and overrides only the hooks that differ (FL-bench style):
     personalized_model  what "personalized accuracy" measures (default: the trained model)
     upload           the ArrayRecord sent back (default: the whole state dict)
     extra_records    the method's uplink records (prototypes, counts, gradients ...)
+
+`parameter_state` / `save_parameter_state` keep a client state shaped like the trainable parameters
+(control variates, gradient state, drift) across rounds, zeros where the client has none.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -42,6 +46,8 @@ from fedskew.models import SplitNet, build_model
 from fedskew.records import ArraysSpec, Rejected, check_arrays, decoded_content, tensor_like
 from fedskew.training import cross_entropy_loss, evaluate, sgd, train_epochs
 from fedskew.wire import BASE, MODEL, Dims, Wire
+
+log = logging.getLogger("fedskew.client")
 
 
 def checked_arrays(
@@ -133,6 +139,28 @@ class BaseTrainer:
 
     def extra_records(self, model: nn.Module) -> dict[str, Any]:
         return {}
+
+    # ------------------------------------------------------------------ state
+    def parameter_state(self, name: str, model: nn.Module) -> list[torch.Tensor]:
+        """This client's state `name`, one tensor per trainable parameter of `model` (control variates,
+        gradient state, drift), as `save_parameter_state` kept it in an earlier round, on the device;
+        zeros when the client has none: its first participation, or a state lost or refused
+        (`ClientState.load_round_tensors`), which is how the papers start a client."""
+        like = {k: p.detach() for k, p in model.named_parameters()}
+        saved = self.ctx.state.load_round_tensors(name, like, self.ctx.server_round)
+        if saved is None:
+            log.info(
+                "partition %d, round %d: no %r state (first participation or lost): starts at zero",
+                self.ctx.partition_id,
+                self.ctx.server_round,
+                name,
+            )
+            return [torch.zeros_like(p) for p in like.values()]
+        return [saved[k].to(self.device) for k in like]
+
+    def save_parameter_state(self, name: str, model: nn.Module, tensors: list[torch.Tensor]) -> None:
+        names = [k for k, _ in model.named_parameters()]
+        self.ctx.state.save_round_tensors(name, dict(zip(names, tensors, strict=True)), self.ctx.server_round)
 
     # ------------------------------------------------------------------ the round
     def evaluate_local(self, model: nn.Module) -> tuple[float, float]:

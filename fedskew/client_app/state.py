@@ -17,6 +17,9 @@ Policy (see docs/usage.md, "Client state"):
   the next save succeeds; a damaged file is simply replaced by that save.
 - Either way the state is per run: a new run starts empty, and a method handles an empty state
   the way its paper handles a client's first participation.
+- Tensors kept with `save_round_tensors` carry the round that wrote them; `load_round_tensors`
+  refuses one written in the current round or later (by an attempt the server discarded: a retried
+  round, a resume from an earlier checkpoint), whose effect the server's state does not hold.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from fedskew.records import Number, check_number
 log = logging.getLogger("fedskew.client")
 
 MB = 1024 * 1024
+ROUND_KEY = "fedskew.written-in-round"  # kept beside the tensors; no parameter of the networks is so named
 
 
 class StateTooLargeError(RuntimeError):
@@ -138,6 +142,37 @@ class ClientState:
                 "or raise state-max-mb (Flower drops ~200 MB states silently in deployment)"
             )
         self.record[f"tensors.{name}"] = ArrayRecord(cpu)
+
+    # ------------------------------------------------------------------ tensors of a round
+    def load_round_tensors(
+        self, name: str, like: Mapping[str, torch.Tensor], server_round: int
+    ) -> dict[str, torch.Tensor] | None:
+        """The tensors `save_round_tensors` kept under `name` in an earlier round, or None: when there
+        are none (first participation or lost state), when they differ from `like` in names, shapes
+        or dtypes, or when they were written in round `server_round` or later, i.e. by an attempt the
+        server discarded (a retried round, a run resumed from an earlier checkpoint): such a state is
+        ahead of the server's and is dropped like a lost one. Each case but the first is logged."""
+        tensors = self.load_tensors(name)
+        if tensors is None:
+            return None
+        tag = tensors.pop(ROUND_KEY, None)
+        integral = isinstance(tag, torch.Tensor) and tag.dim() == 0 and not tag.is_floating_point()
+        written = int(tag) if integral else -1  # -1: no round, or not one integer
+        reason = None
+        if list(tensors) != list(like) or any(
+            tensors[k].shape != v.shape or tensors[k].dtype != v.dtype for k, v in like.items()
+        ):
+            reason = "its names, shapes or dtypes differ from the model's"
+        elif not 0 < written < server_round:
+            reason = f"it was written in round {written}, not before round {server_round} (a discarded attempt)"
+        if reason:
+            self._lost(name, ValueError(reason))
+            return None
+        return tensors
+
+    def save_round_tensors(self, name: str, tensors: Mapping[str, torch.Tensor], server_round: int) -> None:
+        """Keep `tensors` under `name`, tagged with the round that wrote them (`load_round_tensors`)."""
+        self.save_tensors(name, {**tensors, ROUND_KEY: torch.tensor(server_round, dtype=torch.int64)})
 
     # ------------------------------------------------------------------ small values
     def load_values(self, name: str, schema: Mapping[str, ValueForm]) -> dict[str, Any] | None:

@@ -1,4 +1,6 @@
-"""Pure aggregation maths (numpy): weighted model averaging and per-round metric summaries."""
+"""Pure aggregation maths (numpy): weighted model averaging, per-round metric summaries, and the
+server rules of SCAFFOLD (control variates, server step), FedNova (normalised averaging) and FedDyn
+(h and the server model); each docstring gives the equation."""
 
 from __future__ import annotations
 
@@ -51,3 +53,93 @@ def summarize_clients(values: Sequence[float]) -> tuple[float, float]:
         return float("nan"), float("nan")
     a = np.asarray(values, dtype=np.float64)
     return float(a.mean()), float(a.std())
+
+
+Arrays = Mapping[str, np.ndarray]
+
+
+def _cast(values: dict[str, np.ndarray], like: Arrays) -> dict[str, np.ndarray]:
+    return {k: np.asarray(v).astype(like[k].dtype).reshape(np.shape(like[k])) for k, v in values.items()}
+
+
+def l2_norm(arrays: Arrays) -> float:
+    """sqrt(sum of squares) over every array (a diagnostic of a model-sized state)."""
+    return float(np.sqrt(sum(float(np.square(v, dtype=np.float64).sum()) for v in arrays.values())))
+
+
+def server_step(x: Arrays, average: Arrays, lr: float) -> dict[str, np.ndarray]:
+    """SCAFFOLD's server model update (Karimireddy et al., ICML'20, Alg. 1 lines 16-17, Delta x the
+    averaged Delta y_i): x + eta_g (avg - x) for floating arrays; integer buffers take the average.
+    eta_g = 1 returns the average itself."""
+    if lr == 1.0:
+        return dict(average)
+    out = {}
+    for k, a in average.items():
+        if np.issubdtype(a.dtype, np.integer):
+            out[k] = a
+        else:
+            x64 = np.asarray(x[k], dtype=np.float64)
+            out[k] = x64 + lr * (np.asarray(a, dtype=np.float64) - x64)
+    return _cast(out, average)
+
+
+def scaffold_control_deltas(
+    control: Arrays, x: Arrays, models: Sequence[Arrays], steps: Sequence[int], lr: float
+) -> list[dict[str, np.ndarray]]:
+    """SCAFFOLD option II (Alg. 1 line 12), each client's Delta c_i = c_i^+ - c_i
+    = (x - y_i) / (K_i eta_l) - c, over the arrays of `control` (the trainable parameters); float64."""
+    out = []
+    for y, k in zip(models, steps, strict=True):
+        scale = 1.0 / (k * lr)
+        out.append({n: (np.asarray(x[n], np.float64) - y[n]) * scale - c for n, c in control.items()})
+    return out
+
+
+def scaffold_control_update(control: Arrays, deltas: Sequence[Arrays], num_clients: int) -> dict[str, np.ndarray]:
+    """SCAFFOLD's server control variate (Alg. 1 lines 16-17): c + |S|/N * mean_{i in S} Delta c_i
+    = c + (1/N) sum_{i in S} Delta c_i, so that c stays the mean of all N clients' c_i."""
+    total = {n: np.asarray(c, np.float64) + sum(d[n] for d in deltas) / num_clients for n, c in control.items()}
+    return _cast(total, control)
+
+
+def fednova_normalizer(steps: int, momentum: float = 0.0) -> float:
+    """FedNova's a_i = ||a_i||_1 for local SGD with heavy-ball momentum rho (Wang et al., NeurIPS'20,
+    Sec. 4-5; `JYWa/FedNova`'s `local_normalizing_vec`): the sum over the tau local steps of
+    the weight the momentum buffer gives to each gradient,
+        a = sum_{t=1}^{tau} (1 - rho^t) / (1 - rho) = [tau - rho (1 - rho^tau) / (1 - rho)] / (1 - rho),
+    and a = tau for plain SGD (rho = 0)."""
+    if momentum == 0.0:
+        return float(steps)
+    return (steps - momentum * (1.0 - momentum**steps) / (1.0 - momentum)) / (1.0 - momentum)
+
+
+def normalized_average(
+    x: Arrays, models: Sequence[Arrays], weights: Sequence[float], normalizers: Sequence[float]
+) -> dict[str, np.ndarray]:
+    """FedNova's normalized averaging over the arrays of `x`:
+        x+ = x - tau_eff sum_i p_i (x - y_i) / a_i,   tau_eff = sum_i p_i a_i,   p_i = w_i / sum_j w_j.
+    With equal a_i it is the weighted average sum_i p_i y_i (FedAvg); a client that took more steps
+    (larger a_i) weighs less than in FedAvg, which removes FedAvg's bias towards such clients."""
+    p = np.asarray(weights, dtype=np.float64)
+    p = p / p.sum()
+    a = np.asarray(normalizers, dtype=np.float64)
+    tau_eff = float((p * a).sum())
+    out = {}
+    for k, x_k in x.items():
+        x64 = np.asarray(x_k, dtype=np.float64)
+        out[k] = x64 - tau_eff * sum(pi / ai * (x64 - y[k]) for pi, ai, y in zip(p, a, models, strict=True))
+    return _cast(out, x)
+
+
+def feddyn_server_update(
+    h: Arrays, x: Arrays, models: Sequence[Arrays], average: Arrays, alpha: float, num_clients: int
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """FedDyn's server (Acar et al., ICLR'21, Alg. 1), over the arrays of `h`:
+        h+ = h - alpha (1/m) sum_{k in P_t} (theta_k - theta^{t-1}),   theta^t = avg_k theta_k - h+ / alpha,
+    m the number of clients; returns (h+, theta^t)."""
+    h_new, theta = {}, {}
+    for n, h_n in h.items():
+        x64 = np.asarray(x[n], dtype=np.float64)
+        h_new[n] = np.asarray(h_n, np.float64) - alpha / num_clients * sum(y[n] - x64 for y in models)
+        theta[n] = np.asarray(average[n], dtype=np.float64) - h_new[n] / alpha
+    return _cast(h_new, h), _cast(theta, h)

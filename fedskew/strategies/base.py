@@ -23,8 +23,13 @@ What the base does for every method:
 - replies sorted by partition id before aggregation (bit-exact runs);
 - hooks for subclasses: `broadcast` (extra records sent to every client), `expected_upload`,
   `check_reply` (the method's rules for a well-formed reply), `aggregate_arrays` (default: the
-  sample-weighted average, or uniform with `aggregation-weights`), `aggregate_extras`,
-  `global_model` (the model evaluated centrally), `state_dict` / `load_state_dict` (checkpoints).
+  sample-weighted average, or uniform with `aggregation-weights`: `aggregation_weights`),
+  `aggregate_extras`, `global_model` (the model evaluated centrally), `state_dict` /
+  `load_state_dict` (checkpoints);
+- what the server computes instead of trusting a reply: `local_steps` (a client's local SGD steps
+  this round, from its partition's size) and `num_clients` (N);
+- `RoundState` for server state that each round's aggregation replaces, so that a retried round
+  starts again from the state of its first attempt.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from fedskew.reasons import short_reason
 from fedskew.records import Rejected, Spec, Tensor, check_content
 from fedskew.strategies.aggregate import summarize_clients, update_ratio, weighted_average
 from fedskew.strategies.discovery import assign_partitions, majority_count
+from fedskew.training import steps_per_round
 from fedskew.wire import BASE, Dims, Wire
 
 log = logging.getLogger("fedskew.server")
@@ -61,6 +67,30 @@ def arrays_to_numpy(rec: ArrayRecord) -> dict[str, np.ndarray]:
 def numpy_to_arrays(arrays: dict[str, np.ndarray]) -> ArrayRecord:
     # np.array keeps 0-d arrays 0-d (np.ascontiguousarray would make them 1-d)
     return ArrayRecord({k: torch.from_numpy(np.array(v, order="C")) for k, v in arrays.items()})
+
+
+class RoundState:
+    """Server state that a round's aggregation replaces (SCAFFOLD's c, FedDyn's h): `before(r)` is
+    the state round r started from, so that a retried round (`round-retries`), whose discarded
+    attempt was aggregated too, starts again from the same state instead of counting twice."""
+
+    def __init__(self, value: dict[str, np.ndarray]) -> None:
+        self.value = value
+        self._round: int | None = None
+        self._before = value
+
+    def before(self, server_round: int) -> dict[str, np.ndarray]:
+        if server_round != self._round:
+            self._round, self._before = server_round, self.value
+        return self._before
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        return {k: torch.from_numpy(np.array(v, order="C")) for k, v in self.value.items()}
+
+    def load(self, state: dict[str, Any]) -> None:
+        """The state from `tensors` (a checkpoint); the next round starts from it."""
+        self.value = {k: state[k].numpy().astype(v.dtype).reshape(v.shape) for k, v in self.value.items()}
+        self._round, self._before = None, self.value
 
 
 class BaseStrategy(Strategy):
@@ -275,11 +305,32 @@ class BaseStrategy(Strategy):
         self.failures.append({"node": node, "partition": pid, "reason": reason})
         log.warning("round %d: dropped reply of node %d (partition %d): %s", server_round, node, pid, reason)
 
-    def aggregate_arrays(self, server_round: int, replies: list[Message]) -> ArrayRecord:
-        """Weighted mean of the uploaded arrays (weights: num-examples, or 1 when uniform)."""
+    def aggregation_weights(self, replies: list[Message]) -> list[float]:
+        """One weight per reply: its num-examples, or 1 with `aggregation-weights="uniform"`."""
         uniform = self.cfg["aggregation-weights"] == "uniform"
-        weights = [1.0 if uniform else float(m.content["metrics"]["num-examples"]) for m in replies]
-        return numpy_to_arrays(weighted_average([arrays_to_numpy(m.content["arrays"]) for m in replies], weights))
+        return [1.0 if uniform else float(m.content["metrics"]["num-examples"]) for m in replies]
+
+    def aggregate_arrays(self, server_round: int, replies: list[Message]) -> ArrayRecord:
+        """Weighted mean of the uploaded arrays (`aggregation_weights`)."""
+        models = [arrays_to_numpy(m.content["arrays"]) for m in replies]
+        return numpy_to_arrays(weighted_average(models, self.aggregation_weights(replies)))
+
+    def local_steps(self, reply: Message) -> int:
+        """The local SGD steps K_i a screened reply's client took this round, computed here: from the
+        size of its partition when the nodes serve partitions of the data set, else (nodes with their
+        own data) from its num-examples, which `check_reply` bounds."""
+        metrics = reply.content["metrics"]
+        partition = int(metrics["partition-id"])
+        if self.num_partitions:
+            n = len(client_indices(self.cfg, self.num_partitions)[partition][0])
+        else:
+            n = int(metrics["num-examples"])
+        return steps_per_round(n, self.cfg["local-epochs"], self.cfg["batch-size"])
+
+    def num_clients(self) -> int:
+        """N, the number of clients of the federation: the partitions, or the nodes accepted so far
+        when they hold their own data."""
+        return self.num_partitions or max(len(self.node_partitions), 1)
 
     def aggregate_extras(self, server_round: int, replies: list[Message]) -> dict[str, float]:
         """Handle extra reply records (prototypes, gradients ...); return metrics to log."""
@@ -302,6 +353,12 @@ class BaseStrategy(Strategy):
         ratios = [self.update_ratios[m.content["metrics"]["partition-id"]] for m in ok]
         metrics["update-ratio-max"] = max(ratios)  # the evidence that max-update-ratio drops no honest reply
         return new, MetricRecord(metrics)
+
+    @staticmethod
+    def client_mean(replies: list[Message], key: str) -> float:
+        """The unweighted mean over the replies that report the metric `key` (NaN when none does)."""
+        values = [float(m.content["metrics"][key]) for m in replies if key in m.content["metrics"]]
+        return float(np.mean(values)) if values else float("nan")
 
     @staticmethod
     def client_metrics(replies: list[Message]) -> dict[str, Any]:

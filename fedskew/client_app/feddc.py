@@ -1,0 +1,82 @@
+"""FedDC client (Gao et al., "FedDC: Federated Learning with Non-IID Data via Local Drift Decoupling
+and Correction", CVPR'22). Server side: `fedskew/strategies/feddc.py`; maths:
+`fedskew/losses/feddc.py` (drift) and `fedskew/losses/scaffold.py` (gradient correction).
+
+Client i keeps a local drift h_i and a gradient-correction control c_i; from the global model w and
+the server's control c it trains theta_i (starting at w) on
+
+    L_i(theta) + alpha/2 ||theta + h_i - w||^2      with every step corrected by -eta_l (c - c_i)
+
+then h_i <- h_i + (theta_i - w), c_i <- c_i - c + (w - theta_i) / (K eta_l), and uploads the
+drift-corrected model theta_i + h_i with the local update theta_i - w (`feddc-update`).
+
+Decisions (the paper's text was not at hand; the details follow the authors' code,
+`gaoliang13/FedDC` at 13440c23, utils_general.py `train_model_FedDC` and utils_methods_FedDC.py
+`train_FedDC`):
+- The gradient correction is the code's: the linear term <theta, c - c_i> with c_i updated as
+  SCAFFOLD's option II (`state_gadient_diffs`, beta = 1 / (K eta_l)), so this trainer is
+  `ScaffoldTrainer` plus the drift. As for SCAFFOLD, the correction is applied after each step of
+  the common `sgd`, outside its momentum buffer (identical to the code's loss term without
+  momentum, which the code uses; see `correct_after_step` for why not through the momentum).
+- K is this client's own step count; the code uses one K for all clients (that of the mean client
+  size), the same on equal partitions. alpha is the same for every client (`feddc-alpha`); the code
+  divides it, and c, by the client's relative data size, which is 1 on equal partitions.
+- Upload: theta_i + h_i (the drift-corrected model) for the trainable parameters; buffers as
+  trained. The server averages the uploads of the round's clients (the code averages theta_i over
+  the round's clients and h_i over all clients: the same under full participation). The server's
+  `max-update-ratio` bound applies to this upload, drift included, and to the local update.
+- h_i and c_i are this client's state (two model-sized float32 tensors per trainable parameter,
+  each written with its round); a client without them starts from zero (the code's
+  initialisation) and logs it. The code's gradient clipping at norm 10 is `grad-clip` here.
+Personalized model: the locally trained theta_i (not the drift-corrected upload). Metric:
+`feddc-drift-norm` (||h_i|| after the update).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from flwr.app import ArrayRecord, RecordDict
+from torch import nn
+
+from fedskew import wire
+from fedskew.client_app.scaffold import ScaffoldTrainer
+from fedskew.losses import proximal_term
+from fedskew.losses.feddc import drift_update, penalty_target
+from fedskew.wire import FEDDC_UPDATE
+
+DRIFT = "feddc-drift"
+
+
+class FedDCTrainer(ScaffoldTrainer):
+    """SCAFFOLD's corrected local training plus the drift penalty; uploads theta_i + h_i."""
+
+    wire = wire.FEDDC
+
+    def load_global(self, model: nn.Module, content: RecordDict) -> None:
+        super().load_global(model, content)
+        self.drift = self.parameter_state(DRIFT, model)
+        self.target = penalty_target(self.start, self.drift)
+
+    def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        return super().loss(model, x, y) + proximal_term(model.parameters(), self.target, self.cfg["feddc-alpha"])
+
+    def local_train(self, model: nn.Module, content: RecordDict) -> dict[str, float]:
+        stats = super().local_train(model, content)
+        self.drift = drift_update(self.drift, list(model.parameters()), self.start)
+        self.save_parameter_state(DRIFT, model, self.drift)
+        norm = math.sqrt(sum(float(h.pow(2).sum()) for h in self.drift))
+        return {**stats, "feddc-drift-norm": norm}
+
+    def upload(self, model: nn.Module) -> ArrayRecord:
+        """theta_i + h_i for the trainable parameters, the trained buffers as they are."""
+        state = model.state_dict()
+        for name, h in zip(self.names, self.drift, strict=True):
+            state[name] = state[name] + h
+        return ArrayRecord(state)
+
+    def extra_records(self, model: nn.Module) -> dict[str, Any]:
+        update = {n: (p.detach() - w).cpu() for (n, p), w in zip(model.named_parameters(), self.start, strict=True)}
+        return {FEDDC_UPDATE: ArrayRecord(update)}

@@ -1,0 +1,62 @@
+"""FedDyn client (Acar et al., "Federated Learning Based on Dynamic Regularization", ICLR'21,
+Alg. 1, the clients' part). Server side: `fedskew/strategies/feddyn.py`; maths: `fedskew/losses/feddyn.py`.
+
+Client k trains from the server model theta^{t-1} on
+
+    L_k(theta) - <g_k, theta> + alpha/2 ||theta - theta^{t-1}||^2,     g_k = grad L_k(theta_k^{t-1})
+
+uploads theta_k^t and keeps g_k <- g_k - alpha (theta_k^t - theta^{t-1}). Decisions:
+- L_k is the mini-batch cross-entropy; the local optimiser is the common `sgd`. Its weight decay
+  is an L2 term of L_k (the authors' code, `alpemreacar/FedDyn` at 48a19fac, utils_general.py
+  `train_feddyn_mdl`, puts alpha + weight_decay into SGD's weight decay and the linear term
+  alpha <theta, -theta^{t-1} + lambda_k> into the loss, which is the same objective). The update of
+  g_k is the first-order condition of the local problem, so momentum does not change it.
+- The authors' code clips gradients at norm 10: here `grad-clip` (default off).
+- `train-loss` is the mean L_k (cross-entropy) without the regulariser, whose linear term can be
+  negative (a loss metric is declared >= 0).
+- g_k is this client's state (`ClientState`, one model-sized float32 tensor per trainable
+  parameter, written with its round); a client without one starts from g_k = 0 (Alg. 1 initialises
+  grad L_k(theta_k^0) = 0) and logs it.
+Personalized model: the locally trained theta_k^t. Metric: `feddyn-gradient-norm` (||g_k|| after
+the update).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from flwr.app import RecordDict
+from torch import nn
+
+from fedskew import wire
+from fedskew.client_app.base import BaseTrainer
+from fedskew.losses.feddyn import feddyn_gradient_update, feddyn_penalty
+
+GRADIENT_STATE = "feddyn-gradient"
+
+
+class FedDynTrainer(BaseTrainer):
+    """Cross-entropy plus the dynamic regulariser; keeps the client's gradient state."""
+
+    wire = wire.FEDDYN
+
+    def load_global(self, model: nn.Module, content: RecordDict) -> None:
+        super().load_global(model, content)
+        self.start = [p.detach().clone() for p in model.parameters()]
+        self.gradient_state = self.parameter_state(GRADIENT_STATE, model)
+        self.data_loss = torch.zeros((), device=self.device)
+
+    def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        data_loss = super().loss(model, x, y)
+        self.data_loss += data_loss.detach()
+        alpha = self.cfg["feddyn-alpha"]
+        return data_loss + feddyn_penalty(list(model.parameters()), self.start, self.gradient_state, alpha)
+
+    def local_train(self, model: nn.Module, content: RecordDict) -> dict[str, float]:
+        stats = super().local_train(model, content)
+        stats["train-loss"] = float(self.data_loss) / max(stats["train-steps"], 1.0)  # L_k only (see above)
+        alpha = self.cfg["feddyn-alpha"]
+        new = feddyn_gradient_update(self.gradient_state, list(model.parameters()), self.start, alpha)
+        self.save_parameter_state(GRADIENT_STATE, model, new)
+        return {**stats, "feddyn-gradient-norm": math.sqrt(sum(float(g.pow(2).sum()) for g in new))}

@@ -1,0 +1,14 @@
+"""FedNova client (Wang et al., NeurIPS'20): FedAvg's local training with the common `sgd`, whose
+model is uploaded; the normalisation by the client's a_i happens on the server
+(`fedskew/strategies/fednova.py`), which computes the client's step count itself. Personalized
+model: the locally trained model.
+"""
+
+from fedskew import wire
+from fedskew.client_app.base import BaseTrainer
+
+
+class FedNovaTrainer(BaseTrainer):
+    """Plain local training; nothing beyond the model is sent."""
+
+    wire = wire.FEDNOVA

@@ -1,0 +1,45 @@
+"""FedDyn's local objective and gradient state (Acar et al., "Federated Learning Based on Dynamic
+Regularization", ICLR'21, Alg. 1):
+
+    theta_k^t = argmin_theta  L_k(theta) - <g_k, theta> + alpha/2 ||theta - theta^{t-1}||^2,
+    g_k <- g_k - alpha (theta_k^t - theta^{t-1}),          g_k = grad L_k(theta_k^{t-1}), 0 at first.
+
+The second line is the first-order condition of the first at its minimiser, so it holds whatever
+optimiser finds that minimiser (momentum SGD included). The authors' code (`alpemreacar/FedDyn` at
+48a19fac) stores lambda_k = -g_k / alpha instead of g_k. The server's h and model are
+`fedskew.strategies.aggregate.feddyn_server_update`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+
+def feddyn_penalty(
+    params: Sequence[torch.Tensor],
+    global_params: Sequence[torch.Tensor],
+    gradient_state: Sequence[torch.Tensor],
+    alpha: float,
+) -> torch.Tensor:
+    """The dynamic regulariser -<g_k, theta - theta^{t-1}> + alpha/2 ||theta - theta^{t-1}||^2, summed
+    over matching tensors (theta^{t-1} and g_k detached): Alg. 1's linear and quadratic terms, less
+    the constant <g_k, theta^{t-1}>, so that it is 0 at the round's start; gradient -g_k + alpha
+    (theta - theta^{t-1})."""
+    terms = []
+    for p, w, g in zip(params, global_params, gradient_state, strict=True):
+        d = p - w.detach()
+        terms.append(0.5 * alpha * d.pow(2).sum() - (g.detach() * d).sum())
+    return torch.stack(terms).sum()
+
+
+@torch.no_grad()
+def feddyn_gradient_update(
+    gradient_state: Sequence[torch.Tensor],
+    params: Sequence[torch.Tensor],
+    global_params: Sequence[torch.Tensor],
+    alpha: float,
+) -> list[torch.Tensor]:
+    """g_k <- g_k - alpha (theta_k^t - theta^{t-1})."""
+    return [g - alpha * (p - w) for g, p, w in zip(gradient_state, params, global_params, strict=True)]

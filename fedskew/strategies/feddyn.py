@@ -1,0 +1,64 @@
+"""FedDyn server (Acar et al., "Federated Learning Based on Dynamic Regularization", ICLR'21,
+Alg. 1). Client side: `fedskew/client_app/feddyn.py`; maths: `fedskew/losses/feddyn.py` and
+`fedskew.strategies.aggregate.feddyn_server_update`.
+
+From the models theta_k of the clients P_t it accepts in round t, the server updates its state h
+and the server model theta^t (what is sent next round and evaluated):
+
+    h^t = h^{t-1} - alpha (1/m) sum_{k in P_t} (theta_k^t - theta^{t-1})
+    theta^t = avg_{k in P_t} theta_k^t - h^t / alpha
+
+Decisions:
+- h needs nothing beyond the uploaded models (theta^{t-1} is the model this round sent); m is the
+  number of clients (partitions). The authors' code (`alpemreacar/FedDyn` at 48a19fac,
+  utils_methods.py `train_FedDyn`) computes -h / alpha as the mean over all m clients of their
+  stored -grad L_k / alpha, which is the same quantity.
+- avg follows `aggregation-weights` (default by sample count; "uniform" is the paper's and the
+  code's 1/|P_t|; they agree on equal partitions).
+- h and the correction cover the trainable parameters; buffers are averaged.
+- alpha is the same for every client (`feddyn-alpha`, paper Alg. 1). The authors' code divides it
+  by each client's relative data size n_k / mean(n), which equals the paper on equal partitions.
+- h is server state (`state_dict`, in `checkpoint.pt`); a retried round restarts from its first
+  attempt's h (`RoundState`).
+Metrics: `feddyn-h-norm` (||h||) and `feddyn-gradient-norm` (the clients' mean ||grad L_k||).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, Message
+
+from fedskew import wire
+from fedskew.strategies.aggregate import feddyn_server_update, l2_norm
+from fedskew.strategies.base import BaseStrategy, RoundState, arrays_to_numpy, numpy_to_arrays
+
+
+class FedDynStrategy(BaseStrategy):
+    """Averages the models and subtracts h / alpha; keeps h."""
+
+    wire = wire.FEDDYN
+
+    def __init__(self, cfg: dict[str, Any], device: torch.device | None = None) -> None:
+        super().__init__(cfg, device)
+        self.h = RoundState({k: np.zeros(f.shape, np.float32) for k, f in self.dims.params.items()})
+
+    def state_dict(self) -> dict[str, Any]:
+        return {f"h/{k}": v for k, v in self.h.tensors().items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.h.load({k.removeprefix("h/"): v for k, v in state.items() if k.startswith("h/")})
+
+    def aggregate_arrays(self, server_round: int, replies: list[Message]) -> ArrayRecord:
+        average = arrays_to_numpy(super().aggregate_arrays(server_round, replies))
+        models = [arrays_to_numpy(m.content["arrays"]) for m in replies]
+        x = arrays_to_numpy(self.sent_arrays)
+        h = self.h.before(server_round)
+        self.h.value, theta = feddyn_server_update(h, x, models, average, self.cfg["feddyn-alpha"], self.num_clients())
+        return numpy_to_arrays({**average, **theta})
+
+    def aggregate_extras(self, server_round: int, replies: list[Message]) -> dict[str, float]:
+        grads = self.client_mean(replies, "feddyn-gradient-norm")
+        return {"feddyn-h-norm": l2_norm(self.h.value), "feddyn-gradient-norm": grads}
