@@ -9,7 +9,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import tomllib
+import torch
 from flwr.app import Context, Error, Message, RecordDict
 
 from fedskew.client_app.app import app as client_app
@@ -33,13 +35,16 @@ class InProcessGrid:
         faults: dict[tuple[int, int], Fault] | None = None,
         num_partitions: int | None = None,
         extra_nodes: dict[int, dict[str, Any]] | None = None,
+        node_config: dict[str, Any] | None = None,
     ):
-        """Node i serves partition i of `num_partitions` (default: one partition per node);
+        """Node i serves partition i of `num_partitions` (default: one partition per node); every
+        such node's config adds `node_config` (e.g. a `state-dir` that outlives the grid);
         `extra_nodes` adds nodes by id with their own node config (ids below 1000 answer first)."""
         self.run_config = run_config
         self.faults = faults or {}
         configs = {
-            1000 + 17 * i: {"partition-id": i, "num-partitions": num_partitions or num_nodes} for i in range(num_nodes)
+            1000 + 17 * i: {"partition-id": i, "num-partitions": num_partitions or num_nodes, **(node_config or {})}
+            for i in range(num_nodes)
         }
         configs = dict(sorted({**configs, **(extra_nodes or {})}.items()))
         self.contexts = {
@@ -77,9 +82,49 @@ def run_in_process(
     faults: dict | None = None,
     num_partitions: int | None = None,
     extra_nodes: dict[int, dict[str, Any]] | None = None,
+    node_config: dict[str, Any] | None = None,
 ) -> InProcessGrid:
     """Run the whole ServerApp main in this process; returns the grid (its contexts hold client state)."""
     cfg = {**app_defaults(), **overrides}
-    grid = InProcessGrid(num_nodes, cfg, faults, num_partitions, extra_nodes)
+    grid = InProcessGrid(num_nodes, cfg, faults, num_partitions, extra_nodes, node_config)
     server_main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=cfg))
     return grid
+
+
+def crash(msg: Message, reply: Message) -> Message:
+    """A fault: the client's reply becomes an error (the round's work is lost)."""
+    return Message(Error(code=0, reason="RuntimeError: injected client crash"), reply_to=msg)
+
+
+def resumed_run_equals_full_run(
+    out: Path, overrides: dict[str, Any], num_nodes: int = 4, num_partitions: int = 50, state_dir: bool = False
+) -> Path:
+    """Run `overrides` for 3 rounds at once ('full'), and again with every client crashing in round 3
+    after the round-2 checkpoint ('cut'), then resume 'cut'; assert both end with the same
+    metrics.jsonl and model.pt. `state_dir`: the nodes keep client state on disk (one directory per
+    run, kept across the crash), so that it outlives the grid as a SuperNode's state-dir does.
+    Returns the full run's directory."""
+    cfg = {
+        "model": "mlp",
+        "partition": "iid",
+        "fraction-train": 1.0,
+        "num-server-rounds": 3,
+        "checkpoint-every": 1,
+        "round-retries": 0,
+        "out-dir": str(out),
+        **overrides,
+    }
+
+    def run(name: str, faults: dict | None = None, **extra: Any) -> None:
+        node_config = {"state-dir": str(out / f"{name}-state")} if state_dir else None
+        run_in_process({**cfg, "run-name": name, **extra}, num_nodes, faults, num_partitions, node_config=node_config)
+
+    run("full")
+    with pytest.raises(RuntimeError):
+        run("cut", {(p, 3): crash for p in range(num_nodes)})
+    run("cut", resume=True)
+    full, cut = out / "full", out / "cut"
+    assert (cut / "metrics.jsonl").read_text() == (full / "metrics.jsonl").read_text()
+    a, b = torch.load(full / "model.pt", weights_only=True), torch.load(cut / "model.pt", weights_only=True)
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    return full
