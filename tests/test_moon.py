@@ -12,11 +12,12 @@ from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from fedskew.client_app.base import TrainerContext
 from fedskew.client_app.fedavg import FedAvgTrainer
-from fedskew.client_app.moon import MOONTrainer
+from fedskew.client_app.moon import SLOTS, MOONTrainer
 from fedskew.client_app.state import ClientState
 from fedskew.config import validate
 from fedskew.losses.moon import model_contrastive_loss
 from fedskew.models import build_model
+from fedskew.records import Number
 from fedskew.training import seed_everything
 from tests.harness import resumed_run_equals_full_run
 from tests.test_trainers import make_data
@@ -99,7 +100,7 @@ def test_a_retried_round_keeps_the_earlier_model_as_its_negative() -> None:
     assert all(torch.equal(v, arrays(again)[k]) for k, v in arrays(first).items())
     assert first["metrics"]["moon-loss"] == again["metrics"]["moon-loss"]
     moon_trainer(state, 3).fit(content(3, seed=2))  # round 3 keeps round 2's model as "before"
-    rounds = ClientState(state, 64, 0).load_values("moon")
+    rounds = ClientState(state, 64, 0).load_values("moon", dict.fromkeys(SLOTS, Number(int, 1, 3)))
     assert rounds == {"moon-previous": 3, "moon-before": 2}
 
 

@@ -39,6 +39,7 @@ from torch import nn
 from fedskew import wire
 from fedskew.client_app.base import BaseTrainer, frozen
 from fedskew.losses.moon import model_contrastive_loss
+from fedskew.records import Number
 
 log = logging.getLogger("fedskew.client")
 
@@ -53,9 +54,11 @@ class MOONTrainer(BaseTrainer):
 
     # ------------------------------------------------------------------ state
     def stored_models(self, reference: nn.Module) -> list[tuple[int, dict[str, torch.Tensor]]]:
-        """(round, state dict) of the stored local models, newest first; entries whose round or
-        tensors do not fit `reference` count as lost."""
-        rounds = self.ctx.state.load_values(ROUNDS) or {}
+        """(round, state dict) of the stored local models, newest first; a round outside [1,
+        num-server-rounds] loses the whole record (`ClientState.load_values`), tensors that do not fit
+        `reference` lose their entry."""
+        last = Number(int, 1, self.cfg["num-server-rounds"])
+        rounds = self.ctx.state.load_values(ROUNDS, dict.fromkeys(SLOTS, last)) or {}
         ref = reference.state_dict()
         out = []
         for slot in SLOTS:
@@ -64,7 +67,7 @@ class MOONTrainer(BaseTrainer):
             if tensors is None:  # an unused slot (the values name the live ones), or a lost state
                 continue
             fits = list(tensors) == list(ref) and all(tensors[k].shape == ref[k].shape for k in ref)
-            if not isinstance(r, int) or not fits:
+            if not fits:
                 log.warning("partition %d: MOON state %r inconsistent: discarded", self.ctx.partition_id, slot)
                 continue
             out.append((r, tensors))
