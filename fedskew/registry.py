@@ -307,6 +307,89 @@ METHODS: dict[str, MethodSpec] = {
             etf_seed=Param(int, 0, "FedGELA: seed of the server's random simplex ETF", low=0),
             clip=Param(float, 20.0, "FedGELA: local gradient-norm clip (authors' code; 0 = off)", low=0.0),
         ),
+        _m(
+            "moon",
+            "moon:MOONStrategy",
+            "moon:MOONTrainer",
+            mu=Param(float, 1.0, "MOON: weight of the model-contrastive loss (authors' code default)", low=0.0),
+            temperature=Param(
+                float, 0.5, "MOON: temperature tau of the contrastive loss (paper and code)", low=0.0, low_open=True
+            ),
+        ),
+        _m(
+            "fedproc",
+            "fedproc:FedProcStrategy",
+            "fedproc:FedProcTrainer",
+            schedule=Param(
+                str,
+                "anneal",
+                "FedProc: prototype-loss weight alpha_t = 1 - (t-1)/(R-1) ('anneal') or fedproc-alpha ('constant')",
+                choices=("anneal", "constant"),
+            ),
+            alpha=Param(float, 0.5, "FedProc 'constant': L = alpha L_pc + (1 - alpha) CE", low=0.0, high=1.0),
+            temperature=Param(
+                float,
+                1.0,
+                "FedProc: temperature of the prototypical contrastive loss (1: the public re-implementation's cosine)",
+                low=0.0,
+                low_open=True,
+            ),
+        ),
+        _m(
+            "fedlc",
+            "fedavg:FedAvgStrategy",
+            "fedlc:FedLCTrainer",
+            tau=Param(
+                float,
+                1.0,
+                "FedLC: logits calibrated by -tau * n_y^(-1/4), 0 = FedAvg (paper silent; FL-bench, PFLlib: 1)",
+                low=0.0,
+            ),
+        ),
+        _m(
+            "fedmmd",
+            "fedmmd:FedMMDStrategy",
+            "fedmmd:FedMMDTrainer",
+            **{
+                "lambda": Param(
+                    float,
+                    1e-3,
+                    "FedMMD: weight of the feature MMD to the global model (FedRS ran 1e-4 and 1e-3)",
+                    low=0.0,
+                )
+            },
+        ),
+        _m(
+            "fedaws",
+            "fedaws:FedAwSStrategy",
+            "fedavg:FedAvgTrainer",
+            margin=Param(
+                float, 0.8, "FedAwS: spreadout margin nu on the class-embedding distance (FedRS authors' code)", low=0.0
+            ),
+            distance=Param(
+                str,
+                "cosine",
+                "FedAwS: 'cosine' (1 - cos)/2 (FedRS authors' code) or 'euclidean' ||w_c - w_c'||",
+                choices=("cosine", "euclidean"),
+            ),
+            steps=Param(
+                int, 30, "FedAwS: server SGD steps on the spreadout regularizer per round (FedRS authors' code)", low=0
+            ),
+            lr=Param(
+                float,
+                1e-3,
+                "FedAwS: lr of those steps on the sum over class pairs (FedRS code's 0.1 on the C x C mean, C = 10)",
+                low=0.0,
+            ),
+            momentum=Param(
+                float,
+                0.9,
+                "FedAwS: momentum of those steps, fresh each round (FedRS authors' code)",
+                low=0.0,
+                high=1.0,
+                high_open=True,
+            ),
+        ),
     )
 }
 

@@ -159,32 +159,63 @@ MAP = FEDRS.extend(
     }
 )
 
-# ---------------------------------------------------------------------------------------- FedMR
-FEDMR_PROTOTYPES = "fedmr-prototypes"
-FEDMR_CONFIG = "fedmr-config"
+# ---------------------------------------------------------------------------------------- prototypes
 MAX_PARTITIONS = 1_000_000  # the longest per-partition list a message may carry
 
 
-def _fedmr_uplink(dims: Dims) -> dict[str, Spec]:
-    c, d = dims.num_classes, dims.feature_dim
-    protos = {"prototypes": Tensor((c, d), "float32"), "counts": Tensor((c,), "int64", low=0)}
-    return {FEDMR_PROTOTYPES: ArraysSpec(protos)}
+def prototype_uplink(record: str) -> Records:
+    """A client's per-class mean features and counts {prototypes [C, d] float32, counts [C] int64 >= 0}
+    (FedMR, FedProc): rows of classes it does not report are zero."""
+
+    def records(dims: Dims) -> dict[str, Spec]:
+        c, d = dims.num_classes, dims.feature_dim
+        protos = {"prototypes": Tensor((c, d), "float32"), "counts": Tensor((c,), "int64", low=0)}
+        return {record: ArraysSpec(protos)}
+
+    return records
 
 
-def _fedmr_downlink(dims: Dims) -> dict[str, Spec]:
-    c, d = dims.num_classes, dims.feature_dim
-    protos = {"prototypes": Tensor((c, d), "float32"), "valid": Tensor((c,), "bool")}
-    return {
-        FEDMR_PROTOTYPES: ArraysSpec(protos, required=False),
-        FEDMR_CONFIG: ConfigSpec({"share-mask": Flags(MAX_PARTITIONS, required=True)}, required=False),
-    }
+def prototype_downlink(record: str) -> Records:
+    """The global prototypes and which classes have one {prototypes [C, d] float32, valid [C] bool}."""
+
+    def records(dims: Dims) -> dict[str, Spec]:
+        c, d = dims.num_classes, dims.feature_dim
+        protos = {"prototypes": Tensor((c, d), "float32"), "valid": Tensor((c,), "bool")}
+        return {record: ArraysSpec(protos, required=False)}
+
+    return records
+
+
+# ---------------------------------------------------------------------------------------- FedMR
+FEDMR_PROTOTYPES = "fedmr-prototypes"
+FEDMR_CONFIG = "fedmr-config"
+
+
+def _fedmr_config(dims: Dims) -> dict[str, Spec]:
+    return {FEDMR_CONFIG: ConfigSpec({"share-mask": Flags(MAX_PARTITIONS, required=True)}, required=False)}
 
 
 FEDMR = Wire(
     {"intra-loss": NON_NEGATIVE, "inter-loss": NON_NEGATIVE, "inter-active": FRACTION, "prototypes-shared": FRACTION},
-    _fedmr_uplink,
-    _fedmr_downlink,
+    prototype_uplink(FEDMR_PROTOTYPES),
+    prototype_downlink(FEDMR_PROTOTYPES),
+).extend(downlink=_fedmr_config)
+
+# ---------------------------------------------------------------------------------------- FedProc
+FEDPROC_PROTOTYPES = "fedproc-prototypes"
+FEDPROC = Wire(
+    {"proto-loss": NON_NEGATIVE, "proto-alpha": FRACTION, "proto-active": Number(int, 0, 1)},
+    prototype_uplink(FEDPROC_PROTOTYPES),
+    prototype_downlink(FEDPROC_PROTOTYPES),
 )
+
+# ---------------------------------------------------------------------------------------- MOON
+# moon-negative: 1 when the client had its previous local model (the negative), 0 at a first participation
+MOON = Wire({"moon-loss": NON_NEGATIVE, "moon-negative": Number(int, 0, 1)})
+
+# ---------------------------------------------------------------------------------------- FedMMD
+# MMD^2 is a squared RKHS norm; its float32 V-statistic can land a rounding error below 0
+FEDMMD = Wire({"mmd-loss": Number(float, -1e-4)})
 
 # ---------------------------------------------------------------------------------------- FedGELA
 FEDGELA_ETF = "etf"

@@ -9,7 +9,9 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import tomllib
+import torch
 from flwr.app import Context, Error, Message, RecordDict
 
 from fedskew.client_app.app import app as client_app
@@ -33,13 +35,16 @@ class InProcessGrid:
         faults: dict[tuple[int, int], Fault] | None = None,
         num_partitions: int | None = None,
         extra_nodes: dict[int, dict[str, Any]] | None = None,
+        node_config: dict[str, Any] | None = None,
     ):
-        """Node i serves partition i of `num_partitions` (default: one partition per node);
+        """Node i serves partition i of `num_partitions` (default: one partition per node); every
+        such node's config adds `node_config` (e.g. a `state-dir` that outlives the grid);
         `extra_nodes` adds nodes by id with their own node config (ids below 1000 answer first)."""
         self.run_config = run_config
         self.faults = faults or {}
         configs = {
-            1000 + 17 * i: {"partition-id": i, "num-partitions": num_partitions or num_nodes} for i in range(num_nodes)
+            1000 + 17 * i: {"partition-id": i, "num-partitions": num_partitions or num_nodes, **(node_config or {})}
+            for i in range(num_nodes)
         }
         configs = dict(sorted({**configs, **(extra_nodes or {})}.items()))
         self.contexts = {
@@ -81,9 +86,10 @@ def run_in_process(
     faults: dict | None = None,
     num_partitions: int | None = None,
     extra_nodes: dict[int, dict[str, Any]] | None = None,
+    node_config: dict[str, Any] | None = None,
 ) -> InProcessGrid:
     """Run the whole ServerApp main in this process; returns the grid (its contexts hold client state)."""
-    grid = InProcessGrid(num_nodes, {}, faults, num_partitions, extra_nodes)
+    grid = InProcessGrid(num_nodes, {}, faults, num_partitions, extra_nodes, node_config)
     run_on(grid, overrides)
     return grid
 
@@ -98,13 +104,16 @@ def run_on(grid: InProcessGrid, overrides: dict[str, Any]) -> None:
 
 
 def cut_and_resume(
-    out: Path, overrides: dict[str, Any], num_nodes: int, num_partitions: int | None = None, rounds: int = 2
+    out: Path, overrides: dict[str, Any], num_nodes: int = 4, num_partitions: int | None = 50, rounds: int = 2
 ) -> tuple[Path, Path, InProcessGrid]:
     """(an uninterrupted run's folder, the same run's folder after a cut and a resume, the grid of the
-    uninterrupted run): the second run reaches no node in its last round and stops
-    (`round-retries=0`), then `--resume`s from its checkpoint of the round before against the same
-    nodes, which kept their client state as SuperNodes do."""
-    cfg = {**overrides, "num-server-rounds": rounds, "checkpoint-every": 1, "round-retries": 0, "out-dir": str(out)}
+    uninterrupted run), after asserting that both runs end with the same `metrics.jsonl` and
+    `model.pt`: the second run reaches no node in its last round and stops (`round-retries=0`), then
+    `--resume`s from its checkpoint of the round before against the same nodes, which kept their
+    client state as SuperNodes do. Defaults: mlp, iid, every client each round."""
+    base = {"model": "mlp", "partition": "iid", "fraction-train": 1.0}
+    cfg = {**base, **overrides, "num-server-rounds": rounds, "checkpoint-every": 1, "round-retries": 0}
+    cfg["out-dir"] = str(out)
     full = run_in_process({**cfg, "run-name": "full"}, num_nodes, None, num_partitions)
     grid = InProcessGrid(num_nodes, {}, None, num_partitions)
     grid.unreachable = {rounds}
@@ -116,4 +125,7 @@ def cut_and_resume(
         raise AssertionError("the cut run did not stop")
     grid.unreachable = set()
     run_on(grid, {**cfg, "run-name": "cut", "resume": True})
+    assert (out / "cut" / "metrics.jsonl").read_text() == (out / "full" / "metrics.jsonl").read_text()
+    a, b = (torch.load(out / name / "model.pt", weights_only=True) for name in ("full", "cut"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     return out / "full", out / "cut", full

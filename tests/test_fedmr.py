@@ -243,7 +243,15 @@ def test_trainer_round1_has_no_inter_term_then_uses_prototypes_and_privacy() -> 
 # ---------------------------------------------------------------------------------------------- strategy
 
 
-def reply(strategy, pid: int, protos: np.ndarray, counts: np.ndarray, num: int = 100, drop: str = ""):
+def reply(
+    strategy,
+    pid: int,
+    protos: np.ndarray,
+    counts: np.ndarray,
+    num: int = 100,
+    drop: str = "",
+    record: str = "fedmr-prototypes",
+):
     from flwr.app import Message
 
     from fedskew.strategies.base import numpy_to_arrays
@@ -256,7 +264,7 @@ def reply(strategy, pid: int, protos: np.ndarray, counts: np.ndarray, num: int =
         }
     )
     if drop != "record":
-        content["fedmr-prototypes"] = numpy_to_arrays({"prototypes": protos, "counts": counts})
+        content[record] = numpy_to_arrays({"prototypes": protos, "counts": counts})
     return Message(content, reply_to=out)
 
 

@@ -24,6 +24,7 @@ from fedskew.registry import get_method
 from fedskew.wire import CONTROL
 from fedskew.wire import FEDDC_UPDATE as UPDATE
 from fedskew.wire import FEDMR_PROTOTYPES as PROTO_RECORD
+from fedskew.wire import FEDPROC_PROTOTYPES as FEDPROC
 from fedskew.wire import MUPFL_GRADS as GRADS
 from fedskew.wire import MUPFL_MAPS as MAPS
 from fedskew.wire import MUPFL_TIMES as TIMES
@@ -42,6 +43,11 @@ METHODS: dict[str, dict[str, Any]] = {
     "fednova": {},
     "feddyn": {},
     "feddc": {},
+    "moon": {},
+    "fedproc": {},
+    "fedlc": {},
+    "fedmmd": {},
+    "fedaws": {},
 }
 Edit = Callable[[RecordDict, dict[str, Any]], RecordDict]
 
@@ -94,10 +100,10 @@ def extra_gradient_key(content: RecordDict, ctx: dict[str, Any]) -> ArrayRecord:
     return ArrayRecord(grads)
 
 
-def prototypes_with_counts(content: RecordDict, ctx: dict[str, Any]) -> ArrayRecord:
-    protos = content[PROTO_RECORD]["prototypes"].numpy().copy()
+def prototypes_with_counts(content: RecordDict, ctx: dict[str, Any], record: str = PROTO_RECORD) -> ArrayRecord:
+    protos = content[record]["prototypes"].numpy().copy()
     counts = np.zeros(protos.shape[0], dtype=np.int64)
-    counts[ctx["class"]] = 5
+    counts[ctx["class"]] = ctx.get("count", 5)
     protos[ctx["class"]] = 3.0
     return ArrayRecord({"prototypes": torch.from_numpy(protos), "counts": torch.from_numpy(counts)})
 
@@ -118,6 +124,11 @@ def first_entry(value: float) -> Callable[[dict[str, np.ndarray]], None]:
         next(iter(arrays.values())).flat[0] = value
 
     return change
+
+
+def prototype_arrays(content: RecordDict, record: str, **arrays: Any) -> ArrayRecord:
+    """The reply's prototype record with some arrays replaced (numpy arrays)."""
+    return ArrayRecord({**dict(content[record].items()), **{k: Array(v) for k, v in arrays.items()}})
 
 
 GENERIC: dict[str, Edit] = {
@@ -200,6 +211,29 @@ SPECIFIC: dict[str, dict[str, Edit]] = {
         "update-missing": lambda c, ctx: RecordDict({k: v for k, v in c.items() if k != UPDATE}),
         "update-int64": record(UPDATE, update_with(lambda a: a.update({k: v.astype(np.int64) for k, v in a.items()}))),
     },
+    "moon": {"list-moon-loss": metric(moon_loss=[0.5]), "moon-negative-2": metric(moon_negative=2)},
+    "fedmmd": {"mmd-loss-minus-1": metric(mmd_loss=-1.0)},
+    "fedproc": {
+        "proto-alpha-2": metric(proto_alpha=2.0),
+        "nan-prototypes": record(
+            FEDPROC,
+            lambda c, ctx: prototype_arrays(
+                c, FEDPROC, prototypes=np.full(c[FEDPROC]["prototypes"].shape, np.nan, np.float32)
+            ),
+        ),
+        "prototypes-wrong-shape": record(
+            FEDPROC, lambda c, ctx: prototype_arrays(c, FEDPROC, prototypes=np.zeros((10, 3), np.float32))
+        ),
+        "negative-counts": record(
+            FEDPROC, lambda c, ctx: prototype_arrays(c, FEDPROC, counts=np.full(10, -1, np.int64))
+        ),
+        "counts-beyond-num-examples": record(
+            FEDPROC, lambda c, ctx: prototypes_with_counts(c, {"class": 1, "count": 10**9}, FEDPROC)
+        ),
+        "no-prototypes": lambda c, ctx: RecordDict({k: v for k, v in c.items() if k != FEDPROC}),
+        "extreme-prototypes": extreme(FEDPROC, "prototypes"),
+    },
+    "fedaws": {"undecodable-bytes": GENERIC["undecodable-bytes"], "complex64-bytes": GENERIC["complex64-bytes"]},
     "fedgela": {
         "classifier-uploaded": lambda c, ctx: with_records(
             c,
@@ -394,6 +428,7 @@ E2E: dict[str, list[str]] = {
     "map": ["other-partition", "finite-extreme-model", *SPECIFIC["map"]],
     "fedgela": ["complex64-bytes", "finite-extreme-model", *SPECIFIC["fedgela"]],
     "feddc": ["num-examples-2**62", "finite-extreme-model", *SPECIFIC["feddc"]],
+    "fedproc": ["other-partition", "finite-extreme-model", *SPECIFIC["fedproc"]],
 }
 
 
@@ -553,6 +588,19 @@ SERVER_PAYLOADS: dict[str, tuple[str, dict[str, Any], Callable[[RecordDict], Rec
             c, control=ArrayRecord({**dict(c[CONTROL].items()), NAME: Array(np.zeros(3, np.float32))})
         ),
     ),
+    "fedproc-nan-prototypes": (
+        "fedproc",
+        {},
+        lambda c: with_records(c, **{FEDPROC: nan_like(c[FEDPROC], "prototypes")}),
+    ),
+    "fedproc-valid-not-bool": (
+        "fedproc",
+        {},
+        lambda c: with_records(
+            c, **{FEDPROC: ArrayRecord({**dict(c[FEDPROC].items()), "valid": Array(np.ones(10, np.float32))})}
+        ),
+    ),
+    "fedproc-extreme-prototypes": ("fedproc", {}, lambda c: extreme(FEDPROC, "prototypes")(c, {})),
     "undeclared-record": ("fedavg", {}, lambda c: with_records(c, evil=ArrayRecord({"x": torch.zeros(2)}))),
 }
 

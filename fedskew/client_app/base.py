@@ -62,6 +62,11 @@ def checked_arrays(
     return as_tensors(check_arrays(content[key], spec, f"server {key}"))
 
 
+def frozen(model: nn.Module) -> nn.Module:
+    """`model` in eval mode without gradients: a fixed teacher or reference (global, previous model)."""
+    return model.eval().requires_grad_(False)
+
+
 def as_tensors(arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
     return {k: torch.from_numpy(v.copy()) for k, v in arrays.items()}  # decoded arrays are read-only
 

@@ -5,9 +5,10 @@ with ``z = f1(x)`` the backbone features. The maths and the decisions where the 
 `fedskew/losses/fedmr.py`. Client-side choices:
 
 - The global prototypes G [C, d] and their validity mask [C] arrive in the `fedmr-prototypes`
-  ArrayRecord and stay fixed (no gradient) during local training. Round 1 (nothing valid yet) or a
-  class no participant has held yet: its prototype is invalid and masked, so round 1 is CE + intra
-  (the paper does not say how round 1 or a missing class is handled). A term whose weight is 0 is
+  ArrayRecord and stay fixed (no gradient) during local training (`fedskew/client_app/prototypes.py`,
+  shared with FedProc). Round 1 (nothing valid yet) or a class no participant has held yet: its
+  prototype is invalid and masked, so round 1 is CE + intra (the paper does not say how round 1 or a
+  missing class is handled). A term whose weight is 0 is
   not computed (mu1 = mu2 = 0 reproduces FedAvg bit for bit).
 - After local training, the client computes its per-class prototypes g_k^c (mean feature over the
   whole local training set, eval mode, no augmentation: the paper does not say when or in which
@@ -23,34 +24,27 @@ with ``z = f1(x)`` the backbone features. The maths and the decisions where the 
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import torch
 import torch.nn.functional as F
-from flwr.app import ArrayRecord, RecordDict
+from flwr.app import RecordDict
 from torch import nn
 
 from fedskew import wire
-from fedskew.client_app.base import BaseTrainer
+from fedskew.client_app.prototypes import PrototypeTrainer
 from fedskew.config import parse_class_list
-from fedskew.losses.fedmr import class_prototypes, inter_class_loss, intra_class_loss
+from fedskew.losses.fedmr import inter_class_loss, intra_class_loss
 from fedskew.wire import FEDMR_CONFIG, FEDMR_PROTOTYPES
 
 
-class FedMRTrainer(BaseTrainer):
+class FedMRTrainer(PrototypeTrainer):
     """FedAvg local training plus the intra-class and inter-class (prototype) losses."""
 
     wire = wire.FEDMR
+    prototype_record = FEDMR_PROTOTYPES
 
     def load_global(self, model: nn.Module, content: RecordDict) -> None:
         super().load_global(model, content)
-        c, d = model.num_classes, model.feature_dim
-        rec = self.received.get(
-            FEDMR_PROTOTYPES, {"prototypes": torch.zeros(c, d), "valid": torch.zeros(c, dtype=torch.bool)}
-        )
-        self.prototypes = rec["prototypes"].to(self.device)
-        self.valid = rec["valid"].to(self.device)
         self.local_mask = torch.from_numpy(self.data.train_counts > 0).to(self.device)
         conf = self.received.get(FEDMR_CONFIG)
         mask = list(conf["share-mask"]) if conf is not None else None
@@ -90,7 +84,6 @@ class FedMRTrainer(BaseTrainer):
 
     def local_train(self, model: nn.Module, content: RecordDict) -> dict[str, float]:
         stats = super().local_train(model, content)
-        self.local_prototypes, self.local_counts = self.compute_prototypes(model)
         intra, inter = (self.term_sums / max(self.term_steps, 1)).tolist()
         return {
             **stats,
@@ -100,22 +93,7 @@ class FedMRTrainer(BaseTrainer):
             "prototypes-shared": float(self.share),
         }
 
-    @torch.no_grad()
-    def compute_prototypes(self, model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
-        """g_k^c and N_k^c over the whole local training set with the final local model (eval mode)."""
-        model.eval()
-        x, y, bs = self.data.x_train, self.data.y_train, self.cfg["eval-batch-size"]
-        feats = [model.features(x[i : i + bs].to(self.device)) for i in range(0, len(x), bs)]
-        z = torch.cat(feats) if feats else torch.zeros(0, model.feature_dim, device=self.device)
-        return class_prototypes(z, y.to(self.device), model.num_classes)
-
-    def extra_records(self, model: nn.Module) -> dict[str, Any]:
-        protos, counts = self.local_prototypes.float().cpu().clone(), self.local_counts.to(torch.int64).cpu().clone()
-        hidden = (
-            list(range(len(counts)))
-            if not self.share
-            else parse_class_list(self.cfg["fedmr-private-classes"], len(counts))
-        )
-        protos[hidden] = 0.0
-        counts[hidden] = 0
-        return {FEDMR_PROTOTYPES: ArrayRecord({"prototypes": protos, "counts": counts})}
+    def hidden_classes(self) -> list[int]:
+        """Every class outside the sharing subset, else the private classes."""
+        c = self.dims.num_classes
+        return list(range(c)) if not self.share else parse_class_list(self.cfg["fedmr-private-classes"], c)

@@ -24,8 +24,8 @@ What the base does for every method:
 - hooks for subclasses: `broadcast` (extra records sent to every client), `expected_upload`,
   `check_reply` (the method's rules for a well-formed reply), `aggregate_arrays` (default: the
   sample-weighted average, or uniform with `aggregation-weights`: `aggregation_weights`),
-  `aggregate_extras`, `global_model` (the model evaluated centrally), `state_dict` /
-  `load_state_dict` (checkpoints);
+  `aggregate_extras` (default: the client means of the metrics named in `mean_metrics`),
+  `global_model` (the model evaluated centrally), `state_dict` / `load_state_dict` (checkpoints);
 - what the server computes instead of trusting a reply: `local_steps` (a client's local SGD steps
   this round, from its partition's size) and `num_clients` (N);
 - `RoundState` for server state that each round's aggregation replaces, so that a retried round
@@ -97,6 +97,7 @@ class BaseStrategy(Strategy):
     """A fedskew method's server side; subclasses set `wire` and override the hooks that differ."""
 
     wire: ClassVar[Wire] = BASE  # the method's records beyond the model (`fedskew.wire`)
+    mean_metrics: ClassVar[tuple[str, ...]] = ()  # reply metrics averaged over clients into the round's metrics
 
     def __init__(self, cfg: dict[str, Any], device: torch.device | None = None) -> None:
         self.cfg = cfg
@@ -333,8 +334,14 @@ class BaseStrategy(Strategy):
         return self.num_partitions or max(len(self.node_partitions), 1)
 
     def aggregate_extras(self, server_round: int, replies: list[Message]) -> dict[str, float]:
-        """Handle extra reply records (prototypes, gradients ...); return metrics to log."""
-        return {}
+        """Handle extra reply records (prototypes, gradients ...); return metrics to log (by default
+        the unweighted client mean of each of `mean_metrics` that some reply holds)."""
+        out = {}
+        for key in self.mean_metrics:
+            vals = [float(m.content["metrics"][key]) for m in replies if key in m.content["metrics"]]
+            if vals:
+                out[key] = float(np.mean(vals))
+        return out
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord]:
         """Screen, sort and aggregate one round's replies against the arrays sent this round.

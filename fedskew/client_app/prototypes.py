@@ -1,0 +1,60 @@
+"""The client side that methods with global class prototypes share (FedMR, FedProc).
+
+The global prototypes G [C, d] and their validity mask [C] arrive in the method's prototype record
+(`fedskew.wire.prototype_downlink`; absent or all-invalid in round 1) and stay fixed (no gradient)
+during local training. After local training the client computes its per-class prototypes g_k^c, the
+mean feature z = f1(x) (the classifier's input) over its whole local training set with the final
+local model (eval mode, no augmentation), and the counts N_k^c, inside the timed part of the round,
+and uploads them {prototypes [C, d] float32, counts [C] int64} (`fedskew.wire.prototype_uplink`),
+zero rows for the classes it does not hold or does not report (`hidden_classes`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+from flwr.app import ArrayRecord, RecordDict
+from torch import nn
+
+from fedskew.client_app.base import BaseTrainer
+from fedskew.losses.fedmr import class_prototypes
+
+
+class PrototypeTrainer(BaseTrainer):
+    """Local training with the server's prototypes at hand; uploads the local prototypes."""
+
+    prototype_record: ClassVar[str]  # the name of the prototype record, up and down
+
+    def load_global(self, model: nn.Module, content: RecordDict) -> None:
+        super().load_global(model, content)
+        c, d = model.num_classes, model.feature_dim
+        none = {"prototypes": torch.zeros(c, d), "valid": torch.zeros(c, dtype=torch.bool)}
+        rec = self.received.get(self.prototype_record, none)
+        self.prototypes = rec["prototypes"].to(self.device)
+        self.valid = rec["valid"].to(self.device)
+
+    def local_train(self, model: nn.Module, content: RecordDict) -> dict[str, float]:
+        stats = super().local_train(model, content)
+        self.local_prototypes, self.local_counts = self.compute_prototypes(model)
+        return stats
+
+    @torch.no_grad()
+    def compute_prototypes(self, model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+        """g_k^c and N_k^c over the whole local training set with the final local model (eval mode)."""
+        model.eval()
+        x, y, bs = self.data.x_train, self.data.y_train, self.cfg["eval-batch-size"]
+        feats = [model.features(x[i : i + bs].to(self.device)) for i in range(0, len(x), bs)]
+        z = torch.cat(feats) if feats else torch.zeros(0, model.feature_dim, device=self.device)
+        return class_prototypes(z, y.to(self.device), model.num_classes)
+
+    def hidden_classes(self) -> list[int]:
+        """Classes whose prototype and count are not uploaded (none by default)."""
+        return []
+
+    def extra_records(self, model: nn.Module) -> dict[str, Any]:
+        protos, counts = self.local_prototypes.float().cpu().clone(), self.local_counts.to(torch.int64).cpu().clone()
+        hidden = self.hidden_classes()
+        protos[hidden] = 0.0
+        counts[hidden] = 0
+        return {self.prototype_record: ArrayRecord({"prototypes": protos, "counts": counts})}

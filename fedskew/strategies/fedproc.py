@@ -1,0 +1,18 @@
+"""FedProc server (Mu et al., arXiv 2109.12273): FedAvg of the local models plus the global class
+prototypes, c_j the count-weighted mean of the clients' class-j prototypes, kept when no client held
+class j this round (`fedskew/strategies/prototypes.py`, shared with FedMR; record
+`fedproc-prototypes`, screened like FedMR's). Client side: `fedskew/client_app/fedproc.py`. The
+round's metrics add the client means of `proto-loss` and `proto-alpha`.
+"""
+
+from fedskew import wire
+from fedskew.strategies.prototypes import PrototypeStrategy
+from fedskew.wire import FEDPROC_PROTOTYPES
+
+
+class FedProcStrategy(PrototypeStrategy):
+    """FedAvg aggregation plus count-weighted global class prototypes."""
+
+    wire = wire.FEDPROC
+    prototype_record = FEDPROC_PROTOTYPES
+    mean_metrics = ("proto-loss", "proto-alpha")
