@@ -311,6 +311,7 @@ METHODS: dict[str, MethodSpec] = {
             "moon",
             "moon:MOONStrategy",
             "moon:MOONTrainer",
+            paper='Li, He & Song, "Model-Contrastive Federated Learning", CVPR 2021',
             mu=Param(float, 1.0, "MOON: weight of the model-contrastive loss (authors' code default)", low=0.0),
             temperature=Param(
                 float, 0.5, "MOON: temperature tau of the contrastive loss (paper and code)", low=0.0, low_open=True
@@ -320,6 +321,10 @@ METHODS: dict[str, MethodSpec] = {
             "fedproc",
             "fedproc:FedProcStrategy",
             "fedproc:FedProcTrainer",
+            paper=(
+                'Mu et al., "FedProc: Prototypical Contrastive Federated Learning on Non-IID Data", FGCS 2023 '
+                "(arXiv 2109.12273)"
+            ),
             schedule=Param(
                 str,
                 "anneal",
@@ -339,6 +344,7 @@ METHODS: dict[str, MethodSpec] = {
             "fedlc",
             "fedavg:FedAvgStrategy",
             "fedlc:FedLCTrainer",
+            paper='Zhang et al., "Federated Learning with Label Distribution Skew via Logits Calibration", ICML 2022',
             tau=Param(
                 float,
                 1.0,
@@ -350,6 +356,7 @@ METHODS: dict[str, MethodSpec] = {
             "fedmmd",
             "fedmmd:FedMMDStrategy",
             "fedmmd:FedMMDTrainer",
+            paper='Yao, Huang & Sun, "Two-Stream Federated Learning: Reduce the Communication Costs", VCIP 2018',
             **{
                 "lambda": Param(
                     float,
@@ -363,6 +370,7 @@ METHODS: dict[str, MethodSpec] = {
             "fedaws",
             "fedaws:FedAwSStrategy",
             "fedavg:FedAvgTrainer",
+            paper='Yu et al., "Federated Learning with Only Positive Labels", ICML 2020',
             margin=Param(
                 float, 0.8, "FedAwS: spreadout margin nu on the class-embedding distance (FedRS authors' code)", low=0.0
             ),

@@ -9,7 +9,6 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-import pytest
 import tomllib
 import torch
 from flwr.app import Context, Error, Message, RecordDict
