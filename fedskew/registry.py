@@ -37,7 +37,14 @@ def _load(path: str) -> Any:
     return getattr(importlib.import_module(module), attr)
 
 
+def _fedgen_batch_rule(iterations: int, cfg: dict[str, Any]) -> None:
+    """FedGen's generator trains on batches of `batch-size` labels through BatchNorm: at least 2."""
+    if cfg["method"] == "fedgen" and iterations > 0 and cfg["batch-size"] < 2:
+        raise ValueError(f"the generator trains on batches of batch-size={cfg['batch-size']} labels; it needs >= 2")
+
+
 def _m(name: str, strategy: str, trainer: str, paper: str = "", **params: Param) -> MethodSpec:
+
     keys = {f"{name}-{k.replace('_', '-')}": p for k, p in params.items()}
     return MethodSpec(name, f"fedskew.strategies.{strategy}", f"fedskew.client_app.{trainer}", keys, paper)
 
@@ -397,6 +404,50 @@ METHODS: dict[str, MethodSpec] = {
                 high=1.0,
                 high_open=True,
             ),
+        ),
+        _m(
+            "fedgen",
+            "fedgen:FedGenStrategy",
+            "fedgen:FedGenTrainer",
+            paper=(
+                'Zhu, Hong & Zhou, "Data-Free Knowledge Distillation for Heterogeneous Federated Learning", '
+                "ICML 2021"
+            ),
+            hidden_dim=Param(int, 256, "FedGen: generator hidden width (authors' code, MNIST/EMNIST)", low=1),
+            noise_dim=Param(int, 32, "FedGen: generator noise dimension, eps ~ U[0,1) (authors' code)", low=1),
+            lr=Param(float, 3e-4, "FedGen: generator Adam lr, x0.98 a round (authors' MNIST)", low=0.0, low_open=True),
+            weight_decay=Param(float, 1e-2, "FedGen: generator Adam weight decay (authors' code)", low=0.0),
+            iterations=Param(
+                int,
+                50,
+                "FedGen: generator steps a round, batch = batch-size (authors' code)",
+                low=0,
+                rule=_fedgen_batch_rule,
+            ),
+            eta=Param(float, 1.0, "FedGen: weight of the generator's diversity loss (authors' code)", low=0.0),
+            alpha=Param(float, 10.0, "FedGen client: weight of CE on generated features, x0.98 a round", low=0.0),
+            beta=Param(
+                float, 10.0, "FedGen client: weight of the code's latent KL term, x0.98 a round (0: paper)", low=0.0
+            ),
+            gen_batch_size=Param(int, 32, "FedGen client: labels sampled per mini-batch (authors' code)", low=1),
+        ),
+        _m(
+            "creff",
+            "creff:CReFFStrategy",
+            "creff:CReFFTrainer",
+            paper=(
+                'Shang et al., "Federated Learning on Heterogeneous and Long-Tailed Data via Classifier '
+                'Re-Training with Federated Features", IJCAI 2022'
+            ),
+            features_per_class=Param(int, 100, "CReFF: federated features per class (authors' code)", low=1),
+            match_iters=Param(int, 100, "CReFF: gradient-matching SGD steps a round (authors' code)", low=0),
+            feature_lr=Param(
+                float, 0.1, "CReFF: SGD lr of the federated features (authors' code)", low=0.0, low_open=True
+            ),
+            retrain_epochs=Param(int, 300, "CReFF: epochs re-training a fresh classifier (authors' code)", low=0),
+            retrain_lr=Param(float, 0.01, "CReFF: SGD lr of the re-training (authors' code)", low=0.0, low_open=True),
+            batch_real=Param(int, 32, "CReFF client: samples per class in one gradient draw (authors' code)", low=1),
+            real_repeats=Param(int, 10, "CReFF client: draws averaged per class gradient (authors' code)", low=1),
         ),
     )
 }

@@ -6,6 +6,7 @@ small images: no per-item Python, no worker processes.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import random
@@ -56,6 +57,20 @@ def cuda_deterministic() -> None:
     torch.backends.cudnn.benchmark = False
     torch.backends.cudnn.deterministic = True
     torch.use_deterministic_algorithms(True, warn_only=True)
+
+
+@contextlib.contextmanager
+def torch_threads(device: torch.device, threads: int) -> Iterator[None]:
+    """Run the block with `threads` torch threads when `device` is a CPU and `threads` > 0 (the
+    server's own training, as many threads as a client uses: no oversubscription of the cores the
+    clients fill), restoring the previous number after."""
+    before = torch.get_num_threads()
+    if device.type == "cpu" and threads > 0:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def minibatches(n: int, batch_size: int, generator: torch.Generator, device: torch.device) -> Iterator[torch.Tensor]:

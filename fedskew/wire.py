@@ -230,6 +230,20 @@ def _fedgela_downlink(dims: Dims) -> dict[str, Spec]:
 
 FEDGELA = Wire(downlink=_fedgela_downlink)
 
+
+# ------------------------------------------------------------------- CReFF's class gradients
+def class_gradient_record(dims: Dims) -> ArraysSpec:
+    """Uplink: one classifier gradient z_i^k (K x d) per class k the client holds, named "k" (any
+    subset of the classes; MuPFL's PKCF and CReFF)."""
+    grad = Tensor((dims.num_classes, dims.feature_dim), "float32")
+    return ArraysSpec({str(k): grad for k in range(dims.num_classes)}, partial=True)
+
+
+def classifier_record(dims: Dims) -> ArraysSpec:
+    """Downlink: the classifier W (K x d) the clients take their class gradients at."""
+    return ArraysSpec({"weight": Tensor((dims.num_classes, dims.feature_dim), "float32")})
+
+
 # ---------------------------------------------------------------------------------------- MuPFL
 MUPFL_FEATURES = "mupfl-features"
 MUPFL_MAPS = "mupfl-map"
@@ -250,8 +264,7 @@ def _mupfl_uplink(dims: Dims) -> dict[str, Spec]:
     if size:
         records[MUPFL_MAPS] = ArraysSpec({"map": Tensor((size,), "float32")})
     if cfg["mupfl-pkcf"]:
-        grad = Tensor((dims.num_classes, dims.feature_dim), "float32")
-        records[MUPFL_GRADS] = ArraysSpec({str(k): grad for k in range(dims.num_classes)}, partial=True)
+        records[MUPFL_GRADS] = class_gradient_record(dims)
         records[MUPFL_TIMES] = MetricsSpec({"grads-seconds": Number(float, 0.0, required=True)})
     return records
 
@@ -262,7 +275,7 @@ def _mupfl_downlink(dims: Dims) -> dict[str, Spec]:
     cfg, c, d = dims.cfg, dims.num_classes, dims.feature_dim
     records: dict[str, Spec] = {}
     if cfg["mupfl-pkcf"]:
-        records[MUPFL_CLASSIFIER] = ArraysSpec({"weight": Tensor((c, d), "float32")})
+        records[MUPFL_CLASSIFIER] = classifier_record(dims)
         feats = {"features": Tensor((None, d), "float32"), "labels": Tensor((None,), "int64", low=0, high=c - 1)}
         records[MUPFL_FEATURES] = ArraysSpec(feats, required=False)
     if cfg["mupfl-init"] == "personal":
@@ -315,3 +328,41 @@ def _feddc_uplink(dims: Dims) -> dict[str, Spec]:
 
 
 FEDDC = SCAFFOLD.extend({"feddc-drift-norm": NON_NEGATIVE}, _feddc_uplink)
+
+# ---------------------------------------------------------------------------------------- CReFF
+CREFF_GRADS = "creff-grads"
+CREFF_CLASSIFIER = "creff-classifier"
+
+CREFF = Wire(
+    uplink=lambda dims: {CREFF_GRADS: class_gradient_record(dims)},
+    downlink=lambda dims: {CREFF_CLASSIFIER: classifier_record(dims)},
+)
+
+# ---------------------------------------------------------------------------------------- FedGen
+FEDGEN_COUNTS = "fedgen-counts"
+FEDGEN_GENERATOR = "fedgen-generator"
+
+
+def _fedgen_uplink(dims: Dims) -> dict[str, Spec]:
+    """The client's label counts n_k^y over its training set (they sum to its num-examples:
+    `FedGenStrategy.check_reply`)."""
+    return {FEDGEN_COUNTS: ArraysSpec({"counts": Tensor((dims.num_classes,), "int64", low=0)})}
+
+
+def _fedgen_downlink(dims: Dims) -> dict[str, Spec]:
+    """The server's generator G(z | y) (its state dict: weights and BatchNorm statistics), sent
+    once it has been trained (from round 2 on)."""
+    from fedskew.losses.fedgen import build_generator
+    from fedskew.records import tensor_like
+
+    forms = {
+        k: tensor_like(v) for k, v in build_generator(dims.cfg, dims.num_classes, dims.feature_dim).state_dict().items()
+    }
+    return {FEDGEN_GENERATOR: ArraysSpec(forms, required=False)}
+
+
+FEDGEN = Wire(
+    {"fedgen-teacher-loss": NON_NEGATIVE, "fedgen-latent-loss": NON_NEGATIVE},
+    _fedgen_uplink,
+    _fedgen_downlink,
+)

@@ -21,7 +21,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 
 from fedskew.config import validate
 from fedskew.registry import get_method
-from fedskew.wire import CONTROL
+from fedskew.wire import CONTROL, CREFF_CLASSIFIER, CREFF_GRADS, FEDGEN_COUNTS, FEDGEN_GENERATOR
 from fedskew.wire import FEDDC_UPDATE as UPDATE
 from fedskew.wire import FEDMR_PROTOTYPES as PROTO_RECORD
 from fedskew.wire import FEDPROC_PROTOTYPES as FEDPROC
@@ -48,6 +48,8 @@ METHODS: dict[str, dict[str, Any]] = {
     "fedlc": {},
     "fedmmd": {},
     "fedaws": {},
+    "fedgen": {"fedgen-iterations": 3},
+    "creff": {"creff-features-per-class": 5, "creff-match-iters": 3, "creff-retrain-epochs": 2},
 }
 Edit = Callable[[RecordDict, dict[str, Any]], RecordDict]
 
@@ -98,6 +100,21 @@ def extra_gradient_key(content: RecordDict, ctx: dict[str, Any]) -> ArrayRecord:
     grads = dict(content[GRADS].items())
     grads["²"] = next(iter(grads.values()))  # str.isdigit() is True, int() fails
     return ArrayRecord(grads)
+
+
+def label_counts(edit: Callable[[np.ndarray], np.ndarray]) -> Edit:
+    """FedGen's label counts replaced by `edit` of the honest ones."""
+    return record(
+        FEDGEN_COUNTS, lambda c, ctx: ArrayRecord({"counts": Array(edit(c[FEDGEN_COUNTS]["counts"].numpy()))})
+    )
+
+
+def negative_count(counts: np.ndarray) -> np.ndarray:
+    """Class 0's count -1, class 1's raised so that the sum still equals num-examples."""
+    out = counts.copy()
+    out[1] += out[0] + 1
+    out[0] = -1
+    return out
 
 
 def prototypes_with_counts(content: RecordDict, ctx: dict[str, Any], record: str = PROTO_RECORD) -> ArrayRecord:
@@ -234,6 +251,35 @@ SPECIFIC: dict[str, dict[str, Edit]] = {
         "extreme-prototypes": extreme(FEDPROC, "prototypes"),
     },
     "fedaws": {"undecodable-bytes": GENERIC["undecodable-bytes"], "complex64-bytes": GENERIC["complex64-bytes"]},
+    "fedgen": {
+        "counts-sum-above-num-examples": label_counts(lambda n: n + 1),
+        "counts-sum-below-num-examples": label_counts(lambda n: np.maximum(n - 1, 0)),
+        "negative-count-same-sum": label_counts(negative_count),
+        "counts-float64": label_counts(lambda n: n.astype(np.float64)),
+        "counts-wrong-shape": label_counts(lambda n: n[:-1]),
+        "counts-missing": lambda c, ctx: RecordDict({k: v for k, v in c.items() if k != FEDGEN_COUNTS}),
+        "counts-extra-array": record(
+            FEDGEN_COUNTS, lambda c, ctx: ArrayRecord({**dict(c[FEDGEN_COUNTS].items()), "x": Array(np.zeros(2))})
+        ),
+    },
+    "creff": {
+        "gradient-key-11": record(
+            CREFF_GRADS,
+            lambda c, ctx: ArrayRecord({**dict(c[CREFF_GRADS].items()), "11": next(iter(c[CREFF_GRADS].values()))}),
+        ),
+        "nan-gradient": record(
+            CREFF_GRADS,
+            lambda c, ctx: ArrayRecord(
+                {k: Array(np.full(v.shape, np.nan, np.float32)) for k, v in c[CREFF_GRADS].items()}
+            ),
+        ),
+        "gradient-wrong-shape": record(
+            CREFF_GRADS,
+            lambda c, ctx: ArrayRecord({k: Array(np.zeros((3, 3), np.float32)) for k in c[CREFF_GRADS].keys()}),
+        ),
+        "gradients-missing": lambda c, ctx: RecordDict({k: v for k, v in c.items() if k != CREFF_GRADS}),
+        "extreme-gradient": lambda c, ctx: extreme(CREFF_GRADS, next(iter(c[CREFF_GRADS].keys())))(c, ctx),
+    },
     "fedgela": {
         "classifier-uploaded": lambda c, ctx: with_records(
             c,
@@ -601,6 +647,34 @@ SERVER_PAYLOADS: dict[str, tuple[str, dict[str, Any], Callable[[RecordDict], Rec
         ),
     ),
     "fedproc-extreme-prototypes": ("fedproc", {}, lambda c: extreme(FEDPROC, "prototypes")(c, {})),
+    "fedgen-nan-generator": (
+        "fedgen",
+        {},
+        lambda c: with_records(c, **{FEDGEN_GENERATOR: nan_like(c[FEDGEN_GENERATOR], "representation.weight")}),
+    ),
+    "fedgen-generator-missing-array": (
+        "fedgen",
+        {},
+        lambda c: with_records(
+            c,
+            **{FEDGEN_GENERATOR: ArrayRecord({k: v for k, v in c[FEDGEN_GENERATOR].items() if "running" not in k})},
+        ),
+    ),
+    "creff-nan-classifier": (
+        "creff",
+        {},
+        lambda c: with_records(c, **{CREFF_CLASSIFIER: nan_like(c[CREFF_CLASSIFIER], "weight")}),
+    ),
+    "creff-classifier-1e9": (
+        "creff",
+        {},
+        lambda c: with_records(c, **{CREFF_CLASSIFIER: ArrayRecord({"weight": torch.full((10, 200), 1e9)})}),
+    ),
+    "creff-classifier-missing": (
+        "creff",
+        {},
+        lambda c: RecordDict({k: v for k, v in c.items() if k != CREFF_CLASSIFIER}),
+    ),
     "undeclared-record": ("fedavg", {}, lambda c: with_records(c, evil=ArrayRecord({"x": torch.zeros(2)}))),
 }
 
@@ -618,6 +692,8 @@ def test_a_client_refuses_a_bad_server_payload_before_training(monkeypatch, task
     if method == "mupfl":  # synthetic features exist from round 2 on
         strategy.features = torch.zeros(10, cfg["mupfl-features-per-class"], strategy.feature_dim)
         strategy.seen = {1, 2}
+    if method == "fedgen":  # the generator is sent once it has been trained
+        strategy.rounds = 1
     (msg,) = strategy.configure_train(2, strategy.initial_arrays(), ConfigRecord({"attempt": 0}), grid)
     msg.content = edit(msg.content)
 

@@ -84,6 +84,7 @@ from fedskew.losses.mupfl import aggregate_class_gradients, synthesize_features
 from fedskew.strategies.aggregate import weighted_average
 from fedskew.strategies.base import BaseStrategy, arrays_to_numpy, numpy_to_arrays
 from fedskew.strategies.clustering import cluster_update, select_clusters
+from fedskew.training import torch_threads
 from fedskew.wire import MUPFL_CLASSIFIER as CLASSIFIER
 from fedskew.wire import MUPFL_FEATURES as FEATURES
 from fedskew.wire import MUPFL_GLOBAL as GLOBAL
@@ -92,6 +93,17 @@ from fedskew.wire import MUPFL_MAPS as MAPS
 from fedskew.wire import MUPFL_TIMES as TIMES
 
 log = logging.getLogger("fedskew.server")
+
+
+def class_uploads(replies: list[Message], record: str) -> list[dict[int, torch.Tensor]]:
+    """Every reply's {class: z_i^k} from its `record` (screened: class ids, shapes and values are
+    valid; a reply without it uploaded none)."""
+    return [
+        {int(k): torch.from_numpy(a.numpy().copy()) for k, a in m.content[record].items()}
+        if record in m.content
+        else {}
+        for m in replies
+    ]
 
 
 class MuPFLStrategy(BaseStrategy):
@@ -236,16 +248,6 @@ class MuPFLStrategy(BaseStrategy):
             self.acmu_metrics["acmu-silhouette"] = float(score)
         return numpy_to_arrays(self.global_arrays)
 
-    @staticmethod
-    def class_uploads(replies: list[Message]) -> list[dict[int, torch.Tensor]]:
-        """Every reply's {class: z_i^k} (screened: class ids, shapes and values are valid)."""
-        return [
-            {int(k): torch.from_numpy(a.numpy().copy()) for k, a in m.content[GRADS].items()}
-            if GRADS in m.content
-            else {}
-            for m in replies
-        ]
-
     def aggregate_extras(self, server_round: int, replies: list[Message]) -> dict[str, Any]:
         """PKCF server part (Eqs. 17-20) on `self.device`; ACMU and PKCF metrics."""
         metrics: dict[str, Any] = dict(self.acmu_metrics)
@@ -259,17 +261,14 @@ class MuPFLStrategy(BaseStrategy):
         if not self.cfg["mupfl-pkcf"]:
             return metrics
         t0 = time.perf_counter()
-        targets = {k: z.to(self.device) for k, z in aggregate_class_gradients(self.class_uploads(replies)).items()}
+        targets = {k: z.to(self.device) for k, z in aggregate_class_gradients(class_uploads(replies, GRADS)).items()}
         if targets:
             if self.features is None:
                 g = torch.Generator().manual_seed(self.cfg["seed"])
                 shape = (self.num_classes, self.cfg["mupfl-features-per-class"], self.feature_dim)
                 self.features = torch.randn(shape, generator=g).to(self.device)
             weight = self.match_classifier()
-            threads = torch.get_num_threads()
-            if self.device.type == "cpu" and self.cfg["torch-threads"] > 0:  # as the clients: no oversubscription
-                torch.set_num_threads(self.cfg["torch-threads"])
-            try:
+            with torch_threads(self.device, self.cfg["torch-threads"]):
                 self.features, losses = synthesize_features(
                     self.features,
                     weight.to(self.device),
@@ -278,8 +277,6 @@ class MuPFLStrategy(BaseStrategy):
                     self.cfg["mupfl-match-iters"],
                     self.cfg["mupfl-distance"],
                 )
-            finally:
-                torch.set_num_threads(threads)
             self.seen |= set(targets)
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)

@@ -1,0 +1,199 @@
+"""FedGen's maths (Zhu, Hong & Zhou, "Data-Free Knowledge Distillation for Heterogeneous Federated
+Learning", ICML 2021), pure torch. Server: `fedskew/strategies/fedgen.py`; client:
+`fedskew/client_app/fedgen.py`. Read in the authors' code, zhuangdizhu/FedGen at commit
+dd5807c5625404e99035d97e2ef8c712c2e007a6 (`FLAlgorithms/trainmodel/generator.py`,
+`servers/serverpFedGen.py`, `users/userpFedGen.py`, `utils/model_config.py`).
+
+The generator G(z | y) maps noise and a label to the feature space of the shared network (the
+input of its classifier: the authors' `latent_layer_idx = -1`):
+
+    G(eps, y) = W_2 ReLU(BN(W_1 [eps, onehot(y)] + b_1)) + b_2,    eps ~ U[0, 1)^noise_dim
+
+(`Generator`; hidden width 256 and noise dimension 32 are the authors' MNIST/EMNIST configuration,
+`GENERATORCONFIGS["mnist"]`; their output width is their network's latent width, here the feature
+dimension d of the configured network. The code draws eps with `torch.rand`, uniform, although its
+comment says Gaussian: uniform here.)
+
+Server, each round, after the clients answered (knowledge extraction): with n_k^y the label counts
+client k uploaded, the per-class client weights are
+
+    a_{y,k} = n_k^y / sum_k' n_k'^y                                   (`label_weights`)
+
+and the generator minimises, on batches of labels y_i drawn uniformly from the labels some client
+holds ("qualified labels") and fresh noise,
+
+    L_G = 1/B sum_i sum_k a_{y_i,k} CE(W_k G(eps_i, y_i), y_i)  +  eta * L_div      (`teacher_loss`)
+
+where W_k is client k's uploaded classifier (the ensemble of the clients' heads) and L_div the
+diversity loss of the authors' `DiversityLoss(metric="l1")`:
+
+    L_div = exp(-mean_{i,j} ||eps_i - eps_j||^2_mean * |G_i - G_j|_mean)          (`diversity_loss`)
+
+(means over the coordinates). Adam (lr 3e-4, weight decay 1e-2: `RUNCONFIGS["mnist"]`), 50 steps a
+round (`ensemble_epochs // n_teacher_iters` = 50 // 5 epochs of 5 steps), batch = the local batch
+size (the code passes `self.batch_size`), lr x 0.98 after every round (`ExponentialLR(0.98)`).
+The adversarial student term has weight `ensemble_beta = 0` in every configuration of the code and
+is not implemented.
+
+Client, from round 2 on (the code regularises when `glob_iter > 0`), every mini-batch (x, y) adds
+
+    (B_g / B) alpha_t CE(W G(eps, y_hat), y_hat)  +  beta_t KL(softmax(W G(eps', y)) || softmax(f(x)))
+
+(`client_regulariser`) to its cross-entropy, with y_hat ~ U(all classes) (B_g = 32 labels, the
+code's `gen_batch_size`), the target of the KL term detached, and alpha_t = max(1e-4, alpha 0.98^(t-1)),
+beta_t likewise (`regulariser_weight`; the code's `exp_lr_scheduler(glob_iter)`, alpha = beta = 10
+for MNIST). The first term is the paper's regulariser; the second ("latent loss") is the code's.
+
+The code trains the clients with plain SGD (`pFedIBOptimizer`: p -= lr grad). With fedskew's
+default momentum 0.9 the defaults alpha = beta = 10 can diverge (measured, 3 rounds, LeNet on
+Fashion-MNIST, 5 clients: with 2 classes a client one client's model went to NaN in round 3 and was
+dropped by the screening; with Dirichlet 0.1, batch 100, 2 epochs, global accuracy fell from 34 % to
+10 % in round 3, FedAvg 29 %); with momentum 0 or alpha = beta = 1 neither happened.
+
+Deviations from the code, each with its reason:
+- The teacher loss weights each sample by a_{y_i,k}. The code multiplies a (B,) loss by a (B, 1)
+  weight array, which broadcasts to (B, B) and averages to mean(CE) * mean(a): each client's term is
+  weighted by its batch-mean weight. The two agree when a batch holds one label (tested).
+- Label counts are the client's training-set histogram. The code counts the labels of the batches it
+  trained on (local_epochs x K batches) from 1 per label; with its weights normalised per label the
+  difference is the +1 smoothing, which gives a client without label y a weight 1 / (n^y + N).
+- `early_stop = 20` (stop the regulariser after 20 local epochs) never acts in the authors' runs
+  (20 local epochs) and is not implemented.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+GENERATOR_LR_DECAY = 0.98  # ExponentialLR(gamma=0.98), stepped once a round (serverpFedGen.py)
+REGULARISER_DECAY = 0.98  # userpFedGen.py: exp_lr_scheduler(glob_iter, decay=0.98, ...)
+REGULARISER_FLOOR = 1e-4  # ... max(1e-4, init_lr * decay ** glob_iter)
+
+
+class Generator(nn.Module):
+    """G(eps, y): Linear(noise_dim + K, hidden) - BatchNorm1d - ReLU - Linear(hidden, d)."""
+
+    def __init__(self, num_classes: int, feature_dim: int, hidden_dim: int = 256, noise_dim: int = 32) -> None:
+        super().__init__()
+        self.num_classes, self.noise_dim = num_classes, noise_dim
+        self.hidden = nn.Sequential(
+            nn.Linear(noise_dim + num_classes, hidden_dim), nn.BatchNorm1d(hidden_dim), nn.ReLU()
+        )
+        self.representation = nn.Linear(hidden_dim, feature_dim)
+
+    def forward(self, labels: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+        onehot = F.one_hot(labels, self.num_classes).to(noise.dtype)
+        return self.representation(self.hidden(torch.cat([noise, onehot], dim=1)))
+
+    def noise(self, n: int, generator: torch.Generator) -> torch.Tensor:
+        """eps ~ U[0, 1)^noise_dim, drawn on the CPU (the same draws on every device)."""
+        device = self.representation.weight.device
+        return torch.rand(n, self.noise_dim, generator=generator).to(device)
+
+    def generate(self, labels: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+        """(G(eps, labels), eps) with fresh noise."""
+        eps = self.noise(len(labels), generator)
+        return self(labels, eps), eps
+
+
+def build_generator(cfg: Mapping[str, Any], num_classes: int, feature_dim: int) -> Generator:
+    return Generator(num_classes, feature_dim, cfg["fedgen-hidden-dim"], cfg["fedgen-noise-dim"])
+
+
+def diversity_loss(noise: torch.Tensor, features: torch.Tensor) -> torch.Tensor:
+    """exp(-mean_{i,j} d2(eps_i, eps_j) d1(G_i, G_j)), d2 the mean squared and d1 the mean absolute
+    difference over coordinates (the authors' `DiversityLoss('l1')`): near 1 when different noise
+    gives the same feature (mode collapse), smaller as outputs spread with their noise."""
+    feature_dist = (features.unsqueeze(0) - features.unsqueeze(1)).abs().mean(2)
+    noise_dist = (noise.unsqueeze(0) - noise.unsqueeze(1)).pow(2).mean(2)
+    return torch.exp(-(noise_dist * feature_dist).mean())
+
+
+def label_weights(counts: torch.Tensor) -> torch.Tensor:
+    """a_{y,k} = n_k^y / sum_k' n_k'^y from counts (N clients, K classes): shape (K, N), each held
+    label's row sums to 1, a label nobody holds has a zero row."""
+    counts = counts.to(torch.float64).T
+    return (counts / counts.sum(1, keepdim=True).clamp_min(1.0)).float()
+
+
+def teacher_loss(
+    features: torch.Tensor, labels: torch.Tensor, classifiers: torch.Tensor, weights: torch.Tensor
+) -> torch.Tensor:
+    """1/B sum_i sum_k a_{y_i,k} CE(W_k h_i, y_i): the ensemble of the clients' classifiers
+    (N, K, d) on features h (B, d), each client weighted per label by `weights` (K, N)."""
+    logits = torch.einsum("bd,nkd->nbk", features, classifiers)  # (N, B, K)
+    ce = torch.stack([F.cross_entropy(z, labels, reduction="none") for z in logits])  # (N, B)
+    return (weights[labels].T * ce).sum(0).mean()
+
+
+def train_generator(
+    generator: Generator,
+    optimizer: torch.optim.Optimizer,
+    classifiers: torch.Tensor,
+    counts: torch.Tensor,
+    iterations: int,
+    batch_size: int,
+    eta: float,
+    rng: torch.Generator,
+) -> dict[str, float]:
+    """`iterations` Adam steps on L_G = teacher + eta * diversity (train mode) against the frozen
+    classifiers (N, K, d) weighted by the label counts (N, K). Labels are drawn uniformly from the
+    labels some client holds. Returns the mean teacher and diversity losses and the first and
+    last total losses."""
+    device = classifiers.device
+    weights = label_weights(counts).to(device)
+    held = torch.nonzero(counts.sum(0) > 0).flatten()
+    classifiers = classifiers.detach()
+    generator.train()
+    sums, totals = torch.zeros(2, device=device), []
+    for _ in range(iterations):
+        labels = held[torch.randint(len(held), (batch_size,), generator=rng)].to(device)
+        features, eps = generator.generate(labels, rng)
+        teacher = teacher_loss(features, labels, classifiers, weights)
+        diversity = diversity_loss(eps, features)
+        loss = teacher + eta * diversity
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        sums += torch.stack([teacher.detach(), diversity.detach()])
+        totals.append(loss.detach())
+    teacher_mean, diversity_mean = (sums / max(iterations, 1)).tolist()  # one device sync, not one a step
+    out = {"teacher-loss": teacher_mean, "diversity-loss": diversity_mean}
+    if totals:
+        out.update({"loss-first": float(totals[0]), "loss-last": float(totals[-1])})
+    return out
+
+
+def regulariser_weight(base: float, server_round: int) -> float:
+    """alpha_t = max(1e-4, base * 0.98^(t - 1)) for round t >= 1 (the code's glob_iter = t - 1);
+    0 when base is 0 (the term is off; the code's floor would keep 1e-4 of it)."""
+    return max(REGULARISER_FLOOR, base * REGULARISER_DECAY ** (server_round - 1)) if base > 0 else 0.0
+
+
+def client_regulariser(
+    classifier: nn.Module,
+    logits: torch.Tensor,
+    generated_for_batch: torch.Tensor,
+    generated: torch.Tensor,
+    sampled_labels: torch.Tensor,
+    alpha: float,
+    beta: float,
+    ratio: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(total, teacher, latent) of the client's generator terms for one mini-batch:
+
+        teacher = CE(W G(eps, y_hat), y_hat)                         (generated, sampled_labels)
+        latent  = KL(softmax(W G(eps', y)) || softmax(logits))       (generated_for_batch, batchmean)
+        total   = ratio * alpha * teacher + beta * latent
+
+    `logits` are the model's on the real batch; the KL target is detached (the code's
+    `.clone().detach()`); the generated features carry no gradient."""
+    teacher = F.cross_entropy(classifier(generated.detach()), sampled_labels)
+    target = F.softmax(classifier(generated_for_batch.detach()), dim=1).detach()
+    latent = F.kl_div(F.log_softmax(logits, dim=1), target, reduction="batchmean")
+    return ratio * alpha * teacher + beta * latent, teacher, latent
