@@ -146,16 +146,41 @@ BASE = Wire()
 # ---------------------------------------------------------------------------------------- FedRS
 FEDRS = Wire({"observed-classes": NON_NEGATIVE})
 
+# ---------------------------------------------------------------------------------------- HPM
+# The inherited private model's schedule, reported by FedPHP and MAP: the momentum of this
+# participation and the participation's number (the server counts them too, `strategies/hpm.py`).
+HPM_METRICS: dict[str, Number] = {"hpm-mu": FRACTION, "hpm-participations": Number(int, 1)}
+
+FEDPHP = Wire(HPM_METRICS)
+
 # ---------------------------------------------------------------------------------------- MAP
 MAP = FEDRS.extend(
     {
         "stage2-loss": Number(float, 0.0, nan=True),  # NaN: no stage 2 (map-personal-epochs=0)
         "stage2-accuracy": Number(float, 0.0, 1.0, nan=True),  # NaN: no local test data
-        "hpm-mu": FRACTION,
-        "hpm-participations": Number(int, 1),
+        **HPM_METRICS,
         "hpm-transfer": Number(int, 0, 1),
     }
 )
+
+# ---------------------------------------------------------------------------------------- prototypes
+# FedMR and FedProto exchange class prototypes in the same two records: a client uploads its
+# per-class mean features and the class counts behind them (zero rows for classes it does not hold),
+# the server sends the global prototypes and which classes have one.
+
+
+def local_prototypes(dims: Dims) -> ArraysSpec:
+    """{prototypes [C, d] float32, counts [C] int64 >= 0}: a client's upload."""
+    c, d = dims.num_classes, dims.feature_dim
+    return ArraysSpec({"prototypes": Tensor((c, d), "float32"), "counts": Tensor((c,), "int64", low=0)})
+
+
+def global_prototypes(dims: Dims, required: bool = True) -> ArraysSpec:
+    """{prototypes [C, d] float32, valid [C] bool}: what the server sends."""
+    c, d = dims.num_classes, dims.feature_dim
+    protos = {"prototypes": Tensor((c, d), "float32"), "valid": Tensor((c,), "bool")}
+    return ArraysSpec(protos, required=required)
+
 
 # ---------------------------------------------------------------------------------------- FedMR
 FEDMR_PROTOTYPES = "fedmr-prototypes"
@@ -164,16 +189,12 @@ MAX_PARTITIONS = 1_000_000  # the longest per-partition list a message may carry
 
 
 def _fedmr_uplink(dims: Dims) -> dict[str, Spec]:
-    c, d = dims.num_classes, dims.feature_dim
-    protos = {"prototypes": Tensor((c, d), "float32"), "counts": Tensor((c,), "int64", low=0)}
-    return {FEDMR_PROTOTYPES: ArraysSpec(protos)}
+    return {FEDMR_PROTOTYPES: local_prototypes(dims)}
 
 
 def _fedmr_downlink(dims: Dims) -> dict[str, Spec]:
-    c, d = dims.num_classes, dims.feature_dim
-    protos = {"prototypes": Tensor((c, d), "float32"), "valid": Tensor((c,), "bool")}
     return {
-        FEDMR_PROTOTYPES: ArraysSpec(protos, required=False),
+        FEDMR_PROTOTYPES: global_prototypes(dims, required=False),
         FEDMR_CONFIG: ConfigSpec({"share-mask": Flags(MAX_PARTITIONS, required=True)}, required=False),
     }
 
@@ -182,6 +203,17 @@ FEDMR = Wire(
     {"intra-loss": NON_NEGATIVE, "inter-loss": NON_NEGATIVE, "inter-active": FRACTION, "prototypes-shared": FRACTION},
     _fedmr_uplink,
     _fedmr_downlink,
+)
+
+# ---------------------------------------------------------------------------------------- FedProto
+# Only prototypes travel: the uploaded and the sent model `arrays` are empty ArrayRecords (the
+# screen refuses any array in them), the prototypes go both ways in `fedproto-prototypes`.
+FEDPROTO_PROTOTYPES = "fedproto-prototypes"
+
+FEDPROTO = Wire(
+    {"proto-loss": NON_NEGATIVE, "prototype-inference": Number(int, 0, 1)},
+    lambda dims: {FEDPROTO_PROTOTYPES: local_prototypes(dims)},
+    lambda dims: {FEDPROTO_PROTOTYPES: global_prototypes(dims)},
 )
 
 # ---------------------------------------------------------------------------------------- FedGELA

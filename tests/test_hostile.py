@@ -22,6 +22,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from fedskew.config import validate
 from fedskew.registry import get_method
 from fedskew.wire import FEDMR_PROTOTYPES as PROTO_RECORD
+from fedskew.wire import FEDPROTO_PROTOTYPES as FEDPROTO
 from fedskew.wire import MUPFL_GRADS as GRADS
 from fedskew.wire import MUPFL_MAPS as MAPS
 from fedskew.wire import MUPFL_TIMES as TIMES
@@ -35,6 +36,8 @@ METHODS: dict[str, dict[str, Any]] = {
     "fedmr": {"fedmr-share-fraction": 0.5, "fedmr-private-classes": "0"},
     "mupfl": {"model": "lenet", "mupfl-match-iters": 3, "mupfl-tau": 1},
     "fedgela": {},
+    "fedproto": {},
+    "fedphp": {},
 }
 Edit = Callable[[RecordDict, dict[str, Any]], RecordDict]
 
@@ -93,6 +96,25 @@ def prototypes_with_counts(content: RecordDict, ctx: dict[str, Any]) -> ArrayRec
     counts[ctx["class"]] = 5
     protos[ctx["class"]] = 3.0
     return ArrayRecord({"prototypes": torch.from_numpy(protos), "counts": torch.from_numpy(counts)})
+
+
+def fedproto_counts(change: Callable[[np.ndarray], np.ndarray]) -> Edit:
+    """FedProto's upload with its counts changed by `change` (prototypes kept)."""
+
+    def edit(content: RecordDict, ctx: dict[str, Any]) -> RecordDict:
+        counts = change(content[FEDPROTO]["counts"].numpy().copy())
+        rec = ArrayRecord({"prototypes": content[FEDPROTO]["prototypes"], "counts": Array(counts)})
+        return with_records(content, **{FEDPROTO: rec})
+
+    return edit
+
+
+def moved_count(counts: np.ndarray) -> np.ndarray:
+    """The same total, one sample moved to another class: not the partition's counts."""
+    src = int(np.flatnonzero(counts)[0])
+    counts[src] -= 1
+    counts[(src + 1) % len(counts)] += 1
+    return counts
 
 
 GENERIC: dict[str, Edit] = {
@@ -158,6 +180,31 @@ SPECIFIC: dict[str, dict[str, Edit]] = {
         "extreme-gradient": lambda c, ctx: extreme(GRADS, next(iter(c[GRADS].keys())))(c, ctx),
         "list-start-accuracy": metric(start_accuracy=[0.5]),
     },
+    "fedproto": {  # no model arrays: the model cases become prototype and model-less-upload cases
+        "finite-extreme-model": extreme(FEDPROTO, "prototypes"),
+        "huge-update": lambda c, ctx: with_records(
+            c, arrays=ArrayRecord({"classifier.weight": Array(np.full((10, 200), 1e5, np.float32))})
+        ),
+        "model-array-uploaded": lambda c, ctx: with_records(
+            c, arrays=ArrayRecord({"classifier.weight": Array(np.zeros((10, 200), np.float32))})
+        ),
+        "nan-prototypes": record(
+            FEDPROTO,
+            lambda c, ctx: ArrayRecord(
+                {
+                    "prototypes": Array(np.full(c[FEDPROTO]["prototypes"].shape, np.nan, np.float32)),
+                    "counts": c[FEDPROTO]["counts"],
+                }
+            ),
+        ),
+        "counts-not-the-partitions": fedproto_counts(moved_count),
+        "negative-counts": fedproto_counts(lambda n: np.where(np.arange(len(n)) == 0, -1, n)),
+        "prototype-inference-2": metric(prototype_inference=2),
+    },
+    "fedphp": {
+        "hpm-mu-above-one": metric(hpm_mu=1.5),
+        "list-hpm-participations": metric(hpm_participations=[1, 2]),
+    },
     "fedgela": {
         "classifier-uploaded": lambda c, ctx: with_records(
             c,
@@ -170,7 +217,7 @@ SPECIFIC: dict[str, dict[str, Edit]] = {
 CASES = (
     [(m, k) for m in METHODS for k in EVERY_METHOD]
     + [("fedavg", k) for k in GENERIC if k not in EVERY_METHOD]
-    + [(m, k) for m, kinds in SPECIFIC.items() for k in kinds]
+    + [(m, k) for m, kinds in SPECIFIC.items() for k in kinds if k not in EVERY_METHOD]
 )
 
 
@@ -351,6 +398,8 @@ E2E: dict[str, list[str]] = {
     "mupfl": ["num-examples-2**62", "finite-extreme-model", *SPECIFIC["mupfl"]],
     "map": ["other-partition", "finite-extreme-model", *SPECIFIC["map"]],
     "fedgela": ["complex64-bytes", "finite-extreme-model", *SPECIFIC["fedgela"]],
+    "fedproto": ["other-partition", "model-array-uploaded", "nan-prototypes", "counts-not-the-partitions"],
+    "fedphp": ["list-metric", "finite-extreme-model", *SPECIFIC["fedphp"]],
 }
 
 
@@ -384,7 +433,12 @@ def test_one_hostile_client_among_honest_ones_changes_nothing(tmp_path, task_ide
     assert [(f["round"], f["partition"]) for f in lost] == [(r, bad) for r in range(1, len(kinds) + 1)]
     assert not any("no reply" in f["reason"] for f in lost)
     assert (a / "metrics.jsonl").read_text() == (b / "metrics.jsonl").read_text()
-    ma, mb = torch.load(a / "model.pt", weights_only=True), torch.load(b / "model.pt", weights_only=True)
+    if method == "fedproto":  # no global model; its prototypes are in the checkpoints
+        assert not (a / "model.pt").exists() and not (b / "model.pt").exists()
+        ma = torch.load(a / "checkpoint.pt", weights_only=True)["strategy"]
+        mb = torch.load(b / "checkpoint.pt", weights_only=True)["strategy"]
+    else:
+        ma, mb = torch.load(a / "model.pt", weights_only=True), torch.load(b / "model.pt", weights_only=True)
     assert ma.keys() == mb.keys() and all(ma[k].dtype == mb[k].dtype and torch.equal(ma[k], mb[k]) for k in ma)
 
 
@@ -498,6 +552,17 @@ SERVER_PAYLOADS: dict[str, tuple[str, dict[str, Any], Callable[[RecordDict], Rec
         )
         for name, value in (("text", "7"), ("float", 1.9), ("bool", True), ("0", 0), ("2**62", 2**62))
     },
+    "fedproto-nan-prototypes": (
+        "fedproto",
+        {},
+        lambda c: with_records(c, **{FEDPROTO: nan_like(c[FEDPROTO], "prototypes")}),
+    ),
+    "fedproto-extreme-prototypes": ("fedproto", {}, lambda c: extreme(FEDPROTO, "prototypes")(c, {})),
+    "fedproto-model-arrays": (
+        "fedproto",
+        {},
+        lambda c: with_records(c, arrays=ArrayRecord({"classifier.weight": torch.zeros(10, 200)})),
+    ),
     "undeclared-record": ("fedavg", {}, lambda c: with_records(c, evil=ArrayRecord({"x": torch.zeros(2)}))),
 }
 

@@ -32,6 +32,7 @@ from fedskew import wire
 from fedskew.client_app.base import BaseTrainer
 from fedskew.config import parse_class_list
 from fedskew.losses.fedmr import class_prototypes, inter_class_loss, intra_class_loss
+from fedskew.training import extract_features
 from fedskew.wire import FEDMR_CONFIG, FEDMR_PROTOTYPES
 
 
@@ -97,14 +98,10 @@ class FedMRTrainer(BaseTrainer):
             "prototypes-shared": float(self.share),
         }
 
-    @torch.no_grad()
     def compute_prototypes(self, model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
         """g_k^c and N_k^c over the whole local training set with the final local model (eval mode)."""
-        model.eval()
-        x, y, bs = self.data.x_train, self.data.y_train, self.cfg["eval-batch-size"]
-        feats = [model.features(x[i : i + bs].to(self.device)) for i in range(0, len(x), bs)]
-        z = torch.cat(feats) if feats else torch.zeros(0, model.feature_dim, device=self.device)
-        return class_prototypes(z, y.to(self.device), model.num_classes)
+        z = extract_features(model, self.data.x_train, self.cfg["eval-batch-size"], self.device)
+        return class_prototypes(z, self.data.y_train.to(self.device), model.num_classes)
 
     def extra_records(self, model: nn.Module) -> dict[str, Any]:
         protos, counts = self.local_prototypes.float().cpu().clone(), self.local_counts.to(torch.int64).cpu().clone()

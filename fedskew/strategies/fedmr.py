@@ -30,50 +30,35 @@ from fedskew import wire
 from fedskew.config import parse_class_list
 from fedskew.losses.fedmr import aggregate_prototypes, sharing_partitions
 from fedskew.records import Rejected
-from fedskew.strategies.base import BaseStrategy, numpy_to_arrays
+from fedskew.strategies.prototypes import PrototypeStrategy
 from fedskew.wire import FEDMR_CONFIG, FEDMR_PROTOTYPES
 
 log = logging.getLogger("fedskew.server")
 
 
-class FedMRStrategy(BaseStrategy):
+class FedMRStrategy(PrototypeStrategy):
     """FedAvg model aggregation plus count-weighted per-class prototype aggregation."""
 
     wire = wire.FEDMR
+    record = FEDMR_PROTOTYPES
 
     def __init__(self, cfg: dict[str, Any], device: torch.device | None = None) -> None:
         super().__init__(cfg, device)
-        model = self.build_model()
-        self.num_classes, self.feature_dim = model.num_classes, model.feature_dim
-        self.prototypes = np.zeros((self.num_classes, self.feature_dim), dtype=np.float32)
-        self.valid = np.zeros(self.num_classes, dtype=bool)
         self.private_classes = parse_class_list(cfg["fedmr-private-classes"], self.num_classes)
 
     # ------------------------------------------------------------------ downlink
-    def state_dict(self) -> dict[str, Any]:
-        """The global prototypes and which classes have one (for checkpoints)."""
-        return {"prototypes": torch.from_numpy(self.prototypes.copy()), "valid": torch.from_numpy(self.valid.copy())}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.prototypes = state["prototypes"].numpy().astype(np.float32)
-        self.valid = state["valid"].numpy().astype(bool)
-
     def share_mask(self) -> np.ndarray:
         """Which partitions may upload prototypes (fixed for the run: seeded by `seed`)."""
         return sharing_partitions(max(self.num_partitions or 0, 1), self.cfg["fedmr-share-fraction"], self.cfg["seed"])
 
     def broadcast(self, server_round: int) -> dict[str, Any]:
-        protos = {"prototypes": self.prototypes, "valid": self.valid}
         mask = [bool(v) for v in self.share_mask()]
-        return {FEDMR_PROTOTYPES: numpy_to_arrays(protos), FEDMR_CONFIG: ConfigRecord({"share-mask": mask})}
+        return {**super().broadcast(server_round), FEDMR_CONFIG: ConfigRecord({"share-mask": mask})}
 
     # ------------------------------------------------------------------ uplink
     def check_reply(self, content: RecordDict, partition: int) -> None:
         super().check_reply(content, partition)
-        counts, n = content[FEDMR_PROTOTYPES]["counts"].numpy(), content["metrics"]["num-examples"]
-        total = counts.sum(dtype=np.float64)  # int64 would wrap around for hostile counts
-        if total > n:
-            raise Rejected(f"prototype counts sum to {total:.0f} > num-examples {n}")
+        counts = content[FEDMR_PROTOTYPES]["counts"].numpy()
         if counts[self.private_classes].any():
             raise Rejected(f"prototype counts for the private classes {self.private_classes}")
         share = self.share_mask()
@@ -82,8 +67,7 @@ class FedMRStrategy(BaseStrategy):
             raise Rejected(f"prototypes from partition {partition}, which is not in the sharing subset")
 
     def aggregate_extras(self, server_round: int, replies: list[Message]) -> dict[str, float]:
-        protos = [m.content[FEDMR_PROTOTYPES]["prototypes"].numpy() for m in replies]
-        counts = [m.content[FEDMR_PROTOTYPES]["counts"].numpy().astype(np.float64) for m in replies]
+        protos, counts = self.uploads(replies)
         updated = int((np.stack(counts).sum(0) > 0).sum())
         self.prototypes, self.valid = aggregate_prototypes(protos, counts, self.prototypes, self.valid)
         out = {"prototype-classes": int(self.valid.sum()), "prototype-classes-updated": updated}
