@@ -433,13 +433,7 @@ def test_one_hostile_client_among_honest_ones_changes_nothing(tmp_path, task_ide
     assert [(f["round"], f["partition"]) for f in lost] == [(r, bad) for r in range(1, len(kinds) + 1)]
     assert not any("no reply" in f["reason"] for f in lost)
     assert (a / "metrics.jsonl").read_text() == (b / "metrics.jsonl").read_text()
-    if method == "fedproto":  # no global model; its prototypes are in the checkpoints
-        assert not (a / "model.pt").exists() and not (b / "model.pt").exists()
-        ma = torch.load(a / "checkpoint.pt", weights_only=True)["strategy"]
-        mb = torch.load(b / "checkpoint.pt", weights_only=True)["strategy"]
-    else:
-        ma, mb = torch.load(a / "model.pt", weights_only=True), torch.load(b / "model.pt", weights_only=True)
-    assert ma.keys() == mb.keys() and all(ma[k].dtype == mb[k].dtype and torch.equal(ma[k], mb[k]) for k in ma)
+    assert same_model(a, b)
 
 
 def without_failure_counts(path) -> list[dict]:
@@ -447,7 +441,13 @@ def without_failure_counts(path) -> list[dict]:
 
 
 def same_model(a, b) -> bool:
-    ma, mb = torch.load(a / "model.pt", weights_only=True), torch.load(b / "model.pt", weights_only=True)
+    """The two runs end with the same global model, or, for a method without one (FedProto: no
+    `model.pt`), the same strategy state in their final checkpoints (the global prototypes)."""
+    if not (a / "model.pt").exists() and not (b / "model.pt").exists():
+        ma = torch.load(a / "checkpoint.pt", weights_only=True)["strategy"]
+        mb = torch.load(b / "checkpoint.pt", weights_only=True)["strategy"]
+    else:
+        ma, mb = torch.load(a / "model.pt", weights_only=True), torch.load(b / "model.pt", weights_only=True)
     return ma.keys() == mb.keys() and all(ma[k].dtype == mb[k].dtype and torch.equal(ma[k], mb[k]) for k in ma)
 
 
