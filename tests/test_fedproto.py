@@ -209,6 +209,8 @@ def test_the_personal_model_predicts_by_prototype_or_by_its_head() -> None:
     assert isinstance(by_proto.personalized_model(model), PrototypeClassifier)
     head = _trainer(_cfg(**{"fedproto-inference": "classifier"}), RecordDict(), 2)
     assert head.fit(_content(2, protos, valid))["metrics"]["prototype-inference"] == 0
+    valid[5] = False  # one of the client's classes (0, 3, 5) has no global prototype yet: the head
+    assert _trainer(_cfg(), RecordDict(), 2).fit(_content(2, protos, valid))["metrics"]["prototype-inference"] == 0
 
 
 # ---------------------------------------------------------------------- the server
@@ -223,17 +225,21 @@ def _reply(strategy: FedProtoStrategy, pid: int, protos: np.ndarray, counts: np.
     return Message(content, dst_node_id=pid + 1, message_type="train")
 
 
-def test_the_server_rebuilds_the_prototypes_from_each_rounds_uploads(task_identity) -> None:
+def test_the_server_aggregates_each_rounds_uploads_and_keeps_unheld_classes(task_identity) -> None:
     strategy = FedProtoStrategy(_cfg())
     assert len(strategy.initial_arrays()) == 0 and strategy.global_model(ArrayRecord()) is None
     sent = strategy.broadcast(1)[PROTOS]
     assert not sent["valid"].numpy().any()  # round 1: no prototype yet
     p = np.ones((10, 84), np.float32)
-    strategy.aggregate_extras(1, [_reply(strategy, 0, p, np.array([5] + [0] * 9))])
-    assert strategy.valid.tolist() == [True] + [False] * 9
+    one = [_reply(strategy, 0, p, np.array([5, 1] + [0] * 8)), _reply(strategy, 1, 3 * p, np.array([0, 3] + [0] * 8))]
+    out = strategy.aggregate_extras(1, one)
+    assert strategy.valid.tolist() == [True, True] + [False] * 8 and out["prototype-classes-updated"] == 2
+    np.testing.assert_allclose(strategy.prototypes[1], (1 * 1 + 3 * 3) / 4 * p[1])  # count-weighted
     strategy.aggregate_extras(2, [_reply(strategy, 0, 2 * p, np.array([0, 4] + [0] * 8))])
-    assert strategy.valid.tolist() == [False, True] + [False] * 8  # no holder of class 0 this round
-    np.testing.assert_array_equal(strategy.prototypes[1], 2 * p[1])
+    np.testing.assert_array_equal(strategy.prototypes[1], 2 * p[1])  # this round's holders only
+    np.testing.assert_array_equal(strategy.prototypes[0], p[0])  # nobody held class 0: kept
+    assert strategy.valid.tolist() == [True, True] + [False] * 8
+    assert strategy.broadcast(3)[PROTOS]["valid"].numpy().tolist() == strategy.valid.tolist()
     state = strategy.state_dict()
     other = FedProtoStrategy(_cfg())
     other.load_state_dict(state)

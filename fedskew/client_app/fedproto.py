@@ -16,8 +16,9 @@ One round on client i:
 
 The personalized model is the client's own model. `fedproto-inference="prototype"` (default)
 predicts as Eq. 3, the class whose global prototype is nearest to f(x) (the code's "with protos"
-accuracy); "classifier" uses the model's own head (the code's "w/o protos" accuracy). Before any
-global prototype exists the head predicts; `prototype-inference` (0/1) reports which one did.
+accuracy); "classifier" uses the model's own head (the code's "w/o protos" accuracy). Until each
+class the client holds has a global prototype (round 1; under partial participation a class no
+participant has held yet) the head predicts; `prototype-inference` (0/1) reports which one did.
 `client-global-accuracy` is not reported: no global model reaches the client.
 
 Decisions and deviations (paper vs the authors' code):
@@ -123,7 +124,9 @@ class FedProtoTrainer(BaseTrainer):
         }
 
     def by_prototype(self) -> bool:
-        return self.cfg["fedproto-inference"] == "prototype" and bool(self.valid.any())
+        """Prototype inference, once every class the client holds has a global prototype."""
+        own = torch.from_numpy(self.data.train_counts > 0).to(self.device)
+        return self.cfg["fedproto-inference"] == "prototype" and bool(self.valid[own].all())
 
     def personalized_model(self, model: nn.Module) -> nn.Module:
         return PrototypeClassifier(model, self.prototypes, self.valid) if self.by_prototype() else model

@@ -20,7 +20,11 @@ WEIGHTINGS = ("counts", "clients")
 
 
 def global_prototypes(
-    prototypes: Sequence[np.ndarray], counts: Sequence[np.ndarray], weighting: str = "counts"
+    prototypes: Sequence[np.ndarray],
+    counts: Sequence[np.ndarray],
+    weighting: str = "counts",
+    previous: np.ndarray | None = None,
+    previous_valid: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The global prototype of every class some client holds (Sec. "Global Prototype Aggregation"):
 
@@ -31,15 +35,16 @@ def global_prototypes(
     C_i^(j)`` (N_j: the samples of class j): its weights sum to 1/|N_j|, shrinking every prototype
     towards 0 by the number of its holders, so "counts" takes the count weights |D_ij| / N_j of
     Eq. 5 (and of the objective, Eq. 6) normalised; "clients" is the authors' code
-    (`lib/utils.py` `proto_aggregation`: the plain mean over the holders). Classes no client holds
-    stay zero and invalid. Returns (prototypes [C, d] float32, valid [C] bool).
+    (`lib/utils.py` `proto_aggregation`: the plain mean over the holders). A class no client here
+    holds keeps its `previous` prototype and validity (none: zero and invalid). Returns (prototypes
+    [C, d] float32, valid [C] bool).
     """
     if weighting not in WEIGHTINGS:
         raise ValueError(f"weighting={weighting!r}: must be one of {WEIGHTINGS}")
     weights = [np.asarray(c, dtype=np.float64) for c in counts]
     if weighting == "clients":
         weights = [(w > 0).astype(np.float64) for w in weights]
-    return aggregate_prototypes(prototypes, weights)
+    return aggregate_prototypes(prototypes, weights, previous, previous_valid)
 
 
 def prototype_distance_loss(
