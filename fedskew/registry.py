@@ -216,13 +216,13 @@ METHODS: dict[str, MethodSpec] = {
             weighting=Param(
                 str,
                 "counts",
-                "FedProto: global prototype = sample-weighted mean over the holders (Eq. 5) or plain mean (code)",
+                "FedProto: global prototype = sample-weighted mean over the holders (paper) or plain mean (code)",
                 choices=("counts", "clients"),
             ),
             inference=Param(
                 str,
                 "prototype",
-                "FedProto: personal prediction by the nearest global prototype (Eq. 3) or by the model's head",
+                "FedProto: personal prediction by the nearest global prototype (paper) or by the model's head",
                 choices=("prototype", "classifier"),
             ),
         ),

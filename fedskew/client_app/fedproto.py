@@ -3,27 +3,29 @@ Clients", AAAI'22, Alg. 1 LocalUpdate; the authors' code `yuetan031/FedProto` at
 97e42e2741e1ae2e2fce2465e80f38f6997f8836, `lib/update.py`). Server: `fedskew/strategies/fedproto.py`;
 maths: `fedskew/losses/fedproto.py`.
 
-One round on client i:
+One round on client i (the paper's sections in quotes):
 1. take its own model from its state (no model arrives: the server's `arrays` record is empty and
    any array in it is refused) and the global prototypes C_bar with their validity mask;
-2. train it for `local-epochs` on ``CE(F(x), y) + lambda * L_R`` (Eq. 6-7), L_R the squared distance
-   of each embedding f(x) (the classifier's input) to its class's global prototype, averaged over the
-   batch and the dimensions as the code's `nn.MSELoss`; lambda = `fedproto-lambda` (code default 1,
-   its README's MNIST/FEMNIST value; 0.1 for its CIFAR-10 command). Round 1 (no global prototype) and
-   classes without one train on CE alone, as the code does (`loss2 = 0 * loss1`);
-3. compute its prototypes C_i^(j) (Eq. 4: the mean embedding of class j over the whole local training
-   set with the trained model, eval mode) and the counts |D_ij|; upload both, and keep the model.
+2. train it for `local-epochs` on ``CE(F(x), y) + lambda * L_R`` ("Local Model Update"), L_R the
+   squared distance of each embedding f(x) (the classifier's input) to its class's global
+   prototype, averaged over the batch and the dimensions as the code's `nn.MSELoss`; lambda =
+   `fedproto-lambda` (code default 1, its README's MNIST/FEMNIST value; 0.1 for its CIFAR-10
+   command). Round 1 (no global prototype) and classes without one train on CE alone, as the code
+   does (`loss2 = 0 * loss1`);
+3. compute its prototypes C_i^(j) ("Prototype": the mean embedding of class j over the whole local
+   training set with the trained model, eval mode) and the counts |D_ij|; upload both, and keep the
+   model.
 
 The personalized model is the client's own model. `fedproto-inference="prototype"` (default)
-predicts as Eq. 3, the class whose global prototype is nearest to f(x) (the code's "with protos"
-accuracy); "classifier" uses the model's own head (the code's "w/o protos" accuracy). Until each
-class the client holds has a global prototype (round 1; under partial participation a class no
-participant has held yet) the head predicts; `prototype-inference` (0/1) reports which one did.
-`client-global-accuracy` is not reported: no global model reaches the client.
+predicts as "Prototype-based model inference": the class whose global prototype is nearest to f(x)
+(the code's "with protos" accuracy); "classifier" uses the model's own head (the code's "w/o
+protos" accuracy). Until each class the client holds has a global prototype (round 1; under partial
+participation a class no participant has held yet) the head predicts; `prototype-inference` (0/1)
+reports which one did. `client-global-accuracy` is not reported: no global model reaches the client.
 
 Decisions and deviations (paper vs the authors' code):
-- Eq. 4 over the whole local training set with the trained model (paper), not the code's mean of the
-  last epoch's training-mode batch embeddings taken while the model still changes.
+- Prototypes over the whole local training set with the trained model (paper), not the code's mean
+  of the last epoch's training-mode batch embeddings taken while the model still changes.
 - The distance: the code's squared L2 averaged over batch and dimensions (the scale its lambda goes
   with); the paper names the L2 distance and sums over classes.
 - A client seen for the first time starts from the run's initial network (`built_with_seed`: the
@@ -31,9 +33,9 @@ Decisions and deviations (paper vs the authors' code):
   P-FL baselines from one initial model; the code draws each client's model independently (and for
   CIFAR-10 loads ImageNet weights). A lost state (a SuperNode restarted without `state-dir`) starts
   over the same way, logged.
-- Prototype inference ranges over every class with a global prototype (Eq. 3); the code's evaluation
-  also restricts it to the client's own classes, which would make the personal model blind to the
-  other classes on a central test set.
+- Prototype inference ranges over every class with a global prototype (the paper's argmin over j);
+  the code's evaluation also restricts it to the client's own classes, which would make the personal
+  model blind to the other classes on a central test set.
 - The local optimiser is fedskew's (`sgd`: `lr`, `momentum`, `weight-decay` of the run config), fresh
   each round; the code's is SGD with momentum 0.5 and lr 0.01, batch 4.
 
@@ -64,7 +66,7 @@ MODEL_TENSORS = "fedproto-model"
 
 
 class PrototypeClassifier(nn.Module):
-    """A network that predicts by the nearest global prototype of its embedding (Eq. 3)."""
+    """A network that predicts by the nearest global prototype of its embedding."""
 
     def __init__(self, net: nn.Module, prototypes: torch.Tensor, valid: torch.Tensor) -> None:
         super().__init__()

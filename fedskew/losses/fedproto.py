@@ -1,10 +1,13 @@
 """FedProto maths (Tan et al., "FedProto: Federated Prototype Learning across Heterogeneous Clients",
 AAAI'22). Pure torch/numpy, no Flower.
 
-A prototype is a class's mean embedding (Eq. 4, `fedskew.losses.fedmr.class_prototypes`):
-``C_i^(j) = 1/|D_ij| sum_{(x, y) in D_ij} f_i(x)``. The server merges the clients' prototypes per
-class (Eq. 5, `global_prototypes`), each client trains ``CE + lambda * L_R`` (Eq. 6-7,
-`prototype_distance_loss`) and predicts by the nearest global prototype (Eq. 3, `prototype_logits`).
+The paper's equations are cited by the section that holds them (the text read here, arXiv
+2105.00243, carries no equation numbers). A prototype is a class's mean embedding ("Prototype",
+`fedskew.losses.fedmr.class_prototypes`): ``C_i^(j) = 1/|D_ij| sum_{(x, y) in D_ij} f_i(x)``. The
+server merges the clients' prototypes per class ("Global Prototype Aggregation",
+`global_prototypes`), each client trains ``CE + lambda * L_R`` ("Local Model Update",
+`prototype_distance_loss`) and predicts by the nearest global prototype ("Prototype-based model
+inference", `prototype_logits`).
 """
 
 from __future__ import annotations
@@ -31,10 +34,10 @@ def global_prototypes(
         counts:  C_bar^(j) = sum_{i in N_j} |D_ij| C_i^(j) / sum_{i in N_j} |D_ij|
         clients: C_bar^(j) = 1/|N_j| sum_{i in N_j} C_i^(j)
 
-    N_j: the clients with samples of class j. Eq. 5 writes ``1/|N_j| sum_{i in N_j} |D_ij| / N_j
+    N_j: the clients with samples of class j. The paper writes ``1/|N_j| sum_{i in N_j} |D_ij| / N_j
     C_i^(j)`` (N_j: the samples of class j): its weights sum to 1/|N_j|, shrinking every prototype
     towards 0 by the number of its holders, so "counts" takes the count weights |D_ij| / N_j of
-    Eq. 5 (and of the objective, Eq. 6) normalised; "clients" is the authors' code
+    the paper's aggregation (and of its optimization objective) normalised; "clients" is the authors' code
     (`lib/utils.py` `proto_aggregation`: the plain mean over the holders). A class no client here
     holds keeps its `previous` prototype and validity (none: zero and invalid). Returns (prototypes
     [C, d] float32, valid [C] bool).
@@ -50,7 +53,7 @@ def global_prototypes(
 def prototype_distance_loss(
     z: torch.Tensor, y: torch.Tensor, prototypes: torch.Tensor, valid: torch.Tensor
 ) -> torch.Tensor:
-    """L_R of Eq. 7 per mini-batch, as the authors' code computes it (`lib/update.py`,
+    """L_R ("Local Model Update") per mini-batch, as the authors' code computes it (`lib/update.py`,
     `update_weights_het`: `nn.MSELoss()(proto_new, protos)`):
 
         L_R = 1/(B d) sum_{i: valid[y_i]} || f(x_i) - C_bar^(y_i) ||^2
@@ -68,8 +71,8 @@ def prototype_distance_loss(
 
 
 def prototype_logits(z: torch.Tensor, prototypes: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
-    """Scores whose argmax is Eq. 3's prediction ``argmin_j ||f(x) - C_bar^(j)||_2`` over the classes
-    with a global prototype: ``-||z - C_bar^(j)||_2`` for those, and for the others one less than the
+    """Scores whose argmax is the paper's prototype-based prediction ``argmin_j ||f(x) - C_bar^(j)||_2``
+    over the classes with a global prototype: ``-||z - C_bar^(j)||_2`` for those, and for the others one less than the
     row's lowest such score (never chosen, finite so that a cross-entropy stays defined). [B, C]."""
     valid = valid.to(torch.bool)
     if not bool(valid.any()):

@@ -7,7 +7,7 @@ Only class prototypes travel. The server has no model: it sends the global proto
 `arrays` must be empty too (the screen refuses any array in it). Each round the global prototype of
 every class a participant holds is aggregated from that round's uploads (Alg. 1; the code's
 `proto_aggregation` of the round's `local_protos`), weighted by `fedproto-weighting`: "counts"
-(Eq. 5's |D_ij| / N_j, normalised) or "clients" (the code's plain mean over the holders).
+(the paper's |D_ij| / N_j, normalised) or "clients" (the code's plain mean over the holders).
 
 Deviation, for partial participation, which the paper does not run (all 20 clients every round, so
 every class is refreshed every round): a class no participant holds this round keeps its last
