@@ -44,8 +44,7 @@ def _fedgen_batch_rule(iterations: int, cfg: dict[str, Any]) -> None:
 
 
 def _m(name: str, strategy: str, trainer: str, paper: str = "", **params: Param) -> MethodSpec:
-
-    keys = {f"{name}-{k.replace('_', '-')}": p for k, p in params.items()}
+    keys = {f"{name}-{k.rstrip('_').replace('_', '-')}": p for k, p in params.items()}  # lambda_: -lambda
     return MethodSpec(name, f"fedskew.strategies.{strategy}", f"fedskew.client_app.{trainer}", keys, paper)
 
 
@@ -58,6 +57,30 @@ RESTRICTED_SOFTMAX = {
 SCAFFOLD_SERVER_LR = Param(
     float, 1.0, "SCAFFOLD: server step size eta_g, x + eta_g (mean y_i - x) (paper: 1)", low=0.0, low_open=True
 )
+
+
+def _hpm(name: str, *, soften_student: bool, mu_max: float) -> dict[str, Param]:
+    """The inherited private model's keys (`fedskew/client_app/hpm.py`), shared by FedPHP and MAP;
+    `soften_student` and `mu_max` default to MAP's paper (true, 1.0) or the authors' code (false, 0.9)."""
+    return {
+        "transfer": Param(
+            str, "distill", f"{name}: HPM transfer term, logit distillation or feature MMD", choices=("distill", "mmd")
+        ),
+        "transfer_weight": Param(float, 0.1, f"{name}: lambda in (1-lambda) CE + lambda L_tr", low=0.0, high=1.0),
+        "temperature": Param(float, 4.0, f"{name}: distillation temperature tau", low=0.0, low_open=True),
+        "soften_student": Param(
+            bool, soften_student, f"{name}: divide the student's logits by tau too (MAP's paper; false = authors' code)"
+        ),
+        "mu_bar": Param(float, 0.9, f"{name}: macro momentum; mu = mu_bar (n-1) / (Q T)", low=0.0),
+        "mu_max": Param(
+            float, mu_max, f"{name}: upper clip of the HPM momentum (MAP's paper 1.0, code 0.9)", low=0.0, high=1.0
+        ),
+        "mmd_kernels": Param(
+            int, 5, f"{name}: number of Gaussian kernels of the MMD (MAP's paper: 5; at most 64)", low=1, high=64
+        ),
+        "mmd_kernel_mul": Param(float, 2.0, f"{name}: bandwidth ratio between MMD kernels", low=1.0, low_open=True),
+    }
+
 
 METHODS: dict[str, MethodSpec] = {
     spec.name: spec
@@ -258,20 +281,42 @@ METHODS: dict[str, MethodSpec] = {
             ),
             scale=Param(str, "binary", "MAP: RS rule, 'binary' (paper) or 'count'", choices=("binary", "count")),
             tau=Param(int, 1, "MAP: a class is observed when the client has >= tau samples", low=1),
-            transfer=Param(str, "distill", "MAP stage 2: HPM transfer term (Eq. 11 / 12)", choices=("distill", "mmd")),
-            transfer_weight=Param(float, 0.1, "MAP: lambda in (1-lambda) CE + lambda L_tr (Eq. 13)", low=0.0, high=1.0),
-            temperature=Param(float, 4.0, "MAP: distillation temperature tau", low=0.0, low_open=True),
-            soften_student=Param(bool, True, "MAP: divide the student's logits by tau too (paper; false = code)"),
+            **_hpm("MAP", soften_student=True, mu_max=1.0),
             personal_epochs=Param(int, 1, "MAP: stage-2 (personalization) epochs (at most 1000)", low=0, high=1000),
             personal_lr_factor=Param(float, 1.0, "MAP: stage-2 lr = lr * factor (code: 0.2)", low=0.0, low_open=True),
-            mu_bar=Param(float, 0.9, "MAP: macro momentum; mu = mu_bar (n-1) / (Q T)", low=0.0),
-            mu_max=Param(float, 1.0, "MAP: upper clip of the HPM momentum (paper 1.0, code 0.9)", low=0.0, high=1.0),
-            mmd_kernels=Param(
-                int, 5, "MAP: number of Gaussian kernels of the MMD (paper: 5; at most 64)", low=1, high=64
-            ),
-            mmd_kernel_mul=Param(float, 2.0, "MAP: bandwidth ratio between MMD kernels", low=1.0, low_open=True),
             uniform_aggregation=Param(
                 bool, True, "MAP: average uploads uniformly (Alg. 1); false = aggregation-weights"
+            ),
+        ),
+        _m(
+            "fedphp",
+            "fedphp:FedPHPStrategy",
+            "fedphp:FedPHPTrainer",
+            paper='Li, Zhan et al., "FedPHP: Federated Personalization with Inherited Private Models", ECML-PKDD 2021',
+            **_hpm("FedPHP", soften_student=False, mu_max=0.9),
+        ),
+        _m(
+            "fedproto",
+            "fedproto:FedProtoStrategy",
+            "fedproto:FedProtoTrainer",
+            paper='Tan et al., "FedProto: Federated Prototype Learning across Heterogeneous Clients", AAAI 2022',
+            lambda_=Param(
+                float,
+                1.0,
+                "FedProto: weight of the prototype distance (authors' code 1; its CIFAR-10 command 0.1)",
+                low=0.0,
+            ),
+            weighting=Param(
+                str,
+                "counts",
+                "FedProto: global prototype = sample-weighted mean over the holders (paper) or plain mean (code)",
+                choices=("counts", "clients"),
+            ),
+            inference=Param(
+                str,
+                "prototype",
+                "FedProto: personal prediction by the nearest global prototype (paper) or by the model's head",
+                choices=("prototype", "classifier"),
             ),
         ),
         _m(
@@ -410,8 +455,7 @@ METHODS: dict[str, MethodSpec] = {
             "fedgen:FedGenStrategy",
             "fedgen:FedGenTrainer",
             paper=(
-                'Zhu, Hong & Zhou, "Data-Free Knowledge Distillation for Heterogeneous Federated Learning", '
-                "ICML 2021"
+                'Zhu, Hong & Zhou, "Data-Free Knowledge Distillation for Heterogeneous Federated Learning", ICML 2021'
             ),
             hidden_dim=Param(int, 256, "FedGen: generator hidden width (authors' code, MNIST/EMNIST)", low=1),
             noise_dim=Param(int, 32, "FedGen: generator noise dimension, eps ~ U[0,1) (authors' code)", low=1),

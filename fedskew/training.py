@@ -11,7 +11,7 @@ import math
 import os
 import random
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -21,6 +21,7 @@ from torch import nn
 from fedskew.config import ConfigError
 
 LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+M = TypeVar("M", bound=nn.Module)
 Augment = Callable[[torch.Tensor, torch.Generator], torch.Tensor]  # (batch, generator) -> augmented batch
 
 
@@ -32,6 +33,15 @@ def seed_everything(*parts: int) -> torch.Generator:
     np.random.seed(seed)
     torch.manual_seed(seed)
     return torch.Generator().manual_seed(seed)
+
+
+def built_with_seed(build: Callable[[], M], seed: int) -> M:
+    """`build()` under torch's global generator seeded with `seed`, which is left as it was: the run's
+    initial network, the same on the server (`BaseStrategy.initial_arrays`) and on a client that
+    builds it itself because no model reaches it (FedProto, FedPHP's first HPM)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build()
 
 
 def pick_device(name: str = "auto") -> torch.device:
@@ -156,6 +166,14 @@ def train_epochs(
             total += loss.detach()
             steps += 1
     return {"train-loss": float(total) / max(steps, 1), "train-steps": float(steps)}
+
+
+@torch.no_grad()
+def extract_features(model: nn.Module, x: torch.Tensor, batch_size: int, device: torch.device) -> torch.Tensor:
+    """`model.features` of every row of `x` (eval mode, no augmentation), on `device`; [0, d] for no rows."""
+    model.eval()
+    feats = [model.features(x[i : i + batch_size].to(device)) for i in range(0, len(x), batch_size)]
+    return torch.cat(feats) if feats else torch.zeros(0, model.feature_dim, device=device)
 
 
 @torch.no_grad()

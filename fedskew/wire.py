@@ -148,13 +148,19 @@ BASE = Wire()
 # ---------------------------------------------------------------------------------------- FedRS
 FEDRS = Wire({"observed-classes": NON_NEGATIVE})
 
+# ---------------------------------------------------------------------------------------- HPM
+# The inherited private model's schedule, reported by FedPHP and MAP: the momentum of this
+# participation and the participation's number (the server counts them too, `strategies/hpm.py`).
+HPM_METRICS: dict[str, Number] = {"hpm-mu": FRACTION, "hpm-participations": Number(int, 1)}
+
+FEDPHP = Wire(HPM_METRICS)
+
 # ---------------------------------------------------------------------------------------- MAP
 MAP = FEDRS.extend(
     {
         "stage2-loss": Number(float, 0.0, nan=True),  # NaN: no stage 2 (map-personal-epochs=0)
         "stage2-accuracy": Number(float, 0.0, 1.0, nan=True),  # NaN: no local test data
-        "hpm-mu": FRACTION,
-        "hpm-participations": Number(int, 1),
+        **HPM_METRICS,
         "hpm-transfer": Number(int, 0, 1),
     }
 )
@@ -175,13 +181,14 @@ def prototype_uplink(record: str) -> Records:
     return records
 
 
-def prototype_downlink(record: str) -> Records:
-    """The global prototypes and which classes have one {prototypes [C, d] float32, valid [C] bool}."""
+def prototype_downlink(record: str, required: bool = False) -> Records:
+    """The global prototypes and which classes have one {prototypes [C, d] float32, valid [C] bool}
+    (not `required`: absent in round 1, when no class has one yet)."""
 
     def records(dims: Dims) -> dict[str, Spec]:
         c, d = dims.num_classes, dims.feature_dim
         protos = {"prototypes": Tensor((c, d), "float32"), "valid": Tensor((c,), "bool")}
-        return {record: ArraysSpec(protos, required=False)}
+        return {record: ArraysSpec(protos, required=required)}
 
     return records
 
@@ -216,6 +223,17 @@ MOON = Wire({"moon-loss": NON_NEGATIVE, "moon-negative": Number(int, 0, 1)})
 # ---------------------------------------------------------------------------------------- FedMMD
 # MMD^2 is a squared RKHS norm; its float32 V-statistic can land a rounding error below 0
 FEDMMD = Wire({"mmd-loss": Number(float, -1e-4)})
+
+# ---------------------------------------------------------------------------------------- FedProto
+# Only prototypes travel: the uploaded and the sent model `arrays` are empty ArrayRecords (the
+# screen refuses any array in them), the prototypes go both ways in `fedproto-prototypes`.
+FEDPROTO_PROTOTYPES = "fedproto-prototypes"
+
+FEDPROTO = Wire(
+    {"proto-loss": NON_NEGATIVE, "prototype-inference": Number(int, 0, 1)},
+    prototype_uplink(FEDPROTO_PROTOTYPES),
+    prototype_downlink(FEDPROTO_PROTOTYPES, required=True),
+)
 
 # ---------------------------------------------------------------------------------------- FedGELA
 FEDGELA_ETF = "etf"

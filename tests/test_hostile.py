@@ -25,6 +25,7 @@ from fedskew.wire import CONTROL, CREFF_CLASSIFIER, CREFF_GRADS, FEDGEN_COUNTS, 
 from fedskew.wire import FEDDC_UPDATE as UPDATE
 from fedskew.wire import FEDMR_PROTOTYPES as PROTO_RECORD
 from fedskew.wire import FEDPROC_PROTOTYPES as FEDPROC
+from fedskew.wire import FEDPROTO_PROTOTYPES as FEDPROTO
 from fedskew.wire import MUPFL_GRADS as GRADS
 from fedskew.wire import MUPFL_MAPS as MAPS
 from fedskew.wire import MUPFL_TIMES as TIMES
@@ -50,6 +51,8 @@ METHODS: dict[str, dict[str, Any]] = {
     "fedaws": {},
     "fedgen": {"fedgen-iterations": 3},
     "creff": {"creff-features-per-class": 5, "creff-match-iters": 3, "creff-retrain-epochs": 2},
+    "fedproto": {},
+    "fedphp": {},
 }
 Edit = Callable[[RecordDict, dict[str, Any]], RecordDict]
 
@@ -146,6 +149,25 @@ def first_entry(value: float) -> Callable[[dict[str, np.ndarray]], None]:
 def prototype_arrays(content: RecordDict, record: str, **arrays: Any) -> ArrayRecord:
     """The reply's prototype record with some arrays replaced (numpy arrays)."""
     return ArrayRecord({**dict(content[record].items()), **{k: Array(v) for k, v in arrays.items()}})
+
+
+def fedproto_counts(change: Callable[[np.ndarray], np.ndarray]) -> Edit:
+    """FedProto's upload with its counts changed by `change` (prototypes kept)."""
+
+    def edit(content: RecordDict, ctx: dict[str, Any]) -> RecordDict:
+        counts = change(content[FEDPROTO]["counts"].numpy().copy())
+        rec = ArrayRecord({"prototypes": content[FEDPROTO]["prototypes"], "counts": Array(counts)})
+        return with_records(content, **{FEDPROTO: rec})
+
+    return edit
+
+
+def moved_count(counts: np.ndarray) -> np.ndarray:
+    """The same total, one sample moved to another class: not the partition's counts."""
+    src = int(np.flatnonzero(counts)[0])
+    counts[src] -= 1
+    counts[(src + 1) % len(counts)] += 1
+    return counts
 
 
 GENERIC: dict[str, Edit] = {
@@ -280,6 +302,31 @@ SPECIFIC: dict[str, dict[str, Edit]] = {
         "gradients-missing": lambda c, ctx: RecordDict({k: v for k, v in c.items() if k != CREFF_GRADS}),
         "extreme-gradient": lambda c, ctx: extreme(CREFF_GRADS, next(iter(c[CREFF_GRADS].keys())))(c, ctx),
     },
+    "fedproto": {  # no model arrays: the model cases become prototype and model-less-upload cases
+        "finite-extreme-model": extreme(FEDPROTO, "prototypes"),
+        "huge-update": lambda c, ctx: with_records(
+            c, arrays=ArrayRecord({"classifier.weight": Array(np.full((10, 200), 1e5, np.float32))})
+        ),
+        "model-array-uploaded": lambda c, ctx: with_records(
+            c, arrays=ArrayRecord({"classifier.weight": Array(np.zeros((10, 200), np.float32))})
+        ),
+        "nan-prototypes": record(
+            FEDPROTO,
+            lambda c, ctx: ArrayRecord(
+                {
+                    "prototypes": Array(np.full(c[FEDPROTO]["prototypes"].shape, np.nan, np.float32)),
+                    "counts": c[FEDPROTO]["counts"],
+                }
+            ),
+        ),
+        "counts-not-the-partitions": fedproto_counts(moved_count),
+        "negative-counts": fedproto_counts(lambda n: np.where(np.arange(len(n)) == 0, -1, n)),
+        "prototype-inference-2": metric(prototype_inference=2),
+    },
+    "fedphp": {
+        "hpm-mu-above-one": metric(hpm_mu=1.5),
+        "list-hpm-participations": metric(hpm_participations=[1, 2]),
+    },
     "fedgela": {
         "classifier-uploaded": lambda c, ctx: with_records(
             c,
@@ -292,7 +339,7 @@ SPECIFIC: dict[str, dict[str, Edit]] = {
 CASES = (
     [(m, k) for m in METHODS for k in EVERY_METHOD]
     + [("fedavg", k) for k in GENERIC if k not in EVERY_METHOD]
-    + [(m, k) for m, kinds in SPECIFIC.items() for k in kinds]
+    + [(m, k) for m, kinds in SPECIFIC.items() for k in kinds if k not in EVERY_METHOD]
 )
 
 
@@ -475,6 +522,8 @@ E2E: dict[str, list[str]] = {
     "fedgela": ["complex64-bytes", "finite-extreme-model", *SPECIFIC["fedgela"]],
     "feddc": ["num-examples-2**62", "finite-extreme-model", *SPECIFIC["feddc"]],
     "fedproc": ["other-partition", "finite-extreme-model", *SPECIFIC["fedproc"]],
+    "fedproto": ["other-partition", "model-array-uploaded", "nan-prototypes", "counts-not-the-partitions"],
+    "fedphp": ["list-metric", "finite-extreme-model", *SPECIFIC["fedphp"]],
 }
 
 
@@ -508,8 +557,7 @@ def test_one_hostile_client_among_honest_ones_changes_nothing(tmp_path, task_ide
     assert [(f["round"], f["partition"]) for f in lost] == [(r, bad) for r in range(1, len(kinds) + 1)]
     assert not any("no reply" in f["reason"] for f in lost)
     assert (a / "metrics.jsonl").read_text() == (b / "metrics.jsonl").read_text()
-    ma, mb = torch.load(a / "model.pt", weights_only=True), torch.load(b / "model.pt", weights_only=True)
-    assert ma.keys() == mb.keys() and all(ma[k].dtype == mb[k].dtype and torch.equal(ma[k], mb[k]) for k in ma)
+    assert same_model(a, b)
 
 
 def without_failure_counts(path) -> list[dict]:
@@ -517,7 +565,13 @@ def without_failure_counts(path) -> list[dict]:
 
 
 def same_model(a, b) -> bool:
-    ma, mb = torch.load(a / "model.pt", weights_only=True), torch.load(b / "model.pt", weights_only=True)
+    """The two runs end with the same global model, or, for a method without one (FedProto: no
+    `model.pt`), the same strategy state in their final checkpoints (the global prototypes)."""
+    if not (a / "model.pt").exists() and not (b / "model.pt").exists():
+        ma = torch.load(a / "checkpoint.pt", weights_only=True)["strategy"]
+        mb = torch.load(b / "checkpoint.pt", weights_only=True)["strategy"]
+    else:
+        ma, mb = torch.load(a / "model.pt", weights_only=True), torch.load(b / "model.pt", weights_only=True)
     return ma.keys() == mb.keys() and all(ma[k].dtype == mb[k].dtype and torch.equal(ma[k], mb[k]) for k in ma)
 
 
@@ -674,6 +728,17 @@ SERVER_PAYLOADS: dict[str, tuple[str, dict[str, Any], Callable[[RecordDict], Rec
         "creff",
         {},
         lambda c: RecordDict({k: v for k, v in c.items() if k != CREFF_CLASSIFIER}),
+    ),
+    "fedproto-nan-prototypes": (
+        "fedproto",
+        {},
+        lambda c: with_records(c, **{FEDPROTO: nan_like(c[FEDPROTO], "prototypes")}),
+    ),
+    "fedproto-extreme-prototypes": ("fedproto", {}, lambda c: extreme(FEDPROTO, "prototypes")(c, {})),
+    "fedproto-model-arrays": (
+        "fedproto",
+        {},
+        lambda c: with_records(c, arrays=ArrayRecord({"classifier.weight": torch.zeros(10, 200)})),
     ),
     "undeclared-record": ("fedavg", {}, lambda c: with_records(c, evil=ArrayRecord({"x": torch.zeros(2)}))),
 }

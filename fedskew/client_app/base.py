@@ -17,7 +17,7 @@ and overrides only the hooks that differ (FL-bench style):
     local_train      the whole local procedure (default: `train_epochs` on `loss`, batches through
                      `self.augment`, the configured augmentation)
     received_global_model  the global model as received, for `client-global-accuracy` (default: the
-                       model right after `load_global`)
+                       model right after `load_global`; None: no global model reaches the client)
     personalized_model  what "personalized accuracy" measures (default: the trained model)
     upload           the ArrayRecord sent back (default: the whole state dict)
     extra_records    the method's uplink records (prototypes, counts, gradients ...)
@@ -132,8 +132,9 @@ class BaseTrainer:
             self.augment,
         )
 
-    def received_global_model(self, model: nn.Module) -> nn.Module:
-        """The global model as the server sent it, called right after `load_global`."""
+    def received_global_model(self, model: nn.Module) -> nn.Module | None:
+        """The global model as the server sent it, called right after `load_global`; None when no
+        global model reaches the client (FedProto): no `client-global-accuracy` then."""
         return model
 
     def personalized_model(self, model: nn.Module) -> nn.Module:
@@ -178,7 +179,8 @@ class BaseTrainer:
         self.received = self.receive(content)
         model = self.build_model()
         self.load_global(model, content)
-        g_loss, g_acc = self.evaluate_local(self.received_global_model(model))
+        received = self.received_global_model(model)
+        g_loss, g_acc = self.evaluate_local(received) if received is not None else (None, None)
         stats = self.local_train(model, content)
         train_seconds = time.perf_counter() - t0
         p_loss, p_acc = self.evaluate_local(self.personalized_model(model))
@@ -190,12 +192,7 @@ class BaseTrainer:
             **stats,
         }
         if len(self.data.y_test):
-            metrics.update(
-                {
-                    "personal-accuracy": p_acc,
-                    "personal-loss": p_loss,
-                    "client-global-accuracy": g_acc,
-                    "client-global-loss": g_loss,
-                }
-            )
+            metrics.update({"personal-accuracy": p_acc, "personal-loss": p_loss})
+            if received is not None:
+                metrics.update({"client-global-accuracy": g_acc, "client-global-loss": g_loss})
         return RecordDict({"arrays": self.upload(model), "metrics": MetricRecord(metrics), **self.extra_records(model)})

@@ -32,7 +32,8 @@ Decisions (the paper against the authors' code `lxcnju/MAP`):
 
 Client state and deployment. Per client, `ClientState` (`self.ctx.state`) keeps the tensors "hpm"
 (one model state dict, float32) and the values "map" = {"participations": z}, z an integer from 1 to the
-trainings the run can have sent this client before this round (`most_trainings`). By default they live in
+trainings the run can have sent this client before this round (`most_trainings`); the HPM machinery
+is shared with FedPHP (`fedskew/client_app/hpm.py`). By default they live in
 Flower's `context.state`, bounded by `state-max-mb` (64 MB; a SuperNode silently drops a context of
 ~200 MB): LeNet's HPM is ~0.2 MB, MLP ~0.8 MB, VGG11 ~37 MB. A model over the bound raises
 `StateTooLargeError` instead of losing the HPM silently; for such models start each SuperNode with
@@ -45,90 +46,27 @@ partition's accepted replies, logs it too and counts it in the metric `hpm-state
 from __future__ import annotations
 
 import copy
-import logging
 
-import torch
-import torch.nn.functional as F
 from flwr.app import RecordDict
 from torch import nn
 
 from fedskew import wire
 from fedskew.client_app.fedrs import FedRSTrainer
-from fedskew.client_app.state import most_trainings
-from fedskew.losses import distillation_loss, hpm_momentum, hpm_update, mmd_multi_gaussian, personalization_loss
-from fedskew.records import Number
+from fedskew.client_app.hpm import HPMTrainer
 from fedskew.training import sgd, train_epochs
 
-log = logging.getLogger("fedskew.client")
 
-HPM_TENSORS = "hpm"
-MAP_VALUES = "map"
-
-
-class MAPTrainer(FedRSTrainer):
+class MAPTrainer(HPMTrainer, FedRSTrainer):
     """Stage 1 = FedRS local training (uploaded); stage 2 = CE + transfer from the HPM; HPM update."""
 
     wire = wire.MAP
     rs_prefix = "map"
+    hpm_prefix = "map"
 
-    # ------------------------------------------------------------------ state
-    def load_hpm(self, reference: nn.Module) -> tuple[dict[str, torch.Tensor] | None, int]:
-        """(HPM state dict or None, participations so far); an inconsistent state counts as lost."""
-        most = most_trainings(self.cfg, self.ctx.server_round) - 1  # before this round's training
-        values = self.ctx.state.load_values(MAP_VALUES, {"participations": Number(int, 1, most, required=True)})
-        z = values["participations"] if values else 0
-        hpm = self.ctx.state.load_tensors(HPM_TENSORS)
-        ref = reference.state_dict()
-        if hpm is not None and (z < 1 or list(hpm) != list(ref) or any(hpm[k].shape != ref[k].shape for k in ref)):
-            log.warning(
-                "partition %d: MAP state inconsistent (participations=%d, HPM keys/shapes differ "
-                "from the model): discarded, treated as a first participation",
-                self.ctx.partition_id,
-                z,
-            )
-            hpm, z = None, 0
-        elif hpm is None:
-            log.info(
-                "partition %d, round %d: no HPM (first participation%s): stage 2 without transfer, mu = 0",
-                self.ctx.partition_id,
-                self.ctx.server_round,
-                f"; the counter said {z}, so the state was lost" if z else " or lost state",
-            )
-            z = 0
-        return hpm, z
-
-    def save_hpm(self, hpm: dict[str, torch.Tensor], participations: int) -> None:
-        self.ctx.state.save_tensors(HPM_TENSORS, hpm)
-        self.ctx.state.save_values(MAP_VALUES, {"participations": participations})
-
-    # ------------------------------------------------------------------ stage 2 objective
-    def transfer_loss(self, h: torch.Tensor, logits: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """L_tr of Eq. 13 against the frozen HPM (`self.teacher`)."""
-        with torch.no_grad():
-            h_p = self.teacher.features(x)
-            o_p = self.teacher.classifier(h_p)
-        if self.cfg["map-transfer"] == "distill":
-            return distillation_loss(logits, o_p, self.cfg["map-temperature"], self.cfg["map-soften-student"])
-        return mmd_multi_gaussian(h, h_p, self.cfg["map-mmd-kernel-mul"], self.cfg["map-mmd-kernels"])
-
-    def personal_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Eq. 13 `(1 - lam) CE + lam L_tr`; plain CE while the client has no HPM (or lam = 0)."""
-        h = model.features(x)
-        logits = model.classifier(h)
-        ce = F.cross_entropy(logits, y)
-        lam = self.cfg["map-transfer-weight"]
-        transfer = None if self.teacher is None or lam == 0 else self.transfer_loss(h, logits, x)
-        return personalization_loss(ce, transfer, lam)
-
-    # ------------------------------------------------------------------ hooks
     def local_train(self, model: nn.Module, content: RecordDict) -> dict[str, float]:
         stats = super().local_train(model, content)  # stage 1 (restricted softmax), in place: uploaded
         hpm, z = self.load_hpm(model)
-        self.teacher = None
-        if hpm is not None:
-            self.teacher = self.build_model()
-            self.teacher.load_state_dict(hpm)
-            self.teacher.eval().requires_grad_(False)
+        self.use_teacher(hpm)  # none at a first participation: stage 2 without transfer, mu = 0
 
         personal = copy.deepcopy(model)  # stage 2 continues from the stage-1 weights
         stage2 = {"train-loss": float("nan")}
@@ -149,13 +87,7 @@ class MAPTrainer(FedRSTrainer):
         self.stage2_model = personal
 
         n = z + 1
-        expected = self.cfg["fraction-train"] * self.cfg["num-server-rounds"]
-        mu = hpm_momentum(n, expected, self.cfg["map-mu-bar"], self.cfg["map-mu-max"])
-        new_hpm = hpm_update(hpm, personal.state_dict(), mu)
-        self.save_hpm(new_hpm, n)
-        self.hpm = self.build_model()
-        self.hpm.load_state_dict(new_hpm)
-
+        mu = self.fold_into_hpm(hpm, personal, n)
         _, s2_acc = self.evaluate_local(personal)
         return {
             **stats,
@@ -165,7 +97,3 @@ class MAPTrainer(FedRSTrainer):
             "hpm-participations": n,
             "hpm-transfer": int(self.teacher is not None),
         }
-
-    def personalized_model(self, model: nn.Module) -> nn.Module:
-        """The updated HPM (what the authors' code scores; the theory bounds the HPM's error)."""
-        return self.hpm

@@ -1,4 +1,5 @@
-"""The client side that methods with global class prototypes share (FedMR, FedProc).
+"""The client side that methods with global class prototypes share (FedMR, FedProc; FedProto's
+trainer, whose model never travels, uses the same `extract_features` and `class_prototypes`).
 
 The global prototypes G [C, d] and their validity mask [C] arrive in the method's prototype record
 (`fedskew.wire.prototype_downlink`; absent or all-invalid in round 1) and stay fixed (no gradient)
@@ -19,6 +20,7 @@ from torch import nn
 
 from fedskew.client_app.base import BaseTrainer
 from fedskew.losses.fedmr import class_prototypes
+from fedskew.training import extract_features
 
 
 class PrototypeTrainer(BaseTrainer):
@@ -39,14 +41,10 @@ class PrototypeTrainer(BaseTrainer):
         self.local_prototypes, self.local_counts = self.compute_prototypes(model)
         return stats
 
-    @torch.no_grad()
     def compute_prototypes(self, model: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
         """g_k^c and N_k^c over the whole local training set with the final local model (eval mode)."""
-        model.eval()
-        x, y, bs = self.data.x_train, self.data.y_train, self.cfg["eval-batch-size"]
-        feats = [model.features(x[i : i + bs].to(self.device)) for i in range(0, len(x), bs)]
-        z = torch.cat(feats) if feats else torch.zeros(0, model.feature_dim, device=self.device)
-        return class_prototypes(z, y.to(self.device), model.num_classes)
+        z = extract_features(model, self.data.x_train, self.cfg["eval-batch-size"], self.device)
+        return class_prototypes(z, self.data.y_train.to(self.device), model.num_classes)
 
     def hidden_classes(self) -> list[int]:
         """Classes whose prototype and count are not uploaded (none by default)."""

@@ -227,6 +227,12 @@ class ClientState:
         return sum(len(a.data) for a in rec.values())
 
 
+def matches(tensors: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]) -> bool:
+    """Whether a stored state dict has exactly the names (in order) and shapes of `reference` (the
+    network it is loaded into); one that does not is discarded by its method, as a lost state."""
+    return list(tensors) == list(reference) and all(tensors[k].shape == reference[k].shape for k in reference)
+
+
 def _check_tensors(tensors: object) -> None:
     if not isinstance(tensors, dict) or not all(isinstance(t, torch.Tensor) for t in tensors.values()):
         raise ValueError("not a dict of tensors")

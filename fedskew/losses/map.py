@@ -1,5 +1,6 @@
 """MAP's inherited private model (HPM): transfer terms and moving average (Li et al., MAP, TKDE'24,
-Sec. IV-B, Eqs. 10-13; the HPM comes from FedPHP, ECML-PKDD'21). Pure torch, no Flower.
+Sec. IV-B, Eqs. 10-13; the HPM comes from FedPHP, ECML-PKDD'21, which uses these functions too with
+its authors' settings: teacher-only softening, mu_max = 0.9, Q T rounded down). Pure torch, no Flower.
 
     HPM update (Eq. 10, Alg. 1 line 14):   psi <- (1 - mu) theta_hat + mu psi
     momentum schedule (Sec. IV-B):         mu(n) = clip(mu_bar (n - 1) / (Q T), 0, mu_max)

@@ -246,6 +246,8 @@ def main(grid: Grid, context: Context) -> None:
     }
 
     arrays = strategy.initial_arrays()
+    if strategy.global_model(arrays) is None:
+        log.info("fedskew: %s has no single global model: no central evaluation, no model.pt", cfg["method"])
     rounds = cfg["num-server-rounds"]
     last_metrics, start = {}, 1
     if ckpt is not None:
@@ -315,7 +317,7 @@ def main(grid: Grid, context: Context) -> None:
         "start_seconds": start_seconds,
         "run_dir": str(out.dir),
     }
-    out.finish(summary, final_model.state_dict())
+    out.finish(summary, None if final_model is None else final_model.state_dict())
     nan = float("nan")
     log.info(
         "fedskew: done in %.1f s; mean of the last 10 rounds: global acc %.4f, client-global acc %.4f, "

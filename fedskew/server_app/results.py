@@ -7,7 +7,7 @@
 - `failures.jsonl`  every lost or dropped reply: round, node, partition, reason
 - `summary.json`    method, rounds, wall time and, for global, client-global and personalized accuracy,
                     the final value, the best and the mean of the last 10 rounds (`round_statistics`)
-- `model.pt`        the final global model's state dict
+- `model.pt`        the final global model's state dict (none for a method without one: FedProto)
 - `checkpoint.pt`   every `checkpoint-every` rounds: round, global arrays, strategy state and the run's
                     `RESUME_FIXED` keys (`resume=true` continues from it; all server randomness is
                     derived from (seed, round))
@@ -280,8 +280,8 @@ def _checkpoint_problem(state: Any, rounds: int) -> str:
         return f"round={r!r} is not a round number"
     if r > rounds:
         return f"it is after round {r} but num-server-rounds={rounds} (give num-server-rounds >= {r})"
-    arrays = state.get("arrays")
-    if not isinstance(arrays, dict) or not arrays:
+    arrays = state.get("arrays")  # empty for a method without a global model (FedProto): `check_fits` decides
+    if not isinstance(arrays, dict):
         return "holds no global model arrays"
     for name, value in arrays.items():
         if not isinstance(name, str) or not isinstance(value, torch.Tensor):
@@ -417,9 +417,12 @@ class RunOutput:
         for f in failures:
             append_jsonl(self.dir / "failures.jsonl", {"round": server_round, **f})
 
-    def finish(self, summary: dict[str, Any], state_dict: dict[str, torch.Tensor]) -> None:
-        model = {k: v.cpu() for k, v in state_dict.items()}
-        atomic_write(self.dir / "model.pt", lambda f: torch.save(model, f))
+    def finish(self, summary: dict[str, Any], state_dict: dict[str, torch.Tensor] | None) -> None:
+        """Write `model.pt` (not for a method without a global model: `state_dict` None), the
+        accuracy plot and `summary.json`."""
+        if state_dict is not None:
+            model = {k: v.cpu() for k, v in state_dict.items()}
+            atomic_write(self.dir / "model.pt", lambda f: torch.save(model, f))
         plot_accuracy(read_jsonl(self.dir / "metrics.jsonl"), self.dir / "accuracy.png", summary.get("method", ""))
         write_json(self.dir / "summary.json", summary)
 

@@ -54,7 +54,7 @@ from fedskew.reasons import short_reason
 from fedskew.records import Rejected, Spec, Tensor, check_content
 from fedskew.strategies.aggregate import summarize_clients, update_ratio, weighted_average
 from fedskew.strategies.discovery import assign_partitions, majority_count
-from fedskew.training import steps_per_round
+from fedskew.training import built_with_seed, steps_per_round
 from fedskew.wire import BASE, Dims, Wire
 
 log = logging.getLogger("fedskew.server")
@@ -119,15 +119,16 @@ class BaseStrategy(Strategy):
         return build_model(self.cfg["model"], dataset_info(self.cfg))
 
     def initial_arrays(self) -> ArrayRecord:
-        torch.manual_seed(self.cfg["seed"])
-        return ArrayRecord(self.build_model().state_dict())
+        """The initial global model: the network built under the run's `seed` (`built_with_seed`)."""
+        return ArrayRecord(built_with_seed(self.build_model, self.cfg["seed"]).state_dict())
 
     def expected_upload(self, arrays: ArrayRecord) -> dict[str, tuple[tuple[int, ...], str]]:
         """Names -> (shape, dtype) every client must upload (default: the global model's)."""
         return {k: (tuple(v.shape), v.dtype) for k, v in arrays.items()}
 
-    def global_model(self, arrays: ArrayRecord) -> nn.Module:
-        """The model evaluated centrally on the test set."""
+    def global_model(self, arrays: ArrayRecord) -> nn.Module | None:
+        """The model evaluated centrally on the test set; None for a method without a single global
+        model (FedProto): the central evaluation is skipped and no `model.pt` is written."""
         model = self.build_model()
         model.load_state_dict(arrays.to_torch_state_dict(), strict=True)
         return model.to(self.device)

@@ -1,12 +1,13 @@
-"""The server side that methods with global class prototypes share (FedMR, FedProc).
+"""The server side that methods with global class prototypes share (FedMR, FedProc, FedProto).
 
 Clients upload their per-class mean features g_k^c and counts N_k^c (`fedskew.wire.prototype_uplink`);
-the server keeps the global prototypes
+the server keeps global prototypes G [C, d] and which classes have one (`valid` [C]), merged from
+each round's uploads (`merge_prototypes`; by default count-weighted,
 
-    g_c = sum_k (N_k^c / sum_k' N_k'^c) g_k^c      (count-weighted, `fedskew.losses.fedmr.aggregate_prototypes`)
+    g_c = sum_k (N_k^c / sum_k' N_k'^c) g_k^c      (`fedskew.losses.fedmr.aggregate_prototypes`)
 
 for every class some reply held this round; a class no reply held keeps its previous prototype, a
-class never held stays invalid. The prototypes and their validity mask go to every sampled client
+class never held stays invalid). The prototypes and their validity mask go to every sampled client
 (`fedskew.wire.prototype_downlink`) and into checkpoints. On top of the records' declared form, a
 reply whose counts sum to more than its `num-examples` is refused.
 """
@@ -25,7 +26,8 @@ from fedskew.strategies.base import BaseStrategy, numpy_to_arrays
 
 
 class PrototypeStrategy(BaseStrategy):
-    """FedAvg model aggregation plus the count-weighted global class prototypes."""
+    """Holds, broadcasts, screens, merges and checkpoints global class prototypes; subclasses set
+    `prototype_record` and may change the merge rule (`merge_prototypes`)."""
 
     prototype_record: ClassVar[str]  # the name of the prototype record, up and down
 
@@ -47,17 +49,27 @@ class PrototypeStrategy(BaseStrategy):
         return {self.prototype_record: numpy_to_arrays({"prototypes": self.prototypes, "valid": self.valid})}
 
     def check_reply(self, content: RecordDict, partition: int) -> None:
+        """The base's rules, and the prototype counts sum to at most the reply's `num-examples`."""
         super().check_reply(content, partition)
         counts, n = content[self.prototype_record]["counts"].numpy(), content["metrics"]["num-examples"]
         total = counts.sum(dtype=np.float64)  # int64 would wrap around for hostile counts
         if total > n:
             raise Rejected(f"prototype counts sum to {total:.0f} > num-examples {n}")
 
-    def aggregate_extras(self, server_round: int, replies: list[Message]) -> dict[str, float]:
+    def uploads(self, replies: list[Message]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """The replies' prototypes [C, d] and counts [C] (float64), in reply order."""
         protos = [m.content[self.prototype_record]["prototypes"].numpy() for m in replies]
         counts = [m.content[self.prototype_record]["counts"].numpy().astype(np.float64) for m in replies]
+        return protos, counts
+
+    def merge_prototypes(self, protos: list[np.ndarray], counts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """The new (prototypes, valid) from this round's uploads (default: count-weighted)."""
+        return aggregate_prototypes(protos, counts, self.prototypes, self.valid)
+
+    def aggregate_extras(self, server_round: int, replies: list[Message]) -> dict[str, float]:
+        protos, counts = self.uploads(replies)
         updated = int((np.stack(counts).sum(0) > 0).sum())
-        self.prototypes, self.valid = aggregate_prototypes(protos, counts, self.prototypes, self.valid)
+        self.prototypes, self.valid = self.merge_prototypes(protos, counts)
         return {
             "prototype-classes": int(self.valid.sum()),
             "prototype-classes-updated": updated,

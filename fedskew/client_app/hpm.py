@@ -1,0 +1,118 @@
+"""The inherited private model (HPM) on the client, shared by FedPHP (Li, Zhan et al., ECML-PKDD'21),
+where it comes from, and MAP (Li et al., TKDE'24, Sec. IV-B), which reuses it. Maths in
+`fedskew/losses/map.py`.
+
+Each client keeps psi, a moving average of its personalized models, and a participation counter z:
+- a personalization step trains on ``(1 - lam) CE + lam L_tr(psi)`` (MAP Eq. 13), L_tr the logit
+  distillation from psi (`<prefix>-transfer="distill"`, Eq. 11, temperature `<prefix>-temperature`,
+  student softened too unless `<prefix>-soften-student=false`) or the multi-Gaussian MMD between the
+  features (`"mmd"`, Eq. 12), psi frozen;
+- then psi <- (1 - mu) theta_hat + mu psi (Eq. 10), mu = clip(mu_bar (n - 1) / (Q T), 0, mu_max) at the
+  n-th participation (`hpm_momentum`; `expected_participations` gives Q T), and z <- n.
+
+`hpm_prefix` names the run-config keys (`<prefix>-transfer`, `-transfer-weight`, `-temperature`,
+`-soften-student`, `-mmd-kernels`, `-mmd-kernel-mul`, `-mu-bar`, `-mu-max`) and the client state:
+the tensors "hpm" (one model state dict) and the values `<prefix>` = {"participations": z}, z an integer
+from 1 to the trainings the run can have sent the client before this round (`most_trainings`; any
+other stored value counts as a lost state).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from fedskew.client_app.base import BaseTrainer
+from fedskew.client_app.state import matches, most_trainings
+from fedskew.losses import distillation_loss, hpm_momentum, hpm_update, mmd_multi_gaussian, personalization_loss
+from fedskew.records import Number
+
+log = logging.getLogger("fedskew.client")
+
+HPM_TENSORS = "hpm"
+
+
+class HPMTrainer(BaseTrainer):
+    """Load, use as a teacher, update and save a client's HPM; the personalized model is the HPM."""
+
+    hpm_prefix: ClassVar[str]
+
+    def key(self, name: str) -> str:
+        return f"{self.hpm_prefix}-{name}"
+
+    # ------------------------------------------------------------------ state
+    def load_hpm(self, reference: nn.Module) -> tuple[dict[str, torch.Tensor] | None, int]:
+        """(HPM state dict or None, participations so far); an inconsistent state counts as lost."""
+        most = most_trainings(self.cfg, self.ctx.server_round) - 1  # before this round's training
+        values = self.ctx.state.load_values(self.hpm_prefix, {"participations": Number(int, 1, most, required=True)})
+        z = values["participations"] if values else 0
+        hpm = self.ctx.state.load_tensors(HPM_TENSORS)
+        if hpm is not None and (z < 1 or not matches(hpm, reference.state_dict())):
+            log.warning(
+                "partition %d: HPM state inconsistent (participations=%d, HPM keys/shapes differ "
+                "from the model): discarded, treated as a first participation",
+                self.ctx.partition_id,
+                z,
+            )
+            hpm, z = None, 0
+        elif hpm is None:
+            log.info(
+                "partition %d, round %d: no HPM (first participation%s)",
+                self.ctx.partition_id,
+                self.ctx.server_round,
+                f"; the counter said {z}, so the state was lost" if z else " or lost state",
+            )
+            z = 0
+        return hpm, z
+
+    def use_teacher(self, hpm: dict[str, torch.Tensor] | None) -> None:
+        """The frozen HPM that L_tr transfers from (None: no transfer)."""
+        self.teacher = None
+        if hpm is not None:
+            self.teacher = self.build_model()
+            self.teacher.load_state_dict(hpm)
+            self.teacher.eval().requires_grad_(False)
+
+    def expected_participations(self) -> float:
+        """Q T, the expected number of times a client is selected: fraction-train x rounds."""
+        return self.cfg["fraction-train"] * self.cfg["num-server-rounds"]
+
+    def fold_into_hpm(self, hpm: dict[str, torch.Tensor] | None, personal: nn.Module, n: int) -> float:
+        """Eq. 10 at the n-th participation: the new HPM (saved with the counter, and kept as
+        `self.hpm`, the personalized model); returns mu."""
+        mu = hpm_momentum(n, self.expected_participations(), self.cfg[self.key("mu-bar")], self.cfg[self.key("mu-max")])
+        new_hpm = hpm_update(hpm, personal.state_dict(), mu)
+        self.ctx.state.save_tensors(HPM_TENSORS, new_hpm)
+        self.ctx.state.save_values(self.hpm_prefix, {"participations": n})
+        self.hpm = self.build_model()
+        self.hpm.load_state_dict(new_hpm)
+        return mu
+
+    # ------------------------------------------------------------------ objective
+    def transfer_loss(self, h: torch.Tensor, logits: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """L_tr of Eq. 13 against the frozen HPM (`self.teacher`)."""
+        with torch.no_grad():
+            h_p = self.teacher.features(x)
+            o_p = self.teacher.classifier(h_p)
+        if self.cfg[self.key("transfer")] == "distill":
+            return distillation_loss(
+                logits, o_p, self.cfg[self.key("temperature")], self.cfg[self.key("soften-student")]
+            )
+        return mmd_multi_gaussian(h, h_p, self.cfg[self.key("mmd-kernel-mul")], self.cfg[self.key("mmd-kernels")])
+
+    def personal_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """Eq. 13 `(1 - lam) CE + lam L_tr`; plain CE without a teacher (or lam = 0)."""
+        h = model.features(x)
+        logits = model.classifier(h)
+        ce = F.cross_entropy(logits, y)
+        lam = self.cfg[self.key("transfer-weight")]
+        transfer = None if self.teacher is None or lam == 0 else self.transfer_loss(h, logits, x)
+        return personalization_loss(ce, transfer, lam)
+
+    def personalized_model(self, model: nn.Module) -> nn.Module:
+        """The updated HPM (what the authors' code scores)."""
+        return self.hpm
