@@ -160,14 +160,7 @@ def check_arrays(record: object, spec: ArraysSpec, name: str) -> dict[str, np.nd
 
 def check_metrics(record: object, spec: MetricsSpec, name: str) -> None:
     """Check the names, kinds and ranges of the metrics in `record` against `spec`."""
-    if not isinstance(record, MetricRecord):
-        raise Rejected(f"{name!r} is a {type(record).__name__}, expected a MetricRecord")
-    unexpected = [k for k in record.keys() if k not in spec.values]
-    if unexpected:
-        raise Rejected(f"{name!r} holds unexpected metrics {unexpected[:3]}")
-    missing = [k for k, n in spec.values.items() if n.required and k not in record]
-    if missing:
-        raise Rejected(f"{name!r} lacks the metrics {missing[:3]}")
+    _check_names(record, MetricRecord, spec.values, name, "metrics")
     for key, value in record.items():
         check_number(value, spec.values[key], f"metric {key} of {name!r}")
 
@@ -187,14 +180,7 @@ def check_number(value: object, form: Number, where: str) -> None:
 
 def check_config(record: object, spec: ConfigSpec, name: str) -> None:
     """Check the names and values of the ConfigRecord `record` against `spec`."""
-    if not isinstance(record, ConfigRecord):
-        raise Rejected(f"{name!r} is a {type(record).__name__}, expected a ConfigRecord")
-    unexpected = [k for k in record.keys() if k not in spec.values]
-    if unexpected:
-        raise Rejected(f"{name!r} holds unexpected values {unexpected[:3]}")
-    missing = [k for k, v in spec.values.items() if v.required and k not in record]
-    if missing:
-        raise Rejected(f"{name!r} lacks the values {missing[:3]}")
+    _check_names(record, ConfigRecord, spec.values, name, "values")
     for key, value in record.items():
         form, where = spec.values[key], f"value {key} of {name!r}"
         if isinstance(form, Number):
@@ -234,6 +220,18 @@ def decoded_content(content: RecordDict, schema: Mapping[str, Spec]) -> dict[str
 def check_content(content: RecordDict, schema: Mapping[str, Spec]) -> RecordDict:
     """`content` cut to its declared records, after checking each (`decoded_content`)."""
     return RecordDict({name: content[name] for name in decoded_content(content, schema)})
+
+
+def _check_names(record: object, kind: type, forms: Mapping[str, Any], name: str, what: str) -> None:
+    """`record` is a `kind` whose entries are named in `forms`, each required one present."""
+    if not isinstance(record, kind):
+        raise Rejected(f"{name!r} is a {type(record).__name__}, expected a {kind.__name__}")
+    unexpected = [k for k in record.keys() if k not in forms]
+    if unexpected:
+        raise Rejected(f"{name!r} holds unexpected {what} {unexpected[:3]}")
+    missing = [k for k, form in forms.items() if form.required and k not in record]
+    if missing:
+        raise Rejected(f"{name!r} lacks the {what} {missing[:3]}")
 
 
 def _short(value: object) -> str:

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from fedskew.client_app.base import TrainerContext
 from fedskew.client_app.fedavg import FedAvgTrainer
@@ -21,7 +21,7 @@ from fedskew.data.clients import ClientData
 from fedskew.losses import hpm_momentum, mmd_multi_gaussian
 from fedskew.strategies.fedavg import FedAvgStrategy
 from fedskew.strategies.fedphp import FedPHPStrategy
-from tests.harness import InProcessGrid, app_defaults, run_in_process
+from tests.harness import cut_and_resume
 
 
 def generate_mu(cnt: int, c_ratio: float, max_round: int) -> float:
@@ -208,46 +208,19 @@ def test_the_server_counts_participations_across_a_checkpoint(task_identity) -> 
 
 
 # ---------------------------------------------------------------------- the real apps, in process
-def test_in_process_run_and_resume_with_the_clients_hpms(tmp_path, task_identity, monkeypatch) -> None:
-    """4 nodes of 40 partitions, 3 rounds; then the same run whose round 3 reaches no client (it fails
-    after its retries), resumed on the same nodes (their HPMs in their contexts): the same metrics and
-    model."""
-    from fedskew.server_app.app import main as server_main
-
+def test_in_process_run_and_resume_with_the_clients_hpms(tmp_path, task_identity) -> None:
+    """4 nodes of 40 partitions, 3 rounds; then the same run cut before round 3 and resumed on the same
+    nodes (their HPMs in their contexts): the same metrics and model (`cut_and_resume`)."""
     job = {
         "method": "fedphp",
         "model": "lenet",
-        "num-server-rounds": 3,
         "fraction-train": 0.5,
         "partition": "iid",
         "local-epochs": 1,
         "lr": 0.05,
-        "checkpoint-every": 1,
-        "out-dir": str(tmp_path),
     }
-    run_in_process({**job, "run-name": "full"}, 4, num_partitions=40)
-    full = tmp_path / "full"
+    full, _, _ = cut_and_resume(tmp_path, job, num_nodes=4, num_partitions=40, rounds=3)
     rows = [json.loads(line) for line in (full / "metrics.jsonl").read_text().splitlines()]
     assert [r["replies"] for r in rows] == [2, 2, 2] and all(r["hpm-state-lost"] == 0 for r in rows)
     assert rows[0]["hpm-first"] == 2 and rows[0]["hpm-mu-mean"] == 0.0
     assert rows[2]["global-accuracy"] > 0.3
-
-    cut = {**app_defaults(), **job, "run-name": "cut"}
-    grid = InProcessGrid(4, cut, num_partitions=40)
-    configure = FedPHPStrategy.configure_train
-
-    def stop_at_round_three(self, server_round, *args):  # no client trains round 3: the round fails
-        return [] if server_round == 3 else configure(self, server_round, *args)
-
-    monkeypatch.setattr(FedPHPStrategy, "configure_train", stop_at_round_three)
-    with pytest.raises(RuntimeError, match="round 3: only 0 usable replies"):
-        server_main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=cut))
-    monkeypatch.setattr(FedPHPStrategy, "configure_train", configure)
-    resumed = {**cut, "resume": True}
-    server_main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=resumed))
-    assert (tmp_path / "cut" / "metrics.jsonl").read_text() == (full / "metrics.jsonl").read_text()
-    a, b = (
-        torch.load(full / "model.pt", weights_only=True),
-        torch.load(tmp_path / "cut" / "model.pt", weights_only=True),
-    )
-    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from fedskew.client_app.base import TrainerContext
 from fedskew.client_app.fedproto import MODEL_TENSORS, FedProtoTrainer, PrototypeClassifier
@@ -23,7 +23,7 @@ from fedskew.records import Rejected, check_content
 from fedskew.strategies.fedavg import FedAvgStrategy
 from fedskew.strategies.fedproto import FedProtoStrategy
 from fedskew.wire import FEDPROTO_PROTOTYPES as PROTOS
-from tests.harness import InProcessGrid, app_defaults, run_in_process
+from tests.harness import cut_and_resume
 
 
 # ---------------------------------------------------------------------- maths
@@ -278,31 +278,12 @@ def _rows(run_dir: Path) -> list[dict]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_in_process_run_and_resume_with_the_clients_models(tmp_path, task_identity, monkeypatch) -> None:
-    """4 nodes of 40 partitions, 2 rounds; then the same run whose round 2 reaches no client (it fails
-    after its retries), resumed on the same nodes (their models in their contexts): the same metrics."""
-    from fedskew.server_app.app import main as server_main
-
-    full = {**JOB, "out-dir": str(tmp_path), "run-name": "full"}
-    run_in_process(full, 4, num_partitions=40)
-    run_dir = tmp_path / "full"
+def test_in_process_run_and_resume_with_the_clients_models(tmp_path, task_identity) -> None:
+    """4 nodes of 40 partitions, 2 rounds; then the same run cut before round 2 and resumed on the same
+    nodes (their models in their contexts): the same metrics (`cut_and_resume`); no global model."""
+    run_dir, _, _ = cut_and_resume(tmp_path, JOB, num_nodes=4, num_partitions=40, rounds=2)
     rows = _rows(run_dir)
     assert [r["replies"] for r in rows] == [4, 4] and rows[1]["prototype-classes"] == 10
     assert all(r["global-accuracy"] is None and r["client-global-accuracy"] is None for r in rows)
     assert rows[1]["personalized-accuracy"] > max(0.4, rows[0]["personalized-accuracy"])  # the models stay
     assert rows[1]["proto-loss"] > 0 and not (run_dir / "model.pt").exists()
-
-    cut = {**app_defaults(), **JOB, "out-dir": str(tmp_path), "run-name": "cut"}
-    grid = InProcessGrid(4, cut, num_partitions=40)
-    configure = FedProtoStrategy.configure_train
-
-    def stop_at_round_two(self, server_round, *args):  # no client trains round 2: the round fails
-        return [] if server_round == 2 else configure(self, server_round, *args)
-
-    monkeypatch.setattr(FedProtoStrategy, "configure_train", stop_at_round_two)
-    with pytest.raises(RuntimeError, match="round 2: only 0 usable replies"):
-        server_main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=cut))
-    monkeypatch.setattr(FedProtoStrategy, "configure_train", configure)
-    resumed = {**cut, "resume": True}
-    server_main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=resumed))
-    assert (tmp_path / "cut" / "metrics.jsonl").read_text() == (run_dir / "metrics.jsonl").read_text()
