@@ -506,7 +506,11 @@ METHODS: dict[str, MethodSpec] = {
                 )
             },
             personal_epochs=Param(
-                int, -1, "Ditto: personal epochs per round (-1: local-epochs, as the authors' code)", low=-1
+                int,
+                -1,
+                "Ditto: personal epochs per round (-1: local-epochs, as the authors' code; at most 1000)",
+                low=-1,
+                high=1000,
             ),
         ),
         _m(
@@ -514,14 +518,24 @@ METHODS: dict[str, MethodSpec] = {
             "fedrep:FedRepStrategy",
             "fedrep:FedRepTrainer",
             head_epochs=Param(
-                int, 10, "FedRep: head epochs (body frozen) before the local-epochs body epochs (code: 10)", low=0
+                int,
+                10,
+                "FedRep: head epochs (body frozen) before the local-epochs body epochs (code: 10; at most 1000)",
+                low=0,
+                high=1000,
             ),
         ),
         _m(
             "fedbabu",
             "fedbabu:FedBABUStrategy",
             "fedbabu:FedBABUTrainer",
-            finetune_epochs=Param(int, 5, "FedBABU: fine-tuning epochs of the personalized model (code: 5)", low=0),
+            finetune_epochs=Param(
+                int,
+                5,
+                "FedBABU: fine-tuning epochs of the personalized model (code: 5; at most 1000)",
+                low=0,
+                high=1000,
+            ),
             finetune_lr=Param(
                 float, 0.001, "FedBABU: fine-tuning lr (authors' analysis.ipynb: 1e-3)", low=0.0, low_open=True
             ),

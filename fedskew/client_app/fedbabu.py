@@ -1,5 +1,5 @@
 """FedBABU client (Oh, Kim & Yun, "FedBABU: Toward Enhanced Representation for Federated Image
-Classification", ICLR'22, Sec. 4). Server side: `fedskew/strategies/fedbabu.py`.
+Classification", ICLR'22). Server side: `fedskew/strategies/fedbabu.py`.
 
 FedBABU ("body aggregation and body update") trains and aggregates the body only: the head
 (`classifier`) stays at its random initialisation for the whole federated training, the same on

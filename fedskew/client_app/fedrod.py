@@ -1,5 +1,5 @@
 """FedRoD client (Chen & Chao, "On Bridging Generic and Personalized Federated Learning for Image
-Classification", ICLR'22, Sec. 4, the linear personalized head "Fed-RoD (linear)"). Maths in
+Classification", ICLR'22, the linear personalized head "Fed-RoD (linear)"). Maths in
 `fedskew/losses/fedrod.py`; server in `fedskew/strategies/fedrod.py`.
 
 The network is a shared body (`features`), a generic head (G-head, `classifier`) and a personalized

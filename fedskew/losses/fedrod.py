@@ -1,5 +1,5 @@
 """FedRoD's two losses (Chen & Chao, "On Bridging Generic and Personalized Federated Learning for
-Image Classification", ICLR'22, Sec. 4): the balanced softmax of the generic head and the empirical
+Image Classification", ICLR'22): the balanced softmax of the generic head and the empirical
 risk of the personalized prediction.
 
 Balanced softmax (BSM; Ren et al., NeurIPS'20, the robust loss FedRoD trains its generic predictor

@@ -1,4 +1,4 @@
-"""FedBABU server (Oh, Kim & Yun, ICLR'22, Sec. 4). Client side: `fedskew/client_app/fedbabu.py`.
+"""FedBABU server (Oh, Kim & Yun, ICLR'22). Client side: `fedskew/client_app/fedbabu.py`.
 
 The global model is the whole network: the body the clients train, and the head of the run's seeded
 initial model, which the server sends every round and never changes. Replies upload the body only

@@ -1,4 +1,4 @@
-"""FedRoD server (Chen & Chao, ICLR'22, Sec. 4). Client side: `fedskew/client_app/fedrod.py`.
+"""FedRoD server (Chen & Chao, ICLR'22). Client side: `fedskew/client_app/fedrod.py`.
 
 The server averages the uploaded body and generic head (the base's sample-weighted FedAvg) and
 evaluates that generic model centrally: FedRoD's generic accuracy, read directly (FedGELA, Sec. 5).
