@@ -497,6 +497,10 @@ METHODS: dict[str, MethodSpec] = {
             "ditto",
             "ditto:DittoStrategy",
             "ditto:DittoTrainer",
+            paper=(
+                'Li, Hu, Beirami & Smith, "Ditto: Fair and Robust Federated Learning Through Personalization", '
+                "ICML 2021"
+            ),
             **{
                 "lambda": Param(
                     float,
@@ -517,6 +521,10 @@ METHODS: dict[str, MethodSpec] = {
             "fedrep",
             "fedrep:FedRepStrategy",
             "fedrep:FedRepTrainer",
+            paper=(
+                'Collins, Hassani, Mokhtari & Shakkottai, "Exploiting Shared Representations for Personalized '
+                'Federated Learning", ICML 2021'
+            ),
             head_epochs=Param(
                 int,
                 10,
@@ -529,6 +537,9 @@ METHODS: dict[str, MethodSpec] = {
             "fedbabu",
             "fedbabu:FedBABUStrategy",
             "fedbabu:FedBABUTrainer",
+            paper=(
+                'Oh, Kim & Yun, "FedBABU: Toward Enhanced Representation for Federated Image Classification", ICLR 2022'
+            ),
             finetune_epochs=Param(
                 int,
                 5,
@@ -547,6 +558,10 @@ METHODS: dict[str, MethodSpec] = {
             "fedrod",
             "fedrod:FedRoDStrategy",
             "fedrod:FedRoDTrainer",
+            paper=(
+                'Chen & Chao, "On Bridging Generic and Personalized Federated Learning for Image Classification", '
+                "ICLR 2022"
+            ),
             gamma=Param(float, 1.0, "FedRoD: balanced softmax, logits + gamma log N_c (1: Ren et al.'s BSM)", low=0.0),
         ),
     )

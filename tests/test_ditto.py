@@ -18,7 +18,7 @@ from fedskew.config import validate
 from fedskew.models import build_model
 from fedskew.registry import get_method
 from tests.conftest import read_metrics
-from tests.harness import run_in_process, stopped_and_resumed
+from tests.harness import cut_and_resume, run_in_process
 from tests.test_trainers import global_content, make_data, make_trainer
 
 PLAIN_SGD = {"momentum": 0.0, "weight-decay": 0.0}
@@ -85,11 +85,12 @@ def test_one_personal_step_equals_the_authors_update() -> None:
     with the gradient of the batch-mean cross-entropy taken here by autograd."""
     data, content = make_data(), global_content(5)
     lam, lr = 0.7, 0.05
-    state = ClientState(RecordDict(), 64, 0)
+    record = RecordDict()
+    state = ClientState(record, 64, 0)
     v0 = build_model_at(7)
-    state.save_tensors(PERSONAL, v0.state_dict())
+    state.save_round_tensors(PERSONAL, v0.state_dict(), 1)  # kept in round 1
     cfg = {**PLAIN_SGD, "augment": "none", "batch-size": 80, "local-epochs": 1, "ditto-personal-epochs": 1}
-    trainer = make_trainer(DittoTrainer, data, state=state, lr=lr, **{"ditto-lambda": lam}, **cfg)
+    trainer = make_trainer(DittoTrainer, data, state=record, server_round=2, lr=lr, **{"ditto-lambda": lam}, **cfg)
     reply = trainer.fit(content)
 
     loss = F.cross_entropy(v0(data.x_train), data.y_train)
@@ -108,10 +109,8 @@ def test_a_first_personal_model_is_the_initial_global_model_and_persists() -> No
     code); the v_k it trains is the one it starts from next round."""
     cfg = validate({"method": "ditto", "model": "mlp"})
     w0 = get_method("ditto").strategy_class()(cfg).initial_arrays().to_torch_state_dict()
-    state = ClientState(RecordDict(), 64, 0)
-    untrained = make_trainer(
-        DittoTrainer, make_data(), state=ClientState(RecordDict(), 64, 0), **{"ditto-personal-epochs": 0}
-    )
+    state = RecordDict()
+    untrained = make_trainer(DittoTrainer, make_data(), **{"ditto-personal-epochs": 0})
     untrained.fit(global_content(5))
     assert all(torch.equal(untrained.personal.state_dict()[k], w0[k]) for k in w0)
 
@@ -123,7 +122,7 @@ def test_a_first_personal_model_is_the_initial_global_model_and_persists() -> No
     assert not all(torch.equal(kept[k], w0[k]) for k in w0)
 
 
-def trained_ditto_with(state: ClientState, server_round: int) -> BaseTrainer:
+def trained_ditto_with(state: RecordDict, server_round: int) -> BaseTrainer:
     trainer = make_trainer(DittoTrainer, make_data(), state=state, server_round=server_round)
     trainer.fit(global_content(5))
     return trainer
@@ -132,18 +131,18 @@ def trained_ditto_with(state: ClientState, server_round: int) -> BaseTrainer:
 IN_PROCESS = {"model": "mlp", "partition": "dirichlet", "fraction-train": 1.0, "local-test-fraction": 0.2}
 
 
-def test_in_process_ditto_runs_keeps_fedavgs_global_model_and_resumes(tmp_path, task_identity) -> None:
-    """The real ServerApp and ClientApp (4 nodes of 50 partitions, 3 rounds): Ditto's global model
-    is FedAvg's, its personal models report their distance, and a server stopped after round 2 and
-    resumed beside nodes that kept their v_k ends with the uninterrupted run's metrics."""
-    cfg = {**IN_PROCESS, "num-server-rounds": 3, "out-dir": str(tmp_path)}
-    run_in_process({**cfg, "method": "ditto", "run-name": "full"}, 4, num_partitions=50)
-    run_in_process({**cfg, "method": "fedavg", "run-name": "fedavg"}, 4, num_partitions=50)
-    cut = stopped_and_resumed({**cfg, "method": "ditto", "run-name": "cut"}, 4, 50, stop_at=3)
-    full, fedavg = read_metrics(tmp_path / "full"), read_metrics(tmp_path / "fedavg")
-    assert [r["global-accuracy"] for r in full] == [r["global-accuracy"] for r in fedavg]
-    assert all(r["ditto-distance"] > 0 and r["failures"] == 0 for r in full)
-    assert (cut / "metrics.jsonl").read_text() == (tmp_path / "full" / "metrics.jsonl").read_text()
-    a = torch.load(tmp_path / "full" / "model.pt", weights_only=True)
-    b = torch.load(tmp_path / "fedavg" / "model.pt", weights_only=True)
+def test_in_process_ditto_keeps_fedavgs_global_model_and_resumes(tmp_path, task_identity) -> None:
+    """The real ServerApp and ClientApp (4 nodes of 50 partitions, 3 rounds): a run cut before its
+    last round and resumed beside nodes that kept their v_k ends as the uninterrupted one
+    (`cut_and_resume`); Ditto's global model is FedAvg's, and its personal models report their distance."""
+    full, _, _ = cut_and_resume(tmp_path / "ditto", {**IN_PROCESS, "method": "ditto"}, rounds=3)
+    fedavg = tmp_path / "fedavg"
+    run_in_process(
+        {**IN_PROCESS, "method": "fedavg", "num-server-rounds": 3, "out-dir": str(fedavg), "run-name": "r"}, 4, None, 50
+    )
+    rows, reference = read_metrics(full), read_metrics(fedavg / "r")
+    assert [r["global-accuracy"] for r in rows] == [r["global-accuracy"] for r in reference]
+    assert all(r["ditto-distance"] > 0 and r["failures"] == 0 for r in rows)
+    a = torch.load(full / "model.pt", weights_only=True)
+    b = torch.load(fedavg / "r" / "model.pt", weights_only=True)
     assert all(torch.equal(a[k], b[k]) for k in a)

@@ -13,7 +13,7 @@ from fedskew.config import validate
 from fedskew.models import body_state, build_model
 from fedskew.registry import get_method
 from tests.conftest import read_metrics
-from tests.harness import run_in_process, stopped_and_resumed
+from tests.harness import cut_and_resume
 from tests.test_trainers import make_data, make_trainer
 
 PLAIN_SGD = {"momentum": 0.0, "weight-decay": 0.0}
@@ -99,11 +99,11 @@ def test_only_the_body_travels_and_the_head_stays_with_its_client() -> None:
     assert list(arrays.keys()) == body
     assert list(strategy.expected_upload(arrays)) == body and strategy.global_model(arrays) is None
 
-    state = ClientState(RecordDict(), 64, 0)
+    state = RecordDict()
     _, content = global_body(5)
     reply = make_trainer(FedRepTrainer, make_data(), state=state, **{"fedrep-head-epochs": 1}).fit(content)
     assert list(reply["arrays"].keys()) == body
-    head = state.load_tensors(HEAD)["weight"]
+    head = ClientState(state, 64, 0).load_tensors(HEAD)["weight"]
     assert not torch.equal(head, initial_head())
     again = make_trainer(FedRepTrainer, make_data(), state=state, server_round=2, **{"fedrep-head-epochs": 0})
     model = again.build_model()
@@ -117,14 +117,11 @@ IN_PROCESS = {"model": "mlp", "partition": "dirichlet", "fraction-train": 1.0, "
 
 def test_in_process_fedrep_runs_without_central_evaluation_and_resumes(tmp_path, task_identity) -> None:
     """The real ServerApp and ClientApp (4 nodes of 50 partitions, 3 rounds): no global accuracy is
-    reported (there is no global model), model.pt is the body, and a server stopped after round 2
-    and resumed beside nodes that kept their heads ends with the uninterrupted run's metrics."""
-    cfg = {**IN_PROCESS, "method": "fedrep", "fedrep-head-epochs": 2, "num-server-rounds": 3, "out-dir": str(tmp_path)}
-    run_in_process({**cfg, "run-name": "full"}, 4, num_partitions=50)
-    cut = stopped_and_resumed({**cfg, "run-name": "cut"}, 4, 50, stop_at=3)
-    rows = read_metrics(tmp_path / "full")
+    reported (there is no global model), model.pt is the body, and a run cut before its last round
+    and resumed beside nodes that kept their heads ends as the uninterrupted one (`cut_and_resume`)."""
+    full, _, _ = cut_and_resume(tmp_path, {**IN_PROCESS, "method": "fedrep", "fedrep-head-epochs": 2}, rounds=3)
+    rows = read_metrics(full)
     assert [r["global-accuracy"] for r in rows] == [None] * 3
     assert all(r["failures"] == 0 and r["personalized-accuracy"] > 0.3 for r in rows)
-    assert (cut / "metrics.jsonl").read_text() == (tmp_path / "full" / "metrics.jsonl").read_text()
-    model = torch.load(tmp_path / "full" / "model.pt", weights_only=True)
+    model = torch.load(full / "model.pt", weights_only=True)
     assert all(k.startswith("features.") for k in model)

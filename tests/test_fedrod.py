@@ -16,7 +16,7 @@ from fedskew.client_app.state import ClientState
 from fedskew.losses.fedrod import balanced_softmax_loss, class_log_prior, personalized_risk
 from fedskew.models import build_model
 from tests.conftest import read_metrics
-from tests.harness import run_in_process, stopped_and_resumed
+from tests.harness import cut_and_resume
 from tests.test_trainers import OBSERVED, global_content, make_data, make_trainer
 
 LOGITS = [[1.0, 2.0, 0.5], [0.0, -1.0, 3.0]]
@@ -73,7 +73,7 @@ def test_one_local_step_equals_pfllibs_and_the_personal_head_persists() -> None:
     step on the balanced softmax of out_g; the personal head steps on CE(out_g.detach() + p(rep.detach()))),
     from the w^0 personal head of a first participation, gradients taken here by autograd."""
     data, lr = make_data(), 0.05
-    state = ClientState(RecordDict(), 64, 0)
+    state = RecordDict()
     overrides = {"momentum": 0.0, "weight-decay": 0.0, "augment": "none", "batch-size": 80, "local-epochs": 1}
     trainer = make_trainer(FedRoDTrainer, data, state=state, lr=lr, **overrides)
     content = global_content(5)
@@ -94,7 +94,7 @@ def test_one_local_step_equals_pfllibs_and_the_personal_head_persists() -> None:
     uploaded = reply["arrays"].to_torch_state_dict()
     for (k, p), g in zip(model.named_parameters(), grads, strict=True):
         torch.testing.assert_close(uploaded[k], (p - lr * g).detach(), atol=1e-6, rtol=1e-5)
-    kept = state.load_tensors(PERSONAL_HEAD)["weight"]
+    kept = ClientState(state, 64, 0).load_tensors(PERSONAL_HEAD)["weight"]
     torch.testing.assert_close(kept, (personal.weight - lr * g_p).detach(), atol=1e-6, rtol=1e-5)
 
     again = make_trainer(FedRoDTrainer, data, state=state, server_round=2, lr=lr, **overrides)
@@ -132,11 +132,8 @@ IN_PROCESS = {"model": "mlp", "partition": "dirichlet", "fraction-train": 1.0, "
 
 def test_in_process_fedrod_runs_and_resumes(tmp_path, task_identity) -> None:
     """The real ServerApp and ClientApp (4 nodes of 50 partitions, 3 rounds): the generic model is
-    evaluated centrally, and a server stopped after round 2 and resumed beside nodes that kept their
-    personal heads ends with the uninterrupted run's metrics."""
-    cfg = {**IN_PROCESS, "method": "fedrod", "num-server-rounds": 3, "out-dir": str(tmp_path)}
-    run_in_process({**cfg, "run-name": "full"}, 4, num_partitions=50)
-    cut = stopped_and_resumed({**cfg, "run-name": "cut"}, 4, 50, stop_at=3)
-    rows = read_metrics(tmp_path / "full")
+    evaluated centrally, and a run cut before its last round and resumed beside nodes that kept their
+    personal heads ends as the uninterrupted one (`cut_and_resume`)."""
+    full, _, _ = cut_and_resume(tmp_path, {**IN_PROCESS, "method": "fedrod"}, rounds=3)
+    rows = read_metrics(full)
     assert all(r["failures"] == 0 and r["global-accuracy"] > 0.2 and r["fedrod-personal-loss"] > 0 for r in rows)
-    assert (cut / "metrics.jsonl").read_text() == (tmp_path / "full" / "metrics.jsonl").read_text()
