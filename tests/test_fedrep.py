@@ -117,11 +117,13 @@ IN_PROCESS = {"model": "mlp", "partition": "dirichlet", "fraction-train": 1.0, "
 
 def test_in_process_fedrep_runs_without_central_evaluation_and_resumes(tmp_path, task_identity) -> None:
     """The real ServerApp and ClientApp (4 nodes of 50 partitions, 3 rounds): no global accuracy is
-    reported (there is no global model), model.pt is the body, and a run cut before its last round
+    reported and no model.pt written (there is no global model; the server's checkpoint holds the
+    body only), and a run cut before its last round
     and resumed beside nodes that kept their heads ends as the uninterrupted one (`cut_and_resume`)."""
     full, _, _ = cut_and_resume(tmp_path, {**IN_PROCESS, "method": "fedrep", "fedrep-head-epochs": 2}, rounds=3)
     rows = read_metrics(full)
     assert [r["global-accuracy"] for r in rows] == [None] * 3
     assert all(r["failures"] == 0 and r["personalized-accuracy"] > 0.3 for r in rows)
-    model = torch.load(full / "model.pt", weights_only=True)
-    assert all(k.startswith("features.") for k in model)
+    assert not (full / "model.pt").exists()  # no global model to write
+    checkpoint = torch.load(full / "checkpoint.pt", weights_only=True)
+    assert all(k.startswith("features.") for k in checkpoint["arrays"])  # the server holds the body only

@@ -7,10 +7,11 @@ base's sample-weighted one (the code's `main_fedrep.py` weights by local sample 
 
 FedRep has no single global model: each client's model is the shared body under its own head, and
 the server never holds a head. So there is no central evaluation (`global_model` is None):
-`global-accuracy` stays empty rather than scoring the body under a head no client has, and
-`model.pt` holds the final body. FedRep's generic accuracy, as FedGELA (Fan et al., NeurIPS'23,
-Sec. 5) and FedRoD (Chen & Chao, ICLR'22) define it for personalized methods, is the mean accuracy
-of the clients' personalized models on the central test set: a client-side measurement.
+`global-accuracy` stays empty rather than scoring the body under a head no client has, and no
+`model.pt` is written (the checkpoint holds the body). FedRep's generic accuracy, as FedGELA (Fan
+et al., NeurIPS'23, Sec. 5) and FedRoD (Chen & Chao, ICLR'22) define it for personalized methods, is
+the mean accuracy of the clients' personalized models on the central test set: a client-side
+measurement.
 """
 
 from __future__ import annotations
