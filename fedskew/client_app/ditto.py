@@ -28,8 +28,9 @@ Decisions (the authors' code `litian96/ditto` at 26d9b29a62f3872dcdf071be08e8976
   run's seed (`BaseTrainer.initial_model`); a lost state restarts the same way (logged).
 - The optimiser is the common `sgd` (momentum and weight decay as for the global update) on the
   objective h_k, the lambda term inside the loss; with momentum 0 and weight decay 0 each step is
-  exactly the codes' `v - lr (grad + lambda (v - w^t))`. The term covers the parameters; BatchNorm
-  running statistics are v_k's own.
+  exactly the codes' `v - lr (grad + lambda (v - w^t))`. Under momentum beta the pull towards w^t
+  takes momentum too: lr lambda / (1 - beta) well below 2 keeps it a contraction (lr 0.01, beta 0.9,
+  lambda 1: 0.1). The term covers the parameters; BatchNorm running statistics are v_k's own.
 - Metrics: `ditto-loss` (mean h_k over the personal steps) and `ditto-distance` ||v_k - w^t||_2 over
   the parameters after the update; `client-global-accuracy` is w^t on the local test split,
   `personal-accuracy` v_k's.
