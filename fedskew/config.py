@@ -7,7 +7,8 @@ Every key a user can set lives here (common keys) or in the method's registry li
 
 Keys whose value sets how much is allocated or how long a loop runs have an upper bound where a
 larger value can only be a mistake (an 8 TB allocation or a client that never ends its round,
-found only after the run started): `local-epochs` and `map-personal-epochs` at most 1000,
+found only after the run started): `local-epochs`, `map-personal-epochs`, `ditto-personal-epochs`,
+`fedrep-head-epochs` and `fedbabu-finetune-epochs` at most 1000,
 `num-server-rounds` 100,000, `round-retries` 100, `torch-threads` 1024 (and, in a simulation, a
 few times the cores: `fedskew.resources`), `hf-image-size` 1024, `map-sigma` 5, and MuPFL's
 `features-per-class` 1000, `tau` 1000, `match-iters` 10,000, MAP's `mmd-kernels` 64 (the reasons

@@ -493,6 +493,77 @@ METHODS: dict[str, MethodSpec] = {
             batch_real=Param(int, 32, "CReFF client: samples per class in one gradient draw (authors' code)", low=1),
             real_repeats=Param(int, 10, "CReFF client: draws averaged per class gradient (authors' code)", low=1),
         ),
+        _m(
+            "ditto",
+            "ditto:DittoStrategy",
+            "ditto:DittoTrainer",
+            paper=(
+                'Li, Hu, Beirami & Smith, "Ditto: Fair and Robust Federated Learning Through Personalization", '
+                "ICML 2021"
+            ),
+            **{
+                "lambda": Param(
+                    float,
+                    1.0,
+                    "Ditto: lambda of the personal objective F_k(v) + lambda/2 ||v - w^t||^2 (code: 1)",
+                    low=0.0,
+                )
+            },
+            personal_epochs=Param(
+                int,
+                -1,
+                "Ditto: personal epochs per round (-1: local-epochs, as the authors' code; at most 1000)",
+                low=-1,
+                high=1000,
+            ),
+        ),
+        _m(
+            "fedrep",
+            "fedrep:FedRepStrategy",
+            "fedrep:FedRepTrainer",
+            paper=(
+                'Collins, Hassani, Mokhtari & Shakkottai, "Exploiting Shared Representations for Personalized '
+                'Federated Learning", ICML 2021'
+            ),
+            head_epochs=Param(
+                int,
+                10,
+                "FedRep: head epochs (body frozen) before the local-epochs body epochs (code: 10; at most 1000)",
+                low=0,
+                high=1000,
+            ),
+        ),
+        _m(
+            "fedbabu",
+            "fedbabu:FedBABUStrategy",
+            "fedbabu:FedBABUTrainer",
+            paper=(
+                'Oh, Kim & Yun, "FedBABU: Toward Enhanced Representation for Federated Image Classification", ICLR 2022'
+            ),
+            finetune_epochs=Param(
+                int,
+                5,
+                "FedBABU: fine-tuning epochs of the personalized model (code: 5; at most 1000)",
+                low=0,
+                high=1000,
+            ),
+            finetune_lr=Param(
+                float, 0.001, "FedBABU: fine-tuning lr (authors' analysis.ipynb: 1e-3)", low=0.0, low_open=True
+            ),
+            finetune_part=Param(
+                str, "full", "FedBABU: fine-tune the whole model (code) or the head only", choices=("full", "head")
+            ),
+        ),
+        _m(
+            "fedrod",
+            "fedrod:FedRoDStrategy",
+            "fedrod:FedRoDTrainer",
+            paper=(
+                'Chen & Chao, "On Bridging Generic and Personalized Federated Learning for Image Classification", '
+                "ICLR 2022"
+            ),
+            gamma=Param(float, 1.0, "FedRoD: balanced softmax, logits + gamma log N_c (1: Ren et al.'s BSM)", low=0.0),
+        ),
     )
 }
 

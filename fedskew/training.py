@@ -191,3 +191,12 @@ def evaluate(
         loss += float(F.cross_entropy(out, yb, reduction="sum"))
         correct += int((out.argmax(1) == yb).sum())
     return loss / len(x), correct / len(x)
+
+
+def train_only(model: nn.Module, part: nn.Module) -> list[nn.Parameter]:
+    """Freeze every parameter of `model` but those of its submodule `part` (no gradient reaches the
+    rest: no backward pass through a frozen body, no weight decay on a frozen head); return `part`'s
+    parameters, for its optimiser."""
+    model.requires_grad_(False)
+    part.requires_grad_(True)
+    return list(part.parameters())

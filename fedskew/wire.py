@@ -384,3 +384,18 @@ FEDGEN = Wire(
     _fedgen_uplink,
     _fedgen_downlink,
 )
+# ---------------------------------------------------------------------------------------- Ditto
+# The personal model v_k never leaves the client: only its training loss and distance to w^t do.
+DITTO = Wire({"ditto-loss": NON_NEGATIVE, "ditto-distance": NON_NEGATIVE})
+
+# ---------------------------------------------------------------------------------------- FedRep
+# Body only, both ways (`FedRepStrategy.expected_upload`); the head stays on the client.
+FEDREP = Wire({"fedrep-head-loss": NON_NEGATIVE})
+
+# ---------------------------------------------------------------------------------------- FedBABU
+# Uplink: the body only (`FedBABUStrategy.expected_upload`); the fixed head travels down only.
+FEDBABU = Wire({"fedbabu-finetune-loss": NON_NEGATIVE})
+
+# ---------------------------------------------------------------------------------------- FedRoD
+# Uplink: body and generic head; the personalized head stays on the client.
+FEDROD = Wire({"fedrod-bsm-loss": NON_NEGATIVE, "fedrod-personal-loss": NON_NEGATIVE})

@@ -53,6 +53,10 @@ METHODS: dict[str, dict[str, Any]] = {
     "creff": {"creff-features-per-class": 5, "creff-match-iters": 3, "creff-retrain-epochs": 2},
     "fedproto": {},
     "fedphp": {},
+    "ditto": {},
+    "fedrep": {"fedrep-head-epochs": 2},
+    "fedbabu": {"fedbabu-finetune-epochs": 1},
+    "fedrod": {},
 }
 Edit = Callable[[RecordDict, dict[str, Any]], RecordDict]
 
@@ -97,6 +101,12 @@ def first_array_bytes(make: Callable[[tuple[int, ...]], bytes]) -> Edit:
 
 def record(name: str, make: Callable[[RecordDict, dict[str, Any]], Any]) -> Edit:
     return lambda content, ctx: with_records(content, **{name: make(content, ctx)})
+
+
+def with_head(content: RecordDict, ctx: dict[str, Any]) -> RecordDict:
+    """The uploaded arrays plus a head (`classifier.weight` of the mlp: 10 x 200)."""
+    head = Array(np.zeros((10, 200), np.float32))
+    return with_records(content, arrays=ArrayRecord({**dict(content["arrays"].items()), "classifier.weight": head}))
 
 
 def extra_gradient_key(content: RecordDict, ctx: dict[str, Any]) -> ArrayRecord:
@@ -327,6 +337,20 @@ SPECIFIC: dict[str, dict[str, Edit]] = {
         "hpm-mu-above-one": metric(hpm_mu=1.5),
         "list-hpm-participations": metric(hpm_participations=[1, 2]),
     },
+    "ditto": {
+        "list-ditto-distance": metric(ditto_distance=[1.0]),
+        "negative-ditto-distance": metric(ditto_distance=-1.0),
+        "nan-ditto-loss": metric(ditto_loss=float("nan")),
+    },
+    "fedrep": {"head-uploaded": with_head, "negative-head-loss": metric(fedrep_head_loss=-0.5)},
+    "fedbabu": {"head-uploaded": with_head, "inf-finetune-loss": metric(fedbabu_finetune_loss=float("inf"))},
+    "fedrod": {
+        "personal-head-uploaded": record(
+            "fedrod-personal-head", lambda c, ctx: ArrayRecord({"weight": torch.zeros(10, 200)})
+        ),
+        "negative-bsm-loss": metric(fedrod_bsm_loss=-1.0),
+        "list-personal-loss": metric(fedrod_personal_loss=[0.1]),
+    },
     "fedgela": {
         "classifier-uploaded": lambda c, ctx: with_records(
             c,
@@ -524,6 +548,7 @@ E2E: dict[str, list[str]] = {
     "fedproc": ["other-partition", "finite-extreme-model", *SPECIFIC["fedproc"]],
     "fedproto": ["other-partition", "model-array-uploaded", "nan-prototypes", "counts-not-the-partitions"],
     "fedphp": ["list-metric", "finite-extreme-model", *SPECIFIC["fedphp"]],
+    "fedrep": ["other-partition", "finite-extreme-model", *SPECIFIC["fedrep"]],
 }
 
 
@@ -740,6 +765,13 @@ SERVER_PAYLOADS: dict[str, tuple[str, dict[str, Any], Callable[[RecordDict], Rec
         {},
         lambda c: with_records(c, arrays=ArrayRecord({"classifier.weight": torch.zeros(10, 200)})),
     ),
+    "fedrep-head-sent": ("fedrep", {}, lambda c: with_head(c, {})),
+    "fedrep-body-incomplete": (
+        "fedrep",
+        {},
+        lambda c: with_records(c, arrays=ArrayRecord(dict(list(c["arrays"].items())[1:]))),
+    ),
+    "fedbabu-nan-head": ("fedbabu", {}, lambda c: with_records(c, arrays=nan_like(c["arrays"], "classifier.weight"))),
     "undeclared-record": ("fedavg", {}, lambda c: with_records(c, evil=ArrayRecord({"x": torch.zeros(2)}))),
 }
 

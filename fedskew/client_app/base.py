@@ -24,6 +24,10 @@ and overrides only the hooks that differ (FL-bench style):
 
 `parameter_state` / `save_parameter_state` keep a client state shaped like the trainable parameters
 (control variates, gradient state, drift) across rounds, zeros where the client has none.
+
+Other helpers: `run_epochs` (mini-batch SGD on the local training split with any optimiser and
+loss), `initial_model` (the run's seeded w^0, where a paper starts a personal part from it) and
+`restore` / `keep` (a module's weights in the client's persistent state, `self.ctx.state`).
 """
 
 from __future__ import annotations
@@ -42,9 +46,9 @@ from fedskew.client_app.state import ClientState
 from fedskew.data import dataset_info
 from fedskew.data.augment import augmentation
 from fedskew.data.clients import ClientData
-from fedskew.models import SplitNet, build_model
+from fedskew.models import SplitNet, build_model, initial_model
 from fedskew.records import ArraysSpec, Rejected, check_arrays, decoded_content, tensor_like
-from fedskew.training import cross_entropy_loss, evaluate, sgd, train_epochs
+from fedskew.training import LossFn, cross_entropy_loss, evaluate, sgd, train_epochs
 from fedskew.wire import BASE, MODEL, Dims, Wire
 
 log = logging.getLogger("fedskew.client")
@@ -119,18 +123,7 @@ class BaseTrainer:
         return sgd(model.parameters(), self.cfg)
 
     def local_train(self, model: nn.Module, content: RecordDict) -> dict[str, float]:
-        return train_epochs(
-            model,
-            self.data.x_train,
-            self.data.y_train,
-            self.loss,
-            self.optimizer(model),
-            self.cfg["local-epochs"],
-            self.cfg["batch-size"],
-            self.ctx.generator,
-            self.device,
-            self.augment,
-        )
+        return self.run_epochs(model, self.optimizer(model), self.cfg["local-epochs"])
 
     def received_global_model(self, model: nn.Module) -> nn.Module | None:
         """The global model as the server sent it, called right after `load_global`; None when no
@@ -155,18 +148,61 @@ class BaseTrainer:
         like = {k: p.detach() for k, p in model.named_parameters()}
         saved = self.ctx.state.load_round_tensors(name, like, self.ctx.server_round)
         if saved is None:
-            log.info(
-                "partition %d, round %d: no %r state (first participation or lost): starts at zero",
-                self.ctx.partition_id,
-                self.ctx.server_round,
-                name,
-            )
+            self.log_new_state(name, "starts at zero")
             return [torch.zeros_like(p) for p in like.values()]
         return [saved[k].to(self.device) for k in like]
 
     def save_parameter_state(self, name: str, model: nn.Module, tensors: list[torch.Tensor]) -> None:
         names = [k for k, _ in model.named_parameters()]
         self.ctx.state.save_round_tensors(name, dict(zip(names, tensors, strict=True)), self.ctx.server_round)
+
+    def restore(self, name: str, module: nn.Module) -> bool:
+        """Load the client state `name` (`keep`, an earlier round) into `module`; False, leaving
+        `module` as it is, when the client has none: its first participation, or a state lost or
+        refused (`ClientState.load_round_tensors`: other names, shapes or dtypes than the module's, or
+        written by a discarded attempt)."""
+        saved = self.ctx.state.load_round_tensors(name, module.state_dict(), self.ctx.server_round)
+        if saved is None:
+            self.log_new_state(name, "starts as the paper starts a new client")
+            return False
+        module.load_state_dict(saved)
+        return True
+
+    def keep(self, name: str, module: nn.Module) -> None:
+        """Save `module`'s weights as the client state `name`, tagged with this round (bounded by `state-max-mb`)."""
+        self.ctx.state.save_round_tensors(name, module.state_dict(), self.ctx.server_round)
+
+    def log_new_state(self, name: str, start: str) -> None:
+        log.info(
+            "partition %d, round %d: no %r state (first participation or lost): %s",
+            self.ctx.partition_id,
+            self.ctx.server_round,
+            name,
+            start,
+        )
+
+    # ------------------------------------------------------------------ helpers
+    def run_epochs(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, epochs: int, loss: LossFn | None = None
+    ) -> dict[str, float]:
+        """`epochs` passes of mini-batch SGD over the local training split (batches through the
+        configured augmentation, order from the round's generator) on `loss` (default: `self.loss`)."""
+        return train_epochs(
+            model,
+            self.data.x_train,
+            self.data.y_train,
+            loss or self.loss,
+            optimizer,
+            epochs,
+            self.cfg["batch-size"],
+            self.ctx.generator,
+            self.device,
+            self.augment,
+        )
+
+    def initial_model(self) -> SplitNet:
+        """The run's initial global model w^0 (`fedskew.models.initial_model`), on this device."""
+        return initial_model(self.cfg["model"], dataset_info(self.cfg), self.cfg["seed"]).to(self.device)
 
     # ------------------------------------------------------------------ the round
     def evaluate_local(self, model: nn.Module) -> tuple[float, float]:

@@ -53,7 +53,7 @@ from torch import nn
 from fedskew import wire
 from fedskew.client_app.fedrs import FedRSTrainer
 from fedskew.client_app.hpm import HPMTrainer
-from fedskew.training import sgd, train_epochs
+from fedskew.training import sgd
 
 
 class MAPTrainer(HPMTrainer, FedRSTrainer):
@@ -72,18 +72,8 @@ class MAPTrainer(HPMTrainer, FedRSTrainer):
         stage2 = {"train-loss": float("nan")}
         if self.cfg["map-personal-epochs"] > 0:
             lr = self.cfg["lr"] * self.cfg["map-personal-lr-factor"]
-            stage2 = train_epochs(
-                personal,
-                self.data.x_train,
-                self.data.y_train,
-                self.personal_loss,
-                sgd(personal.parameters(), {**self.cfg, "lr": lr}),
-                self.cfg["map-personal-epochs"],
-                self.cfg["batch-size"],
-                self.ctx.generator,
-                self.device,
-                self.augment,
-            )
+            optimizer = sgd(personal.parameters(), {**self.cfg, "lr": lr})
+            stage2 = self.run_epochs(personal, optimizer, self.cfg["map-personal-epochs"], self.personal_loss)
         self.stage2_model = personal
 
         n = z + 1

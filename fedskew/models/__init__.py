@@ -13,6 +13,8 @@
 
 Initialisation is PyTorch's default. Deviation: none of the classifiers has a bias (FedRS leaves it out
 and its code's classifier has none; the restricted softmax then scales the whole logit).
+Methods that split a network into a shared body and a head (FedRep, FedBABU, FedRoD) use `features`
+(state-dict names under `BODY`) as the body and `classifier` as the head.
 
 Input sizes (`check_input`): the two-conv nets (`lenet`, `map-lenet`, `mupfl-cnn`) need images of at
 least 16 x 16 (two 5x5 convolutions and two 2x2 pools leave one pixel), `tfcnn` at least 8 x 8 (three
@@ -35,6 +37,9 @@ from fedskew.data import MAX_IMAGE_SIZE
 
 if TYPE_CHECKING:
     from fedskew.data import DatasetInfo
+
+
+BODY = "features."
 
 
 class SplitNet(nn.Module):
@@ -213,3 +218,18 @@ def build_model(name: str, dataset: str | DatasetInfo) -> SplitNet:
     info = dataset_info(dataset) if isinstance(dataset, str) else dataset
     check_input(name, info)
     return MODELS[name](info.channels, info.size, info.num_classes)
+
+
+def initial_model(name: str, dataset: str | DatasetInfo, seed: int) -> SplitNet:
+    """The run's initial global model w^0: `build_model` right after `torch.manual_seed(seed)`, the
+    draw of the server's initial arrays (`BaseStrategy.initial_arrays`), made inside
+    `torch.random.fork_rng` so that the caller's random stream continues as if it had not been called.
+    A client whose method starts a personal part from w^0 draws it here, with nothing sent."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return build_model(name, dataset)
+
+
+def body_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The body's entries (`BODY`) of a network's state dict, in order."""
+    return {k: v for k, v in state.items() if k.startswith(BODY)}

@@ -69,6 +69,11 @@ def numpy_to_arrays(arrays: dict[str, np.ndarray]) -> ArrayRecord:
     return ArrayRecord({k: torch.from_numpy(np.array(v, order="C")) for k, v in arrays.items()})
 
 
+def mean_metric(replies: list[Message], key: str) -> float:
+    """The unweighted mean over accepted `replies` of a metric (those that hold it; NaN when none does)."""
+    return summarize_clients([float(m.content["metrics"][key]) for m in replies if key in m.content["metrics"]])[0]
+
+
 class RoundState:
     """Server state that a round's aggregation replaces (SCAFFOLD's c, FedDyn's h): `before(r)` is
     the state round r started from, so that a retried round (`round-retries`), whose discarded

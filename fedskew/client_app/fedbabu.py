@@ -1,0 +1,69 @@
+"""FedBABU client (Oh, Kim & Yun, "FedBABU: Toward Enhanced Representation for Federated Image
+Classification", ICLR'22). Server side: `fedskew/strategies/fedbabu.py`.
+
+FedBABU ("body aggregation and body update") trains and aggregates the body only: the head
+(`classifier`) stays at its random initialisation for the whole federated training, the same on
+every client (the server sends it and never changes it). Personalization is fine-tuning the global
+model on the client's data before the personalized accuracy is measured.
+
+One round on client k:
+1. body update: `local-epochs` epochs of SGD on the received model with the head frozen
+   (`requires_grad = False`: no gradient, no weight decay, no step); the body is uploaded;
+2. personalization: a copy of the received global model (body and random head) fine-tuned for
+   `fedbabu-finetune-epochs` epochs at `fedbabu-finetune-lr`, every parameter (`fedbabu-finetune-part
+   ="full"`) or the head alone ("head"); the fine-tuned model is the personalized model, the
+   received one (the paper's "initial" accuracy) is `client-global-accuracy`.
+Nothing persists on the client: each round personalizes the global model it received.
+
+Decisions (the authors' code `jhoon-oh/FedBABU` at e34c15b4288224f0af1bc13670bc0cdc373c9576):
+- Frozen head: `main_fed.py` with `--local_upt_part body --aggr_part body` trains with the head's
+  learning rate 0 (`models/Update.py`: body and head parameter groups) and aggregates only the body;
+  here the head is not in the optimiser at all (the same: it never moves).
+- Fine-tuning (`analysis.ipynb`, the personalized evaluation): the whole network (body and head,
+  one learning rate), `personalization_epoch = 5`, learning rate 1e-3, the training momentum (0.9
+  in the scripts), no weight decay, the training batch size. Here: `fedbabu-finetune-epochs` = 5,
+  `fedbabu-finetune-lr` = 0.001 (not decayed with the training lr), `momentum` and `batch-size` of
+  the run, weight decay 0.
+- The fine-tuning starts from the received global model, not from this round's body update: the
+  paper fine-tunes the global model, and FedGELA (Fan et al., NeurIPS'23, Sec. 5) likewise
+  fine-tunes global models for their personal accuracy.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from flwr.app import ArrayRecord, RecordDict
+from torch import nn
+
+from fedskew import wire
+from fedskew.client_app.base import BaseTrainer
+from fedskew.models import body_state
+from fedskew.training import sgd, train_only
+
+
+class FedBABUTrainer(BaseTrainer):
+    """Body-only local update (head frozen at its random start); personalized = fine-tuned global model."""
+
+    wire = wire.FEDBABU
+
+    def load_global(self, model: nn.Module, content: RecordDict) -> None:
+        super().load_global(model, content)
+        self.finetuned = copy.deepcopy(model)  # the global model, fine-tuned in `local_train`
+
+    def local_train(self, model: nn.Module, content: RecordDict) -> dict[str, float]:
+        stats = self.run_epochs(model, sgd(train_only(model, model.features), self.cfg), self.cfg["local-epochs"])
+        model.requires_grad_(True)
+        net = self.finetuned
+        params = train_only(net, net if self.cfg["fedbabu-finetune-part"] == "full" else net.classifier)
+        optimizer = sgd(params, {**self.cfg, "lr": self.cfg["fedbabu-finetune-lr"], "weight-decay": 0.0})
+        tuned = self.run_epochs(net, optimizer, self.cfg["fedbabu-finetune-epochs"])
+        net.requires_grad_(True)
+        return {**stats, "fedbabu-finetune-loss": tuned["train-loss"]}
+
+    def personalized_model(self, model: nn.Module) -> nn.Module:
+        """The received global model after the fine-tuning."""
+        return self.finetuned
+
+    def upload(self, model: nn.Module) -> ArrayRecord:
+        return ArrayRecord(body_state(model.state_dict()))

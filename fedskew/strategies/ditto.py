@@ -1,0 +1,25 @@
+"""Ditto server (Li, Hu, Beirami & Smith, ICML'21, Alg. 1). Client side: `fedskew/client_app/ditto.py`.
+
+Ditto's global model is the global objective's, here FedAvg's: the server averages the uploaded
+global updates w_k^t (the base's sample-weighted aggregation; the authors' code, `litian96/ditto` at
+26d9b29a62f3872dcdf071be08e897607c283bb4, averages the updates uniformly, `simple_average`:
+`aggregation-weights="uniform"`) and is evaluated centrally like FedAvg's. The
+personal models v_k never leave the clients; the server logs the mean of their distances to the
+round's w^t (`ditto-distance`) and of their objective (`ditto-loss`).
+"""
+
+from __future__ import annotations
+
+from flwr.app import Message
+
+from fedskew import wire
+from fedskew.strategies.base import BaseStrategy, mean_metric
+
+
+class DittoStrategy(BaseStrategy):
+    """FedAvg on the uploaded global updates; the personal models stay on the clients."""
+
+    wire = wire.DITTO
+
+    def aggregate_extras(self, server_round: int, replies: list[Message]) -> dict[str, float]:
+        return {key: mean_metric(replies, key) for key in ("ditto-distance", "ditto-loss")}

@@ -1,0 +1,22 @@
+"""FedRoD server (Chen & Chao, ICLR'22). Client side: `fedskew/client_app/fedrod.py`.
+
+The server averages the uploaded body and generic head (the base's sample-weighted FedAvg) and
+evaluates that generic model centrally: FedRoD's generic accuracy, read directly (FedGELA, Sec. 5).
+The personalized heads never leave the clients.
+"""
+
+from __future__ import annotations
+
+from flwr.app import Message
+
+from fedskew import wire
+from fedskew.strategies.base import BaseStrategy, mean_metric
+
+
+class FedRoDStrategy(BaseStrategy):
+    """FedAvg of body + generic head; the personalized heads stay on the clients."""
+
+    wire = wire.FEDROD
+
+    def aggregate_extras(self, server_round: int, replies: list[Message]) -> dict[str, float]:
+        return {key: mean_metric(replies, key) for key in ("fedrod-bsm-loss", "fedrod-personal-loss")}
