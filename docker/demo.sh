@@ -77,7 +77,7 @@ if [ "$OFFLINE" = 1 ]; then
   pip_log=$(mktemp)
   { $PIP download -q --only-binary=:all: -d docker/wheels ${TORCH_INDEX:+--index-url "$TORCH_INDEX"} "torch==2.13.0" &&
     $PIP download -q --only-binary=:all: -d docker/wheels \
-      "flwr>=1.41,<1.43" "numpy>=1.26" "pyyaml>=6" "matplotlib>=3.7" "scipy>=1.10"; } >"$pip_log" 2>&1 ||
+      "flwr>=1.41,<1.43" "numpy>=1.26" "pyyaml>=6" "matplotlib>=3.7" "scipy>=1.10" "tensorboard>=2.14"; } >"$pip_log" 2>&1 ||
     die "pip download failed: $(tail -5 "$pip_log")"
   rm -f "$pip_log"
   build_args=(--network none --build-arg BASE_IMAGE=fedskew-base:bookworm --build-arg PIP_OFFLINE=1)

@@ -201,6 +201,20 @@ COMMON: dict[str, Param] = {
     "seed": Param(int, 0, "seed of every RNG (partition, sampling, init, training)", low=0),
     "eval-every": Param(int, 1, "central evaluation every N rounds (the last round always)", low=1),
     "eval-batch-size": Param(int, 1024, "batch size of evaluation", low=1),
+    "class-metrics": Param(
+        bool,
+        True,
+        "per-class record of the global model each evaluated round (per-class, balanced, worst-class and, on a "
+        "long tail, head/middle/tail accuracy; classifier norms; class holders) and per-class.png",
+    ),
+    "personalized-central-eval": Param(
+        bool,
+        False,
+        "each sampled client also evaluates its personalized model on the central test set: accuracy on the "
+        "classes it holds and on those it lacks (one test-set pass per client and round)",
+    ),
+    "tensorboard": Param(bool, True, "write TensorBoard event files (metrics, per-class heatmap) in the run folder"),
+    "wandb-project": Param(str, "", "also log to this Weights & Biases project when wandb is installed ('' = off)"),
     "device": Param(str, "auto", "'auto' (cuda when present), 'cpu', 'cuda' or 'cuda:N'"),
     "torch-threads": Param(
         int,

@@ -30,8 +30,8 @@ checked as its run would check it (`plan_cells`; `--dry-run` stops there) and gi
 - run: nothing there yet.
 
 `--methods`, `--partitions` and `--seeds` run only the cells with those labels (`select`). At the
-end (and with `--report`) the suite folder gets `results.md`, `results.csv` and one
-`accuracy-<partition>.png` per partition, over every finished cell.
+end (and with `--report`) the suite folder gets `results.md`, `results.csv`, and per partition
+`accuracy-<partition>.png` and `per-class-<partition>.png`, over every finished cell.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ import yaml
 
 from fedskew.config import ConfigError, folder_name_rule, validate
 from fedskew.data.clients import client_indices
+from fedskew.diagnostics import last_rounds_per_class
 from fedskew.files import check_folder
 from fedskew.launcher import RunFailed, app_defaults, prepare_config, resources_for, run_simulation, simulation_link
 from fedskew.partitions import PartitionError
@@ -381,15 +382,20 @@ def columns(last: int) -> list[tuple[str, str]]:
         (f"global oscillation, last {last}", f"last{last}_global_accuracy_round_std"),
         ("global, final", "final_global_accuracy"),
         ("global, best", "best_global_accuracy"),
+        (f"balanced, last {last}", f"last{last}_global_balanced_accuracy"),
+        (f"worst class, last {last}", f"last{last}_global_worst_class_accuracy"),
         (f"client-global, last {last}", f"last{last}_client_global_accuracy"),
         (f"personalized, last {last}", f"last{last}_personalized_accuracy"),
         ("personalized, final", "final_personalized_accuracy"),
+        (f"personalized on held classes, last {last}", f"last{last}_personalized_held_accuracy"),
+        (f"personalized on missing classes, last {last}", f"last{last}_personalized_missing_accuracy"),
     ]
 
 
 def collect(suite: Suite) -> list[dict[str, Any]]:
-    """One row per (partition, method): mean and std over the finished seeds of every
-    `round_statistics` value (computed from each run's `metrics.jsonl`) and the wall time."""
+    """One row per (partition, method): mean and std over the finished seeds of every numeric
+    `round_statistics` value (computed from each run's `metrics.jsonl`) and the wall time (the
+    per-class lists and the worst class's id are not averaged: `per_class_table` has them)."""
     table = []
     for p in suite.partition_labels:
         for m in suite.method_labels:
@@ -399,7 +405,10 @@ def collect(suite: Suite) -> list[dict[str, Any]]:
                 if c.partition == p and c.method == m and (run_dir / "summary.json").is_file():
                     summary = json.loads((run_dir / "summary.json").read_text())
                     stats = round_statistics(_read_rows(run_dir), suite.last_rounds)
-                    runs.append({**stats, "wall_seconds": summary["wall_seconds"]})
+                    numbers = {
+                        k: v for k, v in stats.items() if not k.endswith(("_per_class_accuracy", "_worst_class"))
+                    }
+                    runs.append({**numbers, "wall_seconds": summary["wall_seconds"]})
             if not runs:
                 continue
             row: dict[str, Any] = {"partition": p, "method": m, "seeds": len(runs)}
@@ -425,16 +434,21 @@ def write_report(suite: Suite) -> list[dict[str, Any]]:
     def pm(row: dict, key: str) -> str:
         return f"{100 * row[key + '_mean']:.2f} ± {100 * row[key + '_std']:.2f}"
 
-    cols = columns(suite.last_rounds)
+    cols = [
+        (label, key) for label, key in columns(suite.last_rounds) if any(np.isfinite(r[key + "_mean"]) for r in table)
+    ]
     lines = [
         f"# {suite.name}: accuracy (%), mean ± std over seeds",
         "",
         f"Last {suite.last_rounds} = the mean of the last {suite.last_rounds} rounds of each run (conclusions "
         "are drawn from it: label-skewed FL swings several points from round to round); oscillation = the std "
         "of the global accuracy over those rounds. Global: the server's model on the "
-        "official test set. Client-global: the global model each sampled client receives, on its local "
-        "test split, averaged over clients. Personalized: each method's personalized model on the "
-        "client's local test split; for fedavg / fedprox that is the locally trained model (FedAvg-FT).",
+        "official test set; balanced: its mean per-class accuracy; worst class: the accuracy of its worst class "
+        "in each round (which class may change). Client-global: the global model each sampled client receives, "
+        "on its local test split, averaged over clients. Personalized: each method's personalized model on the "
+        "client's local test split; for fedavg / fedprox that is the locally trained model (FedAvg-FT). "
+        "Personalized on held / missing classes: each client's personalized model on the official test set, "
+        "restricted to the classes the client holds / lacks (`personalized-central-eval`).",
         "",
         "| partition | method | seeds | " + " | ".join(label for label, _ in cols) + " | wall s |",
         "|---|---|---|" + "---|" * (len(cols) + 1),
@@ -442,11 +456,106 @@ def write_report(suite: Suite) -> list[dict[str, Any]]:
     for r in table:
         cells = " | ".join(pm(r, key) for _, key in cols)
         lines.append(f"| {r['partition']} | {r['method']} | {r['seeds']} | {cells} | {r['wall_seconds_mean']:.0f} |")
+    lines += per_class_section(suite, [p for p in suite.partition_labels if any(r["partition"] == p for r in table)])
     (suite.folder / "results.md").write_text("\n".join(lines) + "\n")
     for p in suite.partition_labels:
         if any(r["partition"] == p for r in table):  # no finished cell: no (empty) plot
             plot_partition(suite, p)
+            plot_per_class(suite, p)
     return table
+
+
+def _finished(suite: Suite, partition: str, method: str | None = None) -> list[Cell]:
+    return [
+        c
+        for c in suite.cells
+        if c.partition == partition
+        and (method is None or c.method == method)
+        and (suite.folder / c.run_name / "summary.json").is_file()
+    ]
+
+
+def per_class(suite: Suite, partition: str, method: str) -> tuple[np.ndarray, np.ndarray, int] | None:
+    """Mean and std over the finished seeds of each class's last-k-round mean accuracy of the global
+    model (NaN for a class no run measured), and the number of runs; None without per-class records."""
+    runs = [
+        last_rounds_per_class(_read_rows(suite.folder / c.run_name), "global-per-class-accuracy", suite.last_rounds)
+        for c in _finished(suite, partition, method)
+    ]
+    runs = [r for r in runs if r is not None]
+    if not runs:
+        return None
+    vals = np.array([[np.nan if v is None else v for v in r] for r in runs], dtype=float)
+    with warnings.catch_warnings():  # a class absent from every run stays NaN
+        warnings.simplefilter("ignore", RuntimeWarning)
+        return np.nanmean(vals, axis=0), np.nanstd(vals, axis=0), len(runs)
+
+
+def per_class_section(suite: Suite, partitions: list[str]) -> list[str]:
+    """results.md's per-class part: for each partition the classes one client holds for the most
+    part (per seed, from the runs' `partition.json`) and, up to 20 classes, a table of each method's
+    per-class accuracy (last-k mean, mean over seeds) with its worst class."""
+    lines: list[str] = []
+    for p in partitions:
+        rows = [(m, per_class(suite, p, m)) for m in suite.method_labels]
+        rows = [(m, pc) for m, pc in rows if pc is not None]
+        if not rows:
+            continue
+        if not lines:
+            lines = ["", f"## Per class: the global model's accuracy (%), mean of the last {suite.last_rounds} rounds"]
+        lines += ["", f"### {p}", ""]
+        seen: set[int] = set()
+        for c in _finished(suite, p):
+            if c.seed in seen or not (suite.folder / c.run_name / "partition.json").is_file():
+                continue
+            seen.add(c.seed)
+            skew = json.loads((suite.folder / c.run_name / "partition.json").read_text()).get("skew")
+            if skew:
+                owned = ", ".join(
+                    f"{d['class']} ({100 * d['share']:.0f} % on client {d['client']})"
+                    for d in skew["dominated-classes"]
+                )
+                lines.append(f"- seed {c.seed}: classes held > 90 % by one client: {owned or 'none'}")
+        num_classes = len(rows[0][1][0])
+        if num_classes > 20:
+            lines += ["", f"(per-class-{p}.png: {num_classes} classes are too many for a table)"]
+            continue
+        lines += [
+            "",
+            "| method | seeds | " + " | ".join(map(str, range(num_classes))) + " | worst |",
+            "|---|---|" + "---|" * (num_classes + 1),
+        ]
+        for m, (mean, _, n) in rows:
+            cells = " | ".join("absent" if np.isnan(v) else f"{100 * v:.1f}" for v in mean)
+            worst = "-" if np.isnan(mean).all() else str(int(np.nanargmin(mean)))
+            lines.append(f"| {m} | {n} | {cells} | {worst} |")
+    return lines
+
+
+def plot_per_class(suite: Suite, partition: str) -> None:
+    """`per-class-<partition>.png`: each method's per-class accuracy of the global model (last-k mean,
+    mean over seeds, std as error bars), one group of bars per class."""
+    from matplotlib.figure import Figure
+
+    rows = [(m, per_class(suite, partition, m)) for m in suite.method_labels]
+    rows = [(m, pc) for m, pc in rows if pc is not None]
+    if not rows:
+        return
+    num_classes = len(rows[0][1][0])
+    fig = Figure(figsize=(min(16.0, 2.5 + 0.35 * num_classes * len(rows)), 4.0), layout="constrained")
+    ax = fig.subplots()
+    width = 0.8 / len(rows)
+    for i, (m, (mean, std, n)) in enumerate(rows):
+        x = np.arange(num_classes) + (i - (len(rows) - 1) / 2) * width
+        ax.bar(x, mean, width, yerr=std if n > 1 else None, color=f"C{suite.method_labels.index(m)}", label=m)
+    ax.set_xticks(range(0, num_classes, max(1, num_classes // 25)))
+    ax.set_xlabel("class")
+    ax.set_ylabel(f"accuracy, last {suite.last_rounds} rounds")
+    ax.set_ylim(0, 1)
+    ax.set_title(f"{suite.name}: {partition}, global model per class")
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=7)
+    fig.savefig(suite.folder / f"per-class-{partition}.png", dpi=100)
 
 
 def plot_partition(suite: Suite, partition: str) -> None:

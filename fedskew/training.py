@@ -176,21 +176,35 @@ def extract_features(model: nn.Module, x: torch.Tensor, batch_size: int, device:
     return torch.cat(feats) if feats else torch.zeros(0, model.feature_dim, device=device)
 
 
-@torch.no_grad()
 def evaluate(
     model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int, device: torch.device
 ) -> tuple[float, float]:
     """Mean cross-entropy and accuracy of `model` (plain logits, argmax) on (x, y)."""
+    loss, cm = confusion(model, x, y, batch_size, device)
+    n = int(cm.sum())
+    return loss, (int(np.trace(cm)) / n if n else float("nan"))
+
+
+@torch.no_grad()
+def confusion(
+    model: nn.Module, x: torch.Tensor, y: torch.Tensor, batch_size: int, device: torch.device
+) -> tuple[float, np.ndarray]:
+    """Mean cross-entropy of `model` on (x, y) and its `[C, C]` confusion matrix (row: true class,
+    column: argmax of the logits; C = the model's number of logits), from the same forward pass:
+    the matrix is counted on the device (one `bincount` a batch) and copied to the host once.
+    Empty (x, y): (NaN, an empty matrix)."""
     if len(x) == 0:
-        return float("nan"), float("nan")
+        return float("nan"), np.zeros((0, 0), dtype=np.int64)
     model.eval()
-    loss, correct = 0.0, 0
+    loss, counts = 0.0, None
     for i in range(0, len(x), batch_size):
         xb, yb = x[i : i + batch_size].to(device), y[i : i + batch_size].to(device)
         out = model(xb)
+        c = out.shape[1]
         loss += float(F.cross_entropy(out, yb, reduction="sum"))
-        correct += int((out.argmax(1) == yb).sum())
-    return loss / len(x), correct / len(x)
+        batch = torch.bincount(yb * c + out.argmax(1), minlength=c * c)
+        counts = batch if counts is None else counts + batch
+    return loss / len(x), counts.cpu().numpy().reshape(c, c)
 
 
 def train_only(model: nn.Module, part: nn.Module) -> list[nn.Parameter]:

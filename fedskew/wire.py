@@ -54,6 +54,12 @@ CLIENT_METRICS: dict[str, Number] = {
     "train-seconds": NON_NEGATIVE,
     "participations": Number(int, 0),
 }
+# With `personalized-central-eval`, and only then: the personalized model on the central test set,
+# over the classes the client holds and over those it lacks (`BaseTrainer.evaluate_central`).
+CENTRAL_EVAL_METRICS: dict[str, Number] = {
+    "personal-held-accuracy": FRACTION,
+    "personal-missing-accuracy": FRACTION,
+}
 
 
 @dataclass(frozen=True)
@@ -120,9 +126,10 @@ class Wire:
 
     def reply_schema(self, dims: Dims, upload: Mapping[str, Tensor]) -> dict[str, Spec]:
         """Every record of a reply whose uploaded arrays have the forms `upload`."""
+        central = CENTRAL_EVAL_METRICS if dims.cfg["personalized-central-eval"] else {}
         return {
             MODEL: ArraysSpec(dict(upload)),
-            METRICS: MetricsSpec({**CLIENT_METRICS, **self.metrics}),
+            METRICS: MetricsSpec({**CLIENT_METRICS, **central, **self.metrics}),
             **self.uplink(dims),
         }
 

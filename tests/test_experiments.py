@@ -195,3 +195,40 @@ def test_the_cli_runs_only_the_chosen_cells_and_reports_every_finished_one(tmp_p
         assert cli.main(["experiment", str(path), *argv]) == 2
         assert needle in capsys.readouterr().err
     assert len(calls) == 4
+
+
+def test_the_report_has_balanced_and_worst_class_columns_and_a_per_class_part(tmp_path) -> None:
+    """Per partition: the classes one client holds (from each seed's partition.json), each method's
+    per-class accuracy (last-k mean, mean over seeds) with its worst class, and the panel."""
+    suite = load_suite(write(tmp_path, SUITE.format(out=tmp_path / "out")), app_defaults())
+    for cell in suite.cells:
+        d = suite.folder / cell.run_name
+        d.mkdir(parents=True)
+        lost = 0.0 if cell.method == "fedavg" else 0.5  # fedavg loses class 2
+        rows = [
+            {
+                "round": r,
+                "global-accuracy": 0.6,
+                "global-per-class-accuracy": [0.9, 0.6 + 0.1 * cell.seed, lost, None],
+                "global-balanced-accuracy": (1.5 + 0.1 * cell.seed + lost) / 3,
+                "global-worst-class-accuracy": lost,
+            }
+            for r in (1, 2, 3)
+        ]
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (d / "summary.json").write_text(json.dumps({"wall_seconds": 1.0}))
+        skew = {"dominated-classes": [{"class": 2, "client": 3 + cell.seed, "share": 0.97}]}
+        (d / "partition.json").write_text(json.dumps({"skew": skew}))
+    experiments.write_report(suite)
+    md = (suite.folder / "results.md").read_text()
+    assert "balanced, last 10 | worst class, last 10 |" in md
+    assert (
+        "| iid | fedavg | 2 | 60.00 ± 0.00 | 0.00 ± 0.00 | 60.00 ± 0.00 | 60.00 ± 0.00 | 51.67 ± 1.67 | 0.00 ± 0.00 |"
+        in md
+    )
+    assert "client-global" not in md.split("\n|---")[0].split("\n")[-1]  # no column without any value
+    assert "- seed 0: classes held > 90 % by one client: 2 (97 % on client 3)" in md
+    assert "- seed 1: classes held > 90 % by one client: 2 (97 % on client 4)" in md
+    assert "| fedavg | 2 | 90.0 | 65.0 | 0.0 | absent | 2 |" in md
+    assert "| rs | 2 | 90.0 | 65.0 | 50.0 | absent | 2 |" in md
+    assert (suite.folder / "per-class-iid.png").is_file() and (suite.folder / "per-class-c2.png").is_file()

@@ -143,12 +143,12 @@ def test_central_evaluation_runs_beside_the_next_rounds_training(job, monkeypatc
     import fedskew.server_app.app as server
 
     spans: dict[str, list[tuple[float, float]]] = {"eval": [], "train": []}
-    evaluate, train_round = server.evaluate, server.train_round
+    confusion, train_round = server.confusion, server.train_round
 
-    def slow_evaluate(*args, **kwargs):
+    def slow_confusion(*args, **kwargs):
         t = time.perf_counter()
         time.sleep(0.3)  # a central evaluation longer than a round's training
-        result = evaluate(*args, **kwargs)
+        result = confusion(*args, **kwargs)
         spans["eval"].append((t, time.perf_counter()))
         assert threading.current_thread() is not threading.main_thread()
         return result
@@ -170,7 +170,7 @@ def test_central_evaluation_runs_beside_the_next_rounds_training(job, monkeypatc
     def run_dir_of(strategy):
         return Path(strategy.cfg["out-dir"]) / strategy.cfg["run-name"]
 
-    monkeypatch.setattr(server, "evaluate", slow_evaluate)
+    monkeypatch.setattr(server, "confusion", slow_confusion)
     monkeypatch.setattr(server, "train_round", timed_train_round)
     run_dir = job(**{"run-name": "overlap", "num-server-rounds": 3, "checkpoint-every": 1})
     assert seen_before_next_round_ended == [True, True]

@@ -235,3 +235,35 @@ def test_local_training_copies_batch_indices_to_the_device_once_an_epoch(monkeyp
     )
     assert out["train-steps"] == 30
     assert copies == [(40, 3), (40,)] + [(40,)] * 3  # the data once, then one permutation an epoch
+
+
+def striped(labels: torch.Tensor, seed: int) -> torch.Tensor:
+    """Images whose row `3 * label` is bright, in noise: a class an MLP learns in a few steps."""
+    x = 0.1 * torch.randn(len(labels), 1, 28, 28, generator=torch.Generator().manual_seed(seed))
+    x[torch.arange(len(labels)), 0, 3 * labels] += 3.0
+    return x
+
+
+def test_the_personalized_model_on_the_central_test_set_splits_held_and_missing_classes() -> None:
+    """A client holding classes 1, 4 and 7 trains on them; on a central test set of all ten classes
+    its model is right on its own classes and wrong on the seven it lacks, and the two metrics are
+    the per-class means computed here from the returned model's own predictions."""
+    y_train = torch.tensor(OBSERVED).repeat(30)
+    data = ClientData(striped(y_train, 0), y_train, striped(y_train[:6], 1), y_train[:6], 10)
+    y = torch.arange(10).repeat_interleave(20)
+    x = striped(y, 2)
+    trainer = make_trainer(FedAvgTrainer, data, **{"personalized-central-eval": True, "lr": 0.05})
+    trainer.ctx.central_test = (x, y)
+    m = make_trainer(FedAvgTrainer, data).fit(global_content())["metrics"]
+    assert "personal-held-accuracy" not in m and "personal-missing-accuracy" not in m  # off by default
+    reply = trainer.fit(global_content())
+    model = build_model("mlp", "fashion-mnist")
+    model.load_state_dict(reply["arrays"].to_torch_state_dict())
+    model.eval()
+    with torch.no_grad():
+        right = (model(x).argmax(1) == y).float().view(10, 20).mean(1)  # per class
+    held = [c in OBSERVED for c in range(10)]
+    m = reply["metrics"]
+    assert m["personal-held-accuracy"] == pytest.approx(float(right[held].mean()))
+    assert m["personal-missing-accuracy"] == pytest.approx(float(right[[not h for h in held]].mean()))
+    assert m["personal-held-accuracy"] > 0.9 and m["personal-missing-accuracy"] < 0.05

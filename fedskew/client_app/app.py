@@ -24,6 +24,7 @@ from flwr.clientapp import ClientApp
 from fedskew.client_app.base import TrainerContext
 from fedskew.client_app.state import ClientState, ListOf, most_trainings
 from fedskew.config import validate
+from fedskew.data.clients import load_test_set
 from fedskew.data.node import load_node_data, node_data_spec
 from fedskew.records import Number, check_config
 from fedskew.registry import get_method
@@ -76,6 +77,7 @@ def train(msg: Message, context: Context) -> Message:
         partition_id=pid,
         server_round=server_round,
         generator=generator,
+        central_test=load_test_set(cfg, spec.data_root) if cfg["personalized-central-eval"] else None,
     )
     trainer = get_method(cfg["method"]).trainer_class()(ctx)
     reply = trainer.fit(msg.content)

@@ -5,7 +5,12 @@ downlink records, `fedskew.wire`; the model arrays in `load_global`), load the g
 evaluate it on the local test split (`client-global-accuracy`: the "average client test accuracy"
 of MuPFL's Table II and FedGELA's PA for a global model), train locally, evaluate the client's
 personalized model on the same split (`personal-accuracy`), and reply with the upload, the sample
-count, the metrics and the method's uplink records. A method subclasses `BaseTrainer`, sets `wire`
+count, the metrics and the method's uplink records. With `personalized-central-eval` the
+personalized model is also evaluated on the central test set, and the reply adds its mean per-class
+accuracy over the classes the client holds (`personal-held-accuracy`: >= 1 image in its training
+split) and over those it lacks (`personal-missing-accuracy`): the generic accuracy of personal models
+that FedGELA (Fan et al., NeurIPS'23, §5) and FedRoD (Chen & Chao, ICLR'22) report for P-FL methods,
+split by what the client has seen. A method subclasses `BaseTrainer`, sets `wire`
 and overrides only the hooks that differ (FL-bench style):
 
     build_model      the network (default: `model` from the run config)
@@ -46,9 +51,10 @@ from fedskew.client_app.state import ClientState
 from fedskew.data import dataset_info
 from fedskew.data.augment import augmentation
 from fedskew.data.clients import ClientData
+from fedskew.diagnostics import held_and_missing_accuracy
 from fedskew.models import SplitNet, build_model, initial_model
 from fedskew.records import ArraysSpec, Rejected, check_arrays, decoded_content, tensor_like
-from fedskew.training import LossFn, cross_entropy_loss, evaluate, sgd, train_epochs
+from fedskew.training import LossFn, confusion, cross_entropy_loss, evaluate, sgd, train_epochs
 from fedskew.wire import BASE, MODEL, Dims, Wire
 
 log = logging.getLogger("fedskew.client")
@@ -86,6 +92,7 @@ class TrainerContext:
     partition_id: int
     server_round: int
     generator: torch.Generator
+    central_test: tuple[torch.Tensor, torch.Tensor] | None = None  # with `personalized-central-eval`
 
 
 class BaseTrainer:
@@ -209,6 +216,15 @@ class BaseTrainer:
         """(loss, accuracy) of `model` on this client's local test split (NaN when it is empty)."""
         return evaluate(model, self.data.x_test, self.data.y_test, self.cfg["eval-batch-size"], self.device)
 
+    def evaluate_central(self, model: nn.Module) -> dict[str, float]:
+        """`personal-held-accuracy` and `personal-missing-accuracy` of `model` on the central test set
+        (`held_and_missing_accuracy`; a metric with no class to average over is left out)."""
+        x, y = self.ctx.central_test
+        _, cm = confusion(model, x, y, self.cfg["eval-batch-size"], self.device)
+        held, missing = held_and_missing_accuracy(cm, self.data.train_counts > 0)
+        values = {"personal-held-accuracy": held, "personal-missing-accuracy": missing}
+        return {k: v for k, v in values.items() if v is not None}
+
     def fit(self, content: RecordDict) -> RecordDict:
         """One round: returns the reply content (arrays, metrics and any extra records)."""
         t0 = time.perf_counter()
@@ -219,13 +235,15 @@ class BaseTrainer:
         g_loss, g_acc = self.evaluate_local(received) if received is not None else (None, None)
         stats = self.local_train(model, content)
         train_seconds = time.perf_counter() - t0
-        p_loss, p_acc = self.evaluate_local(self.personalized_model(model))
+        personal = self.personalized_model(model)
+        p_loss, p_acc = self.evaluate_local(personal)
         metrics = {
             "num-examples": len(self.data.y_train),
             "partition-id": self.ctx.partition_id,
             "personal-num-test": len(self.data.y_test),
             "train-seconds": train_seconds,
             **stats,
+            **(self.evaluate_central(personal) if self.ctx.central_test is not None else {}),
         }
         if len(self.data.y_test):
             metrics.update({"personal-accuracy": p_acc, "personal-loss": p_loss})

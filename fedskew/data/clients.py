@@ -105,9 +105,10 @@ def load_client_data(cfg: dict[str, Any], partition_id: int, num_partitions: int
     )
 
 
-def load_test_set(cfg: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The official test split (balanced, all classes) for central evaluation."""
+def load_test_set(cfg: dict[str, Any], data_root: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The official test split (balanced, all classes) for central evaluation; `data_root`: a node's
+    own data folder instead of the config's."""
     import torch
 
-    _, _, x, y = load_arrays(cfg)
+    _, _, x, y = load_arrays(cfg, data_root)
     return to_float(x, dataset_info(cfg)), torch.from_numpy(y.copy())

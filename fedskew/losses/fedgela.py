@@ -187,6 +187,12 @@ class ETFNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return gela_logits(self.features(x), self.etf, self.scale, self.phi, self.mode, self.normalize)
 
+    def class_weights(self) -> torch.Tensor:
+        """`[C, d]`: row c is class c's classifier vector s * phi_c * m_c (`gela_logits`; phi = 1
+        without adaptation), the vector the normalised feature f(h) is scored against."""
+        w = self.scale * self.etf
+        return (w if self.phi is None else w * self.phi.unsqueeze(0)).T
+
 
 def etf_net(
     trunk: nn.Module,

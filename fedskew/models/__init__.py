@@ -55,6 +55,10 @@ class SplitNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.features(x))
 
+    def class_weights(self) -> torch.Tensor:
+        """`[C, d]`: row c is class c's classifier vector w_c (logit z_c = w_c^T h)."""
+        return self.classifier.weight
+
 
 def _flat_dim(body: nn.Module, channels: int, size: int) -> int:
     with torch.no_grad():

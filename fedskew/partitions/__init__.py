@@ -3,7 +3,7 @@
 Every function takes the training labels, the number of clients and a `numpy.random.Generator`,
 and returns a list of disjoint int64 index arrays. `partition()` picks one by run-config name,
 `split_local_test()` cuts each client's share into a local train and test part that follow the
-client's label distribution, and `stats` counts and draws the result.
+client's label distribution, and `stats` counts, measures the skew of and draws the result.
 """
 
 from fedskew.partitions.core import (
@@ -17,7 +17,7 @@ from fedskew.partitions.core import (
     partition,
     split_local_test,
 )
-from fedskew.partitions.stats import class_counts, format_counts, plot_counts
+from fedskew.partitions.stats import class_counts, format_counts, format_skew, partition_skew, plot_counts
 
 __all__ = [
     "PartitionError",
@@ -26,10 +26,12 @@ __all__ = [
     "classes_per_client_shards",
     "dirichlet",
     "format_counts",
+    "format_skew",
     "iid",
     "long_tail",
     "map_random",
     "partition",
+    "partition_skew",
     "plot_counts",
     "split_local_test",
 ]

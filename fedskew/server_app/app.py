@@ -6,6 +6,8 @@ it ends: configure_train -> send_and_receive -> aggregate_train -> central evalu
 central evaluation runs in a thread beside round r + 1's training, so round r + 1's messages do not
 wait for it (on a machine whose cores the clients already fill it competes with them instead: see
 docs/benchmarks.md); that thread writes round r's records as soon as it is done, in round order.
+The central evaluation's one forward pass gives the accuracy and the confusion matrix, from which
+the per-class record (`fedskew.diagnostics`, run-config key `class-metrics`) is computed.
 """
 
 from __future__ import annotations
@@ -24,12 +26,15 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 from flwr.serverapp import Grid, ServerApp
 
 from fedskew.config import ConfigError, validate
+from fedskew.data import dataset_info
 from fedskew.data.clients import client_class_counts, load_test_set
-from fedskew.partitions import format_counts, plot_counts
+from fedskew.diagnostics import class_holders, class_metrics, frequency_groups, weight_norms
+from fedskew.partitions import format_counts, format_skew, partition_skew, plot_counts
 from fedskew.registry import get_method
-from fedskew.server_app.results import RESUME_FIXED, RunOutput, read_jsonl, round_statistics, write_json
+from fedskew.server_app.results import RESUME_FIXED, RunOutput, class_labels, read_jsonl, round_statistics, write_json
+from fedskew.server_app.tracking import Trackers
 from fedskew.strategies.base import BaseStrategy
-from fedskew.training import evaluate, pick_device, seed_everything
+from fedskew.training import confusion, pick_device, seed_everything
 
 log = logging.getLogger("flwr.fedskew")  # a child of Flower's logger, so it shows in `flwr log`
 app = ServerApp()
@@ -75,26 +80,47 @@ def wait_for_nodes(grid: Grid, strategy: BaseStrategy, minimum: int, timeout: fl
         time.sleep(1.0)
 
 
-def save_partition(cfg: dict[str, Any], num_partitions: int, out: RunOutput) -> np.ndarray:
-    """Write the class counts per client (text, JSON) of the configured partition; return the
-    training counts (clients x classes) for its picture (`plot_counts`)."""
+@dataclass(frozen=True)
+class PartitionReport:
+    """The configured partition as the server computes it: training images per client and class,
+    its skew (`partition_skew`) and, on a long tail, its head / middle / tail classes."""
+
+    train: np.ndarray
+    skew: dict[str, Any]
+    groups: dict[str, list[int]] | None
+
+
+def save_partition(cfg: dict[str, Any], num_partitions: int, out: RunOutput) -> PartitionReport:
+    """Write the class counts per client and the skew (text, JSON) of the configured partition and log
+    them; return them (the training counts also feed its picture, `plot_counts`)."""
     train, test = client_class_counts(cfg, num_partitions)
-    (out.dir / "partition.txt").write_text(format_counts(train, max_rows=10_000) + "\n")
-    write_json(out.dir / "partition.json", {"train": train.tolist(), "test": test.tolist()})
+    report = PartitionReport(train, partition_skew(train), frequency_groups(train.sum(axis=0)))
+    skew = format_skew(report.skew)
+    (out.dir / "partition.txt").write_text(format_counts(train, max_rows=10_000) + "\n\n" + skew + "\n")
+    write_json(
+        out.dir / "partition.json",
+        {"train": train.tolist(), "test": test.tolist(), "skew": report.skew, "frequency-groups": report.groups},
+    )
     log.info("partition (train samples per class, first clients):\n%s", format_counts(train, max_rows=10))
-    return train
+    log.info("partition skew: %s", skew)
+    return report
 
 
-def round_line(r: int, rounds: int, seconds: float, g_acc: float | None, m: dict[str, Any]) -> str:
-    """One log line per round: central global accuracy, then the clients' means ± std of the global
-    model on their local test splits (client-global) and of their personalized models."""
-    g = "   -  " if g_acc is None else f"{g_acc:.4f}"
+def round_line(r: int, rounds: int, seconds: float, g: dict[str, Any], m: dict[str, Any]) -> str:
+    """One log line per round: central global accuracy (with `class-metrics` its balanced accuracy
+    and worst class), then the clients' means ± std of the global model on their local test splits
+    (client-global) and of their personalized models."""
+    g_acc = g.get("global-accuracy")
+    g_text = "   -  " if g_acc is None else f"{g_acc:.4f}"
+    if g.get("global-balanced-accuracy") is not None:
+        g_text += f" (balanced {g['global-balanced-accuracy']:.4f}, worst class {g['global-worst-class']}"
+        g_text += f" {g['global-worst-class-accuracy']:.4f})"
     nan = float("nan")
     cg, cgs = m.get("client-global-accuracy", nan), m.get("client-global-accuracy-std", nan)
     p, s = m.get("personalized-accuracy", nan), m.get("personalized-accuracy-std", nan)
     fails = f" | {m['failures']} failed" if m.get("failures") else ""
     return (
-        f"round {r:>3}/{rounds} | {seconds:6.1f} s | global acc {g} | client-global acc {cg:.4f} ± {cgs:.4f} | "
+        f"round {r:>3}/{rounds} | {seconds:6.1f} s | global acc {g_text} | client-global acc {cg:.4f} ± {cgs:.4f} | "
         f"personalized acc {p:.4f} ± {s:.4f} | clients {m.get('replies', 0)}{fails}"
     )
 
@@ -134,6 +160,39 @@ def train_round(
 
 
 @dataclass
+class CentralEvaluation:
+    """What every round's central evaluation needs and where its records go: the test set, the run
+    folder and trackers, and for the per-class record the partition (None: the nodes serve their
+    own data, whose classes the server does not know)."""
+
+    x_test: Any
+    y_test: Any
+    cfg: dict[str, Any]
+    device: Any
+    out: RunOutput
+    trackers: Trackers
+    partition: PartitionReport | None
+
+    def evaluate(self, model: Any, partitions: list[int]) -> dict[str, Any]:
+        """Global accuracy and loss of `model` and, with `class-metrics`, its per-class record
+        (`class_metrics`: the holders are counted over this round's clients, `partitions`)."""
+        loss, cm = confusion(model, self.x_test, self.y_test, self.cfg["eval-batch-size"], self.device)
+        record: dict[str, Any] = {"global-accuracy": float(np.trace(cm) / max(cm.sum(), 1)), "global-loss": loss}
+        if self.cfg["class-metrics"]:
+            weights = model.class_weights().detach().cpu().numpy() if hasattr(model, "class_weights") else None
+            p = self.partition
+            record.update(
+                class_metrics(
+                    cm,
+                    p.groups if p else None,
+                    None if weights is None else weight_norms(weights),
+                    class_holders(p.train, partitions) if p else None,
+                )
+            )
+        return record
+
+
+@dataclass
 class EvaluatedRound:
     """A trained round whose central evaluation runs beside the next round's training.
 
@@ -159,20 +218,22 @@ class EvaluatedRound:
             self._next_start = t0
             self._next.set()
 
-    def finish(self, model: Any, x_test: Any, y_test: Any, cfg: dict[str, Any], device: Any, out: RunOutput) -> dict:
+    def finish(self, model: Any, central: CentralEvaluation) -> dict:
         """Evaluate, write the records and checkpoint, log the round's line; the round's metrics."""
         t = time.perf_counter()
-        g_loss = g_acc = None
+        g: dict[str, Any] = {"global-accuracy": None, "global-loss": None}
         if model is not None:
-            g_loss, g_acc = evaluate(model, x_test, y_test, cfg["eval-batch-size"], device)
+            g = central.evaluate(model, self.metrics.get("partitions", []))
         eval_seconds = time.perf_counter() - t
+        out = central.out
         self._next.wait()
         end = self._next_start if self._next_start is not None else time.perf_counter()
         metrics = dict(self.metrics)
         # metrics.jsonl stays deterministic (also across a resume): times and client-state counters go aside
         timings = {k: metrics.pop(k) for k in list(metrics) if "seconds" in k or k == "participations"}
+        row = {"round": self.r, **g, **metrics}
         out.log_round(
-            {"round": self.r, "global-accuracy": g_acc, "global-loss": g_loss, **metrics},
+            row,
             {
                 "round": self.r,
                 "started-at": self.started_at,  # epoch seconds, to line the round up with other logs
@@ -183,9 +244,10 @@ class EvaluatedRound:
             },
             self.failures,
         )
+        central.trackers.log_round(row)
         if self.checkpoint is not None:
-            out.save_checkpoint({**self.checkpoint, "global-accuracy": g_acc, "metrics": metrics})
-        log.info(round_line(self.r, self.rounds, time.perf_counter() - self.t0, g_acc, self.metrics))
+            out.save_checkpoint({**self.checkpoint, "global-accuracy": g["global-accuracy"], "metrics": metrics})
+        log.info(round_line(self.r, self.rounds, time.perf_counter() - self.t0, g, self.metrics))
         return metrics
 
 
@@ -235,15 +297,19 @@ def main(grid: Grid, context: Context) -> None:
     x_test, y_test = test_set.result()
     num_partitions = strategy.num_partitions or len(nodes)
     t_partition = time.perf_counter()
-    counts = save_partition(cfg, num_partitions, out)
+    partition = save_partition(cfg, num_partitions, out)
     title = f"{cfg['partition']}: {num_partitions} clients"
-    picture = background.submit(plot_counts, counts, out.dir / "partition.png", title)
+    picture = background.submit(plot_counts, partition.train, out.dir / "partition.png", title)
     background.shutdown(wait=False)  # its thread ends after the picture
     start_seconds = {  # where the ServerApp's own start goes (the rest of a run's start is Flower's)
         "config": t_nodes - t_start,
         "node_discovery_and_test_set": t_partition - t_nodes,  # the test set loads beside the discovery
         "partition_files": time.perf_counter() - t_partition,
     }
+
+    absent = absent_classes(y_test, dataset_info(cfg).num_classes)
+    if absent:
+        log.warning("fedskew: the test set has no image of classes %s: their accuracy is absent (null)", absent)
 
     arrays = strategy.initial_arrays()
     if strategy.global_model(arrays) is None:
@@ -254,8 +320,74 @@ def main(grid: Grid, context: Context) -> None:
         arrays = ArrayRecord(ckpt["arrays"])
         last_metrics, start = ckpt.get("metrics", {}), ckpt["round"] + 1
         log.info("fedskew: resuming after round %d from %s", ckpt["round"], out.dir / "checkpoint.pt")
-    # round r's central evaluation runs in this thread while round r + 1 trains; it writes round r's
-    # records as soon as it is done (one round after the other), the checkpoint from a round-end snapshot
+    trackers = Trackers(cfg, out.dir, start)
+    try:
+        if start == 1:
+            trackers.log_partition(partition.skew)
+        known = partition if strategy.num_partitions else None  # nodes with their own data: unknown
+        central = CentralEvaluation(x_test, y_test, cfg, device, out, trackers, known)
+        arrays, last_metrics = run_rounds(strategy, grid, cfg, arrays, start, last_metrics, central)
+        if (error := picture.exception()) is not None:  # a picture is not worth the run
+            log.warning("fedskew: %s not written: %s", out.dir / "partition.png", error)
+
+        final_model = strategy.global_model(arrays)
+        summary = {
+            "method": cfg["method"],
+            "dataset": cfg["dataset"],
+            "model": cfg["model"],
+            "partition": cfg["partition"],
+            "seed": cfg["seed"],
+            "num-clients": num_partitions,
+            "rounds": rounds,
+            **round_statistics(read_jsonl(out.dir / "metrics.jsonl")),
+            "final_client_global_accuracy_std": last_metrics.get("client-global-accuracy-std"),
+            "final_personalized_accuracy_std": last_metrics.get("personalized-accuracy-std"),
+            "dominated_classes": known.skew["dominated-classes"] if known else None,
+            "test_absent_classes": absent,
+            "wall_seconds": time.perf_counter() - t_start,
+            "started_at": started_at,
+            "start_seconds": start_seconds,
+            "run_dir": str(out.dir),
+        }
+        labels = class_labels(
+            dataset_info(cfg).num_classes, known.skew if known else None, known.groups if known else None
+        )
+        figure = out.finish(summary, None if final_model is None else final_model.state_dict(), labels)
+        if figure is not None:
+            trackers.log_figure("per-class-accuracy", figure, rounds)
+    finally:
+        trackers.close()
+    nan = float("nan")
+    worst = summary["last10_worst_class"]
+    log.info(
+        "fedskew: done in %.1f s; mean of the last 10 rounds: global acc %.4f (balanced %.4f, worst class %s "
+        "%.4f), client-global acc %.4f, personalized acc %.4f -> %s",
+        summary["wall_seconds"],
+        summary["last10_global_accuracy"] or nan,
+        summary["last10_global_balanced_accuracy"] or nan,
+        "-" if worst is None else worst,
+        nan if worst is None else summary["last10_per_class_accuracy"][worst],
+        summary["last10_client_global_accuracy"] or nan,
+        summary["last10_personalized_accuracy"] or nan,
+        out.dir,
+    )
+
+
+def run_rounds(
+    strategy: BaseStrategy,
+    grid: Grid,
+    cfg: dict[str, Any],
+    arrays: ArrayRecord,
+    start: int,
+    last_metrics: dict[str, Any],
+    central: CentralEvaluation,
+) -> tuple[ArrayRecord, dict[str, Any]]:
+    """Rounds `start`..R; return the final global arrays and the last round's metrics.
+
+    Round r's central evaluation runs in a thread of its own while round r + 1 trains; it writes
+    round r's records as soon as it is done (one round after the other), the checkpoint from a
+    round-end snapshot."""
+    rounds = cfg["num-server-rounds"]
     evaluator = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedskew-eval")
     pending: EvaluatedRound | None = None
     try:
@@ -269,7 +401,7 @@ def main(grid: Grid, context: Context) -> None:
             except RoundFailedError as e:
                 if pending is not None:  # the round before is kept
                     pending.future.result()
-                out.log_failures(r, e.failures)  # the run stops: keep the reasons on disk
+                central.out.log_failures(r, e.failures)  # the run stops: keep the reasons on disk
                 raise
             t_clients = time.perf_counter() - t0
             if new is None:
@@ -289,7 +421,7 @@ def main(grid: Grid, context: Context) -> None:
             due = r % cfg["eval-every"] == 0 or r == rounds
             model = strategy.global_model(arrays) if due else None
             pending = EvaluatedRound(r, rounds, t0, round_started_at, t_clients, metrics, failures, checkpoint)
-            pending.future = evaluator.submit(pending.finish, model, x_test, y_test, cfg, device, out)
+            pending.future = evaluator.submit(pending.finish, model, central)
         if pending is not None:
             pending.next_round_started(None)  # the last round's wall time ends with its evaluation
             last_metrics = pending.future.result()
@@ -297,34 +429,9 @@ def main(grid: Grid, context: Context) -> None:
         if pending is not None:
             pending.next_round_started(None)  # never leave the evaluation thread waiting
         evaluator.shutdown(wait=True, cancel_futures=True)
-    if (error := picture.exception()) is not None:  # a picture is not worth the run
-        log.warning("fedskew: %s not written: %s", out.dir / "partition.png", error)
+    return arrays, last_metrics
 
-    final_model = strategy.global_model(arrays)
-    summary = {
-        "method": cfg["method"],
-        "dataset": cfg["dataset"],
-        "model": cfg["model"],
-        "partition": cfg["partition"],
-        "seed": cfg["seed"],
-        "num-clients": num_partitions,
-        "rounds": rounds,
-        **round_statistics(read_jsonl(out.dir / "metrics.jsonl")),
-        "final_client_global_accuracy_std": last_metrics.get("client-global-accuracy-std"),
-        "final_personalized_accuracy_std": last_metrics.get("personalized-accuracy-std"),
-        "wall_seconds": time.perf_counter() - t_start,
-        "started_at": started_at,
-        "start_seconds": start_seconds,
-        "run_dir": str(out.dir),
-    }
-    out.finish(summary, None if final_model is None else final_model.state_dict())
-    nan = float("nan")
-    log.info(
-        "fedskew: done in %.1f s; mean of the last 10 rounds: global acc %.4f, client-global acc %.4f, "
-        "personalized acc %.4f -> %s",
-        summary["wall_seconds"],
-        summary["last10_global_accuracy"] or nan,
-        summary["last10_client_global_accuracy"] or nan,
-        summary["last10_personalized_accuracy"] or nan,
-        out.dir,
-    )
+
+def absent_classes(y_test: Any, num_classes: int) -> list[int]:
+    """The classes of which the central test set holds no image."""
+    return [int(c) for c in np.flatnonzero(np.bincount(np.asarray(y_test), minlength=num_classes) == 0)]

@@ -1,8 +1,9 @@
 """Everything a run leaves in `<out-dir>/<run-name>/`.
 
 - `config.json`     the validated run config
-- `partition.txt/.json/.png`  class counts per client
-- `metrics.jsonl`   one line per round (deterministic: no timings), appended and flushed each round
+- `partition.txt/.json/.png`  class counts per client and the partition's skew (`partition_skew`)
+- `metrics.jsonl`   one line per round (deterministic: no timings), appended and flushed each round;
+                    with `class-metrics` also the global model's per-class record (`fedskew.diagnostics`)
 - `timings.jsonl`   seconds per round and per step, and each client's participation count (client state)
 - `failures.jsonl`  every lost or dropped reply: round, node, partition, reason
 - `summary.json`    method, rounds, wall time and, for global, client-global and personalized accuracy,
@@ -12,6 +13,8 @@
                     `RESUME_FIXED` keys (`resume=true` continues from it; all server randomness is
                     derived from (seed, round))
 - `accuracy.png`    global and personalized accuracy per round
+- `per-class.png`   the global model's per-class accuracy, classes x rounds (`class-metrics`)
+- `events.out.tfevents.*`  TensorBoard's copy of the metrics (`tensorboard`, `fedskew.server_app.tracking`)
 - `aside-<time>-<random>/`  what a later start set aside instead of deleting it (`reason.txt` says why)
 
 A run never deletes an earlier run's results. A folder that holds them is refused unless the run
@@ -41,6 +44,7 @@ import torch
 
 from fedskew.config import ConfigError, all_params
 from fedskew.data import dataset_slug
+from fedskew.diagnostics import last_rounds_per_class, worst_class
 from fedskew.files import atomic_write, check_folder
 
 log = logging.getLogger("flwr.fedskew")
@@ -48,9 +52,11 @@ log = logging.getLogger("flwr.fedskew")
 RECORDS = ("metrics.jsonl", "timings.jsonl", "failures.jsonl")  # appended round by round
 RESULTS = (*RECORDS, "summary.json", "checkpoint.pt", "model.pt")  # what an earlier run would lose
 RUN_FILES = ("config.json", "partition.txt", "partition.json", "partition.png", *RESULTS, "accuracy.png")
+RUN_FILES += ("per-class.png",)
 RESUME_FIXED = ("method", "model", "dataset")  # what the checkpoint's arrays and state belong to
 START_KEYS = ("resume", "overwrite")  # how a run starts, not what it computes: saved as false
 PLACE_KEYS = ("out-dir", "run-name", "data-root")  # where things are: moving a folder changes no result
+EVENT_FILES = "events.out.tfevents.*"  # TensorBoard's (`fedskew.server_app.tracking`)
 AFRESH = "or start afresh with `fedskew run --overwrite` (run config overwrite=true), which keeps its files aside"
 
 
@@ -134,21 +140,32 @@ def read_records(path: Path) -> Records:
     return Records(rows, torn)
 
 
-TRACKED = ("global-accuracy", "client-global-accuracy", "personalized-accuracy")
+TRACKED = (
+    "global-accuracy",
+    "client-global-accuracy",
+    "personalized-accuracy",
+    "global-balanced-accuracy",
+    "global-worst-class-accuracy",
+    "personalized-held-accuracy",
+    "personalized-missing-accuracy",
+)
 LAST_ROUNDS = 10
 
 
-def round_statistics(rows: list[dict[str, Any]], last: int = LAST_ROUNDS) -> dict[str, float | None]:
+def round_statistics(rows: list[dict[str, Any]], last: int = LAST_ROUNDS) -> dict[str, Any]:
     """Final value, best and mean of the last `last` rounds of each tracked accuracy in `rows`
     (`metrics.jsonl` lines): `final_<key>`, `best_<key>`, `last<last>_<key>` with `-` -> `_`, and
     for the global accuracy its std over those rounds (`last<last>_global_accuracy_round_std`).
+    With per-class records: `last<last>_per_class_accuracy` (each class's mean over those rounds,
+    None for a class absent from the test set) and `last<last>_worst_class`, the class whose mean is
+    lowest (the worst class of single rounds changes from round to round).
 
     Label-skewed FL swings several points from round to round, so conclusions are drawn from the
     last-rounds mean; "final" is the last round's value (None when that round has none, e.g. no
     client had a local test split) and the mean runs over the rounds in (R - last, R] with a value.
     """
     final_round = max((int(r["round"]) for r in rows), default=0)
-    out: dict[str, float | None] = {}
+    out: dict[str, Any] = {}
     for key in TRACKED:
         name = key.replace("-", "_")
         points = [(int(r["round"]), float(r[key])) for r in rows if _finite(r.get(key))]
@@ -158,6 +175,10 @@ def round_statistics(rows: list[dict[str, Any]], last: int = LAST_ROUNDS) -> dic
         out[f"last{last}_{name}"] = float(np.mean(tail)) if tail else None
         if key == "global-accuracy":  # the oscillation FedRS reports: std over those rounds
             out[f"last{last}_{name}_round_std"] = float(np.std(tail)) if tail else None
+    per_class = last_rounds_per_class(rows, "global-per-class-accuracy", last)
+    worst = worst_class(per_class) if per_class is not None else None
+    out[f"last{last}_per_class_accuracy"] = per_class
+    out[f"last{last}_worst_class"] = None if worst is None else worst[0]
     return out
 
 
@@ -372,6 +393,7 @@ class RunOutput:
         refuse_results(self.dir, cfg)
         self.dir.mkdir(parents=True, exist_ok=True)
         earlier = [name for name in RUN_FILES if (self.dir / name).exists()]
+        earlier += sorted(p.name for p in self.dir.glob(EVENT_FILES))  # its TensorBoard curves
         if cfg["overwrite"] and earlier:
             aside = set_aside(self.dir, earlier, (), "overwrite=true: a new run started afresh in this folder")
             log.warning("fedskew: overwrite=true: the earlier run's files are moved to %s", aside)
@@ -417,14 +439,23 @@ class RunOutput:
         for f in failures:
             append_jsonl(self.dir / "failures.jsonl", {"round": server_round, **f})
 
-    def finish(self, summary: dict[str, Any], state_dict: dict[str, torch.Tensor] | None) -> None:
-        """Write `model.pt` (not for a method without a global model: `state_dict` None), the
-        accuracy plot and `summary.json`."""
+    def finish(
+        self, summary: dict[str, Any], state_dict: dict[str, torch.Tensor] | None, class_labels: list[str] | None = None
+    ) -> Any:
+        """Write `model.pt` (not for a method without a global model: `state_dict` None), the accuracy
+        plot, `per-class.png` (with `class_labels` on its class axis) and `summary.json`; return the
+        per-class figure (None without per-class records), for the trackers."""
         if state_dict is not None:
             model = {k: v.cpu() for k, v in state_dict.items()}
             atomic_write(self.dir / "model.pt", lambda f: torch.save(model, f))
-        plot_accuracy(read_jsonl(self.dir / "metrics.jsonl"), self.dir / "accuracy.png", summary.get("method", ""))
+        rows = read_jsonl(self.dir / "metrics.jsonl")
+        plot_accuracy(rows, self.dir / "accuracy.png", summary.get("method", ""))
+        figure = per_class_figure(rows, f"{summary.get('method', '')}: global model, accuracy per class", class_labels)
+        (self.dir / "per-class.png").unlink(missing_ok=True)
+        if figure is not None:
+            figure.savefig(self.dir / "per-class.png", dpi=100)
         write_json(self.dir / "summary.json", summary)
+        return figure
 
 
 def plot_accuracy(rows: list[dict[str, Any]], path: Path, title: str) -> None:
@@ -454,3 +485,52 @@ def plot_accuracy(rows: list[dict[str, Any]], path: Path, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def per_class_figure(rows: list[dict[str, Any]], title: str, class_labels: list[str] | None = None) -> Any:
+    """Heatmap of the global model's per-class accuracy: one row per class, one column per evaluated
+    round, absent classes grey; None when `rows` hold no per-class record."""
+    import matplotlib
+    from matplotlib.figure import Figure  # not pyplot: no global state
+
+    points = {r["round"]: r["global-per-class-accuracy"] for r in rows if r.get("global-per-class-accuracy")}
+    if not points:
+        return None
+    first, last = min(points), max(points)
+    c = len(points[last])
+    grid = np.full((c, last - first + 1), np.nan)  # rounds not evaluated (eval-every) stay grey
+    for r, acc in points.items():
+        grid[:, r - first] = [np.nan if v is None else v for v in acc[:c]]
+    labels = class_labels if class_labels is not None and len(class_labels) == c else [str(i) for i in range(c)]
+    fig = Figure(figsize=(min(16.0, 5.0 + 0.12 * grid.shape[1]), min(16.0, 1.8 + 0.28 * c)), layout="constrained")
+    ax = fig.subplots()
+    image = ax.imshow(
+        np.ma.masked_invalid(grid),
+        aspect="auto",
+        origin="lower",
+        cmap=matplotlib.colormaps["viridis"].with_extremes(bad="lightgrey"),
+        vmin=0.0,
+        vmax=1.0,
+        interpolation="nearest",
+        extent=(first - 0.5, last + 0.5, -0.5, c - 0.5),
+    )
+    step = max(1, c // 25)
+    ax.set_yticks(range(0, c, step), [labels[i] for i in range(0, c, step)], fontsize=8 if c <= 25 else 6)
+    ax.set_xlabel("round")
+    ax.set_ylabel("class")
+    ax.set_title(title, fontsize=10)
+    fig.colorbar(image, ax=ax, label="accuracy")
+    return fig
+
+
+def class_labels(num_classes: int, skew: dict[str, Any] | None, groups: dict[str, list[int]] | None) -> list[str]:
+    """The class axis of `per-class.png`: each class id, with its long-tail group (`frequency_groups`)
+    and, for a class one client holds for the most part (`partition_skew`), that client and its share."""
+    labels = [str(c) for c in range(num_classes)]
+    for name, classes in (groups or {}).items():
+        for c in classes:
+            labels[c] += f" {name}"
+    for d in skew["dominated-classes"] if skew else []:
+        if d["class"] < num_classes:
+            labels[d["class"]] += f" ({100 * d['share']:.0f} % client {d['client']})"
+    return labels

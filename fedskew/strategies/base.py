@@ -55,7 +55,7 @@ from fedskew.records import Rejected, Spec, Tensor, check_content
 from fedskew.strategies.aggregate import summarize_clients, update_ratio, weighted_average
 from fedskew.strategies.discovery import assign_partitions, majority_count
 from fedskew.training import built_with_seed, steps_per_round
-from fedskew.wire import BASE, Dims, Wire
+from fedskew.wire import BASE, CENTRAL_EVAL_METRICS, Dims, Wire
 
 log = logging.getLogger("fedskew.server")
 
@@ -376,7 +376,9 @@ class BaseStrategy(Strategy):
     @staticmethod
     def client_metrics(replies: list[Message]) -> dict[str, Any]:
         """Personalized accuracy and client-global accuracy (each the unweighted mean and std over
-        clients of a per-client test accuracy), training loss and times."""
+        clients of a per-client test accuracy), with `personalized-central-eval` the personalized
+        models' accuracy on the classes their clients hold and lack (over the clients that reported
+        it), training loss and times."""
         ms = [m.content["metrics"] for m in replies]
         out: dict[str, Any] = {}
         for client_key, key in (
@@ -384,6 +386,11 @@ class BaseStrategy(Strategy):
             ("client-global-accuracy", "client-global-accuracy"),
         ):
             out[key], out[f"{key}-std"] = summarize_clients([float(m[client_key]) for m in ms if client_key in m])
+        for client_key in CENTRAL_EVAL_METRICS:
+            values = [float(m[client_key]) for m in ms if client_key in m]
+            if values:
+                key = client_key.replace("personal-", "personalized-")
+                out[key], out[f"{key}-std"] = summarize_clients(values)
         n = np.array([float(m["num-examples"]) for m in ms])
         loss = np.array([float(m.get("train-loss", np.nan)) for m in ms])
         secs = [float(m.get("train-seconds", np.nan)) for m in ms]
