@@ -96,6 +96,7 @@ def test_head_middle_tail_on_a_constructed_long_tail() -> None:
     for name in ("head", "middle", "tail"):
         assert record[f"global-{name}-accuracy"] == pytest.approx(np.mean([acc[c] for c in groups[name]]))
     assert frequency_groups(np.full(10, 600)) is None  # balanced: no tail
+    assert frequency_groups(np.array([4801, 4803, 4803, 4800])) is None  # a Dirichlet split of a balanced set
     assert frequency_groups(np.array([100, 60, 51, 51])) is None  # max / min < 2
     assert frequency_groups(np.array([100, 60, 51, 50])) == {"head": [0], "middle": [1, 2], "tail": [3]}
 

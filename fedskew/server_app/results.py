@@ -492,6 +492,7 @@ def per_class_figure(rows: list[dict[str, Any]], title: str, class_labels: list[
     round, absent classes grey; None when `rows` hold no per-class record."""
     import matplotlib
     from matplotlib.figure import Figure  # not pyplot: no global state
+    from matplotlib.ticker import MaxNLocator
 
     points = {r["round"]: r["global-per-class-accuracy"] for r in rows if r.get("global-per-class-accuracy")}
     if not points:
@@ -516,6 +517,7 @@ def per_class_figure(rows: list[dict[str, Any]], title: str, class_labels: list[
     )
     step = max(1, c // 25)
     ax.set_yticks(range(0, c, step), [labels[i] for i in range(0, c, step)], fontsize=8 if c <= 25 else 6)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("round")
     ax.set_ylabel("class")
     ax.set_title(title, fontsize=10)
