@@ -36,7 +36,6 @@ from typing import Any
 import numpy as np
 
 LONG_TAIL_MIN_RATIO = 2.0
-GROUPS = ("head", "middle", "tail")
 # the `metrics.jsonl` keys whose value is a list indexed by class (their names end so)
 PER_CLASS = ("per-class-accuracy", "classifier-norms", "class-holders")
 PerClass = list[float | None]

@@ -206,3 +206,22 @@ def test_the_partition_picture_is_drawn_beside_round_one_and_its_failure_is_only
     assert drawn == [False]  # in the background thread
     assert (run_dir / "summary.json").is_file() and (run_dir / "partition.json").is_file()
     assert "partition.png not written: disk full" in caplog.text
+
+
+def test_a_resumed_run_s_event_files_show_each_round_once(job) -> None:
+    """Stopped in round 4 after the checkpoint of round 2 (round 3 was written, then cut back): the
+    resumed run's event file purges round 3 of the first attempt, so TensorBoard's reader sees every
+    round once, with the values of metrics.jsonl."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    over = {"num-server-rounds": 4, "checkpoint-every": 2, "round-retries": 0, "fraction-train": 1.0}
+    crash = {(p, 4): raise_error for p in range(10)}
+    with pytest.raises(RuntimeError):
+        job(crash, **over)
+    run_dir = job(**over, resume=True)
+    assert len(list(run_dir.glob("events.out.tfevents.*"))) == 2
+    events = EventAccumulator(str(run_dir)).Reload()
+    got = [(e.step, e.value) for e in events.Scalars("global-accuracy")]
+    want = [(m["round"], m["global-accuracy"]) for m in rows(run_dir / "metrics.jsonl")]
+    assert [s for s, _ in got] == [1, 2, 3, 4]
+    assert [v for _, v in got] == pytest.approx([v for _, v in want], rel=1e-6)
