@@ -354,3 +354,13 @@ def test_a_client_claiming_per_class_values_is_screened(task_identity, central_e
     assert {k: got.get(k) for k in keys} == {k: want.get(k) for k in keys}
     if central_eval:
         assert 0.0 <= want["personalized-missing-accuracy"] <= want["personalized-held-accuracy"] <= 1.0
+
+
+def test_fedskew_config_lists_the_diagnostics_keys(capsys) -> None:
+    from fedskew import cli
+
+    assert cli.main(["config"]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines()}
+    assert "per-class record" in lines["class-metrics"] and "True" in lines["class-metrics"]
+    assert "classes it holds" in lines["personalized-central-eval"] and "False" in lines["personalized-central-eval"]
+    assert "TensorBoard" in lines["tensorboard"] and "Weights & Biases" in lines["wandb-project"]
