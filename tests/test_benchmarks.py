@@ -32,7 +32,7 @@ def run_benchmark(script: str, *args: str) -> subprocess.CompletedProcess[str]:
         ("mupfl_bavd.py", ["ratio bavd / plain accuracy", "activations kept", "rescaled", "top-K 90 %"]),
         ("fedgela_etf.py", ["cos class mean / classifier", "ratio adapted / plain-ETF evaluation", "no adaptation"]),
         ("cuda_paths.py", ["fedavg   lenet     cpu     global acc", "finite True", "runs failed: 0"]),
-        ("class_metrics.py", ["on + personalized-central-eval", "extra per round", "personalized-central-eval on"]),
+        ("class_metrics.py", ["on + personalized-central-eval", "extra per round", "ratio (round + central test set"]),
     ],
 )
 def test_benchmark_prints_its_ratios(script: str, expected: list[str]) -> None:
