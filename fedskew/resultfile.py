@@ -63,7 +63,8 @@ STAT_NAME = re.compile(r"^[a-z][a-z0-9-]*\.(last\d+|osc\d+|osc\d+-\d+|r\d+-\d+|f
 FILE_KEYS = {"suite", "suite-file", "overrides", "cells"}
 CELL_KEYS = {"partition", "method", "seeds", "rounds", "config", "config-sha256", "source", "note", "stats"}
 STAT_KEYS = {"mean", "std", "per-seed", "seeds"}
-UNHASHED = ("seed", "out-dir", "run-name", "data-root", "resume", "overwrite")  # where and how, not what
+# where and how, not what (the trackers only copy the metrics)
+UNHASHED = ("seed", "out-dir", "run-name", "data-root", "resume", "overwrite", "tensorboard", "wandb-project")
 
 
 @dataclass

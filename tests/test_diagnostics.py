@@ -364,3 +364,18 @@ def test_fedskew_config_lists_the_diagnostics_keys(capsys) -> None:
     assert "per-class record" in lines["class-metrics"] and "True" in lines["class-metrics"]
     assert "classes it holds" in lines["personalized-central-eval"] and "False" in lines["personalized-central-eval"]
     assert "TensorBoard" in lines["tensorboard"] and "Weights & Biases" in lines["wandb-project"]
+
+
+def test_the_trackers_keys_change_no_result_but_the_per_class_record_does() -> None:
+    """A run saved with TensorBoard off or a W&B project is the same computation (a suite does not
+    call it changed, its results hash the same); one without the per-class record is not."""
+    from fedskew.config import validate
+    from fedskew.resultfile import config_sha256
+    from fedskew.server_app.results import config_changes, saved_config
+    from tests.harness import app_defaults
+
+    cfg = validate(app_defaults())
+    quiet = saved_config({**cfg, "tensorboard": False, "wandb-project": "p"})
+    assert config_changes(quiet, cfg) == []
+    assert config_sha256(quiet) == config_sha256(saved_config(cfg))
+    assert config_changes(saved_config({**cfg, "class-metrics": False}), cfg) == ["class-metrics"]

@@ -56,6 +56,7 @@ RUN_FILES += ("per-class.png",)
 RESUME_FIXED = ("method", "model", "dataset")  # what the checkpoint's arrays and state belong to
 START_KEYS = ("resume", "overwrite")  # how a run starts, not what it computes: saved as false
 PLACE_KEYS = ("out-dir", "run-name", "data-root")  # where things are: moving a folder changes no result
+OUTPUT_KEYS = ("tensorboard", "wandb-project")  # where a copy of the metrics also goes: no result depends on them
 EVENT_FILES = "events.out.tfevents.*"  # TensorBoard's (`fedskew.server_app.tracking`)
 AFRESH = "or start afresh with `fedskew run --overwrite` (run config overwrite=true), which keeps its files aside"
 
@@ -198,11 +199,12 @@ def saved_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
 
 def config_changes(saved: Mapping[str, Any], cfg: Mapping[str, Any]) -> list[str]:
     """The keys whose value in `cfg` differs from the `saved` config (a run's `config.json`),
-    leaving out where things are (`PLACE_KEYS`) and how the run starts (`START_KEYS`); a key the
-    saved config lacks (added to fedskew since) counts as its default."""
+    leaving out where things are (`PLACE_KEYS`), where copies of the metrics go (`OUTPUT_KEYS`) and
+    how the run starts (`START_KEYS`); a key the saved config lacks (added to fedskew since) counts
+    as its default."""
     now = saved_config(cfg)
     defaults = saved_config({k: p.default for k, p in all_params().items()})
-    skip = (*PLACE_KEYS, *START_KEYS)
+    skip = (*PLACE_KEYS, *OUTPUT_KEYS, *START_KEYS)
     return sorted(k for k, v in now.items() if k not in skip and saved.get(k, defaults.get(k)) != v)
 
 
