@@ -55,8 +55,10 @@ CLIENT_METRICS: dict[str, Number] = {
     "participations": Number(int, 0),
 }
 # With `personalized-central-eval`, and only then: the personalized model on the central test set,
-# over the classes the client holds and over those it lacks (`BaseTrainer.evaluate_central`).
+# whole (the "generic accuracy" FedGELA and FedRoD report for personalized methods), over the classes
+# the client holds and over those it lacks (`BaseTrainer.evaluate_central`).
 CENTRAL_EVAL_METRICS: dict[str, Number] = {
+    "personal-central-accuracy": FRACTION,
     "personal-held-accuracy": FRACTION,
     "personal-missing-accuracy": FRACTION,
 }

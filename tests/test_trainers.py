@@ -255,7 +255,7 @@ def test_the_personalized_model_on_the_central_test_set_splits_held_and_missing_
     trainer = make_trainer(FedAvgTrainer, data, **{"personalized-central-eval": True, "lr": 0.05})
     trainer.ctx.central_test = (x, y)
     m = make_trainer(FedAvgTrainer, data).fit(global_content())["metrics"]
-    assert "personal-held-accuracy" not in m and "personal-missing-accuracy" not in m  # off by default
+    assert not {"personal-central-accuracy", "personal-held-accuracy", "personal-missing-accuracy"} & set(m)  # off
     reply = trainer.fit(global_content())
     model = build_model("mlp", "fashion-mnist")
     model.load_state_dict(reply["arrays"].to_torch_state_dict())
@@ -267,3 +267,4 @@ def test_the_personalized_model_on_the_central_test_set_splits_held_and_missing_
     assert m["personal-held-accuracy"] == pytest.approx(float(right[held].mean()))
     assert m["personal-missing-accuracy"] == pytest.approx(float(right[[not h for h in held]].mean()))
     assert m["personal-held-accuracy"] > 0.9 and m["personal-missing-accuracy"] < 0.05
+    assert m["personal-central-accuracy"] == pytest.approx(float(right.mean()))  # the whole, balanced test set

@@ -217,12 +217,19 @@ class BaseTrainer:
         return evaluate(model, self.data.x_test, self.data.y_test, self.cfg["eval-batch-size"], self.device)
 
     def evaluate_central(self, model: nn.Module) -> dict[str, float]:
-        """`personal-held-accuracy` and `personal-missing-accuracy` of `model` on the central test set
-        (`held_and_missing_accuracy`; a metric with no class to average over is left out)."""
+        """`personal-central-accuracy` (the whole central test set: the generic accuracy of a
+        personalized model, FedGELA Sec. 5, FedRoD), `personal-held-accuracy` and
+        `personal-missing-accuracy` of `model` (`held_and_missing_accuracy`; a metric with no class to
+        average over is left out)."""
         x, y = self.ctx.central_test
         _, cm = confusion(model, x, y, self.cfg["eval-batch-size"], self.device)
         held, missing = held_and_missing_accuracy(cm, self.data.train_counts > 0)
-        values = {"personal-held-accuracy": held, "personal-missing-accuracy": missing}
+        whole = float(np.trace(cm) / cm.sum()) if cm.sum() else None
+        values = {
+            "personal-central-accuracy": whole,
+            "personal-held-accuracy": held,
+            "personal-missing-accuracy": missing,
+        }
         return {k: v for k, v in values.items() if v is not None}
 
     def fit(self, content: RecordDict) -> RecordDict:

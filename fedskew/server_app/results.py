@@ -147,6 +147,7 @@ TRACKED = (
     "personalized-accuracy",
     "global-balanced-accuracy",
     "global-worst-class-accuracy",
+    "personalized-central-accuracy",
     "personalized-held-accuracy",
     "personalized-missing-accuracy",
 )
