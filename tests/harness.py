@@ -14,6 +14,9 @@ import torch
 from flwr.app import Context, Error, Message, RecordDict
 
 from fedskew.client_app.app import app as client_app
+from fedskew.client_app.base import TrainerContext
+from fedskew.client_app.state import ClientState
+from fedskew.data.clients import ClientData
 from fedskew.server_app.app import main as server_main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -77,6 +80,27 @@ class InProcessGrid:
             if reply is not None:
                 replies.append(reply)
         return replies
+
+
+def trainer_context(
+    cfg: dict[str, Any],
+    data: ClientData,
+    state: RecordDict | None = None,
+    partition_id: int = 0,
+    server_round: int = 1,
+    generator: torch.Generator | None = None,
+) -> TrainerContext:
+    """A trainer's context on CPU, as the ClientApp builds it: the client's persistent state under the
+    config's `state-max-mb`, a generator seeded by the round unless one is given."""
+    return TrainerContext(
+        cfg=cfg,
+        data=data,
+        device=torch.device("cpu"),
+        state=ClientState(RecordDict() if state is None else state, cfg["state-max-mb"], partition_id),
+        partition_id=partition_id,
+        server_round=server_round,
+        generator=generator or torch.Generator().manual_seed(server_round),
+    )
 
 
 def run_in_process(

@@ -11,7 +11,6 @@ import torch
 import torch.nn.functional as F
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
-from fedskew.client_app.base import TrainerContext
 from fedskew.client_app.fedavg import FedAvgTrainer
 from fedskew.client_app.fedphp import FedPHPTrainer
 from fedskew.client_app.hpm import HPM_TENSORS
@@ -21,7 +20,7 @@ from fedskew.data.clients import ClientData
 from fedskew.losses import hpm_momentum, mmd_multi_gaussian
 from fedskew.strategies.fedavg import FedAvgStrategy
 from fedskew.strategies.fedphp import FedPHPStrategy
-from tests.harness import cut_and_resume
+from tests.harness import cut_and_resume, trainer_context
 
 
 def generate_mu(cnt: int, c_ratio: float, max_round: int) -> float:
@@ -43,16 +42,7 @@ def _cfg(**over) -> dict:
 
 
 def _trainer(cls, cfg: dict, state: RecordDict, server_round: int, data: ClientData | None = None):
-    ctx = TrainerContext(
-        cfg=cfg,
-        data=data or _data(),
-        device=torch.device("cpu"),
-        state=ClientState(state, cfg["state-max-mb"], 2),
-        partition_id=2,
-        server_round=server_round,
-        generator=torch.Generator().manual_seed(server_round),
-    )
-    return cls(ctx)
+    return cls(trainer_context(cfg, data or _data(), state, 2, server_round))
 
 
 def _content(server_round: int, arrays: dict) -> RecordDict:

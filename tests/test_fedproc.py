@@ -12,15 +12,13 @@ import torch
 import torch.nn.functional as F
 from flwr.app import ConfigRecord, RecordDict
 
-from fedskew.client_app.base import TrainerContext
 from fedskew.client_app.fedavg import FedAvgTrainer
 from fedskew.client_app.fedproc import FedProcTrainer
-from fedskew.client_app.state import ClientState
 from fedskew.config import validate
 from fedskew.losses.fedproc import prototype_weight, prototypical_contrastive_loss
 from fedskew.strategies.fedproc import FedProcStrategy
 from fedskew.training import seed_everything
-from tests.harness import cut_and_resume
+from tests.harness import cut_and_resume, trainer_context
 from tests.test_fedmr import reply
 from tests.test_trainers import global_content, make_data
 
@@ -65,10 +63,7 @@ def test_the_prototype_weight_anneals_from_one_to_zero() -> None:
 # ---------------------------------------------------------------------------------------------- trainer
 def fedproc_trainer(server_round: int, method: str = "fedproc", **overrides):
     cfg = validate({"method": method, "model": "mlp", "batch-size": 16, "num-server-rounds": 3, **overrides})
-    ctx = TrainerContext(
-        cfg, make_data(), torch.device("cpu"), ClientState(RecordDict(), 64, 0), 0, server_round,
-        seed_everything(cfg["seed"], 0, server_round),
-    )  # fmt: skip
+    ctx = trainer_context(cfg, make_data(), None, 0, server_round, seed_everything(cfg["seed"], 0, server_round))
     return (FedProcTrainer if method == "fedproc" else FedAvgTrainer)(ctx), cfg
 
 

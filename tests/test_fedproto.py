@@ -13,9 +13,7 @@ import torch
 import torch.nn.functional as F
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
-from fedskew.client_app.base import TrainerContext
 from fedskew.client_app.fedproto import MODEL_TENSORS, FedProtoTrainer, PrototypeClassifier
-from fedskew.client_app.state import ClientState
 from fedskew.config import validate
 from fedskew.data.clients import ClientData
 from fedskew.losses.fedproto import global_prototypes, prototype_distance_loss, prototype_logits
@@ -23,7 +21,7 @@ from fedskew.records import Rejected, check_content
 from fedskew.strategies.fedavg import FedAvgStrategy
 from fedskew.strategies.fedproto import FedProtoStrategy
 from fedskew.wire import FEDPROTO_PROTOTYPES as PROTOS
-from tests.harness import cut_and_resume
+from tests.harness import cut_and_resume, trainer_context
 
 
 # ---------------------------------------------------------------------- maths
@@ -98,16 +96,7 @@ def _content(server_round: int, protos: torch.Tensor | None = None, valid: torch
 
 
 def _trainer(cfg: dict, state: RecordDict, server_round: int = 1, data: ClientData | None = None) -> FedProtoTrainer:
-    ctx = TrainerContext(
-        cfg=cfg,
-        data=data or _data(),
-        device=torch.device("cpu"),
-        state=ClientState(state, cfg["state-max-mb"], 3),
-        partition_id=3,
-        server_round=server_round,
-        generator=torch.Generator().manual_seed(server_round),
-    )
-    return FedProtoTrainer(ctx)
+    return FedProtoTrainer(trainer_context(cfg, data or _data(), state, 3, server_round))
 
 
 def test_only_prototypes_travel_and_the_model_stays_on_the_client() -> None:

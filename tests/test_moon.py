@@ -10,7 +10,6 @@ import torch
 import torch.nn.functional as F
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
-from fedskew.client_app.base import TrainerContext
 from fedskew.client_app.fedavg import FedAvgTrainer
 from fedskew.client_app.moon import SLOTS, MOONTrainer
 from fedskew.client_app.state import ClientState
@@ -19,7 +18,7 @@ from fedskew.losses.moon import model_contrastive_loss
 from fedskew.models import build_model
 from fedskew.records import Number
 from fedskew.training import seed_everything
-from tests.harness import cut_and_resume
+from tests.harness import cut_and_resume, trainer_context
 from tests.test_trainers import make_data
 
 
@@ -52,15 +51,7 @@ def test_contrastive_loss_pulls_to_the_global_and_pushes_from_the_previous_repre
 # ---------------------------------------------------------------------------------------------- the trainer
 def moon_trainer(state: RecordDict, server_round: int, method: str = "moon", **overrides) -> MOONTrainer:
     cfg = validate({"method": method, "model": "mlp", "batch-size": 16, **overrides})
-    ctx = TrainerContext(
-        cfg=cfg,
-        data=make_data(),
-        device=torch.device("cpu"),
-        state=ClientState(state, 64, 0),
-        partition_id=0,
-        server_round=server_round,
-        generator=seed_everything(cfg["seed"], 0, server_round),
-    )
+    ctx = trainer_context(cfg, make_data(), state, 0, server_round, seed_everything(cfg["seed"], 0, server_round))
     return (MOONTrainer if method == "moon" else FedAvgTrainer)(ctx)
 
 
