@@ -213,8 +213,10 @@ METHODS: dict[str, MethodSpec] = {
             init=Param(
                 str,
                 "global",
-                "MuPFL: a client starts from the global model (Alg. 1 as FedAvg with clustering) or its own w~_i",
-                choices=("global", "personal"),
+                "MuPFL: a client starts from the global model (Alg. 1 as FedAvg with clustering), its own w~_i"
+                " ('personal'), or its w~_i's feature extractor with the global classifier ('cluster', Eq. 14"
+                " on the client's path)",
+                choices=("global", "personal", "cluster"),
             ),
             alpha=Param(float, 0.5, "MuPFL ACMU: weight of the update cosine vs the map cosine", low=0.0, high=1.0),
             k_min=Param(int, 2, "MuPFL ACMU: smallest number of clusters tried", low=2),
@@ -227,6 +229,29 @@ METHODS: dict[str, MethodSpec] = {
             ),
             bavd_rescale=Param(
                 bool, False, "MuPFL BAVD: scale kept activations by positions / kept (inverted dropout)"
+            ),
+            bavd_mask=Param(
+                str,
+                "batch",
+                "MuPFL BAVD: one mask from the batch-mean map ('batch'), or per sample: its own mean"
+                " ('sample-mean'), its top-K ('sample-topk', Sec. 3.6), the map's mean as its threshold"
+                " ('map-threshold')",
+                choices=("batch", "sample-mean", "sample-topk", "map-threshold"),
+            ),
+            bavd_top=Param(
+                float,
+                0.5,
+                "MuPFL BAVD 'sample-topk': the fraction K of each sample-channel slice kept (the paper gives none)",
+                low=0.0,
+                high=1.0,
+                low_open=True,
+            ),
+            bavd_site=Param(
+                str,
+                "convs",
+                "MuPFL BAVD: after every conv block ('convs'), after the last only ('last-conv'), or on the"
+                " flattened features before the classifier ('features')",
+                choices=("convs", "last-conv", "features"),
             ),
             bavd_reset=Param(
                 str,
@@ -251,6 +276,13 @@ METHODS: dict[str, MethodSpec] = {
                 high=1000,
             ),
             feature_batch=Param(int, 64, "MuPFL PKCF: batch size of the classifier fine-tune", low=1),
+            feature_init=Param(
+                str,
+                "normal",
+                "MuPFL PKCF: synthetic features start N(0,1) (CReFF), as the global extractor's outputs"
+                " (Sec. 3.5, on N(0,1) inputs), or N(0,1) rescaled to the clients' real-feature norm",
+                choices=("normal", "extractor", "rescaled"),
+            ),
             feature_lr=Param(float, 1.0, "MuPFL PKCF: SGD lr of the feature synthesis", low=0.0, low_open=True),
             match_iters=Param(
                 int,
