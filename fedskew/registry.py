@@ -311,13 +311,37 @@ METHODS: dict[str, MethodSpec] = {
             alpha=Param(
                 float, 0.5, "MAP stage 1: restricted-softmax scale of missing classes' logits", low=0.0, high=1.0
             ),
-            scale=Param(str, "binary", "MAP: RS rule, 'binary' (paper) or 'count'", choices=("binary", "count")),
+            scale=Param(
+                str,
+                "binary",
+                "MAP: RS rule, 'binary' (paper), 'count', or 'fraction' (authors' code: tau on class"
+                " fractions, so every logit x alpha on a client with 2+ classes)",
+                choices=("binary", "count", "fraction"),
+            ),
             tau=Param(int, 1, "MAP: a class is observed when the client has >= tau samples", low=1),
             **_hpm("MAP", soften_student=True, mu_max=1.0),
-            personal_epochs=Param(int, 1, "MAP: stage-2 (personalization) epochs (at most 1000)", low=0, high=1000),
+            personal_epochs=Param(
+                int, 1, "MAP: stage-2 (personalization) epochs under schedule 'epochs' (at most 1000)", low=0, high=1000
+            ),
             personal_lr_factor=Param(float, 1.0, "MAP: stage-2 lr = lr * factor (code: 0.2)", low=0.0, low_open=True),
+            schedule=Param(
+                str,
+                "epochs",
+                "MAP stage lengths: local-epochs + map-personal-epochs ('epochs'), local-epochs split in"
+                " halves (Alg. 1: 'algorithm1'), or the authors' code's steps ('code': max(E nb, 5), then"
+                " max(int(0.1 x that), 5); int(Q T) in mu)",
+                choices=("epochs", "algorithm1", "code"),
+            ),
+            hpm_init=Param(
+                str,
+                "none",
+                "MAP: a first participation has no HPM (paper) or the initial model as its HPM ('initial', code)",
+                choices=("none", "initial"),
+            ),
             uniform_aggregation=Param(
-                bool, True, "MAP: average uploads uniformly (Alg. 1); false = aggregation-weights"
+                bool,
+                False,
+                "MAP: average uploads uniformly (Alg. 1 line 6); false = aggregation-weights (code, FedAvg)",
             ),
         ),
         _m(
