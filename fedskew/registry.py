@@ -192,6 +192,12 @@ METHODS: dict[str, MethodSpec] = {
                 choices=("hinge", "pull"),
             ),
             lite_n=Param(int, -1, "FedMR Lite: inter loss on n samples per batch (-1 all, 0 off)", low=-1),
+            grad_share_every=Param(
+                int,
+                0,
+                "FedMR: every n-th batch, log each term's backbone-gradient norm against the CE's (0 = never)",
+                low=0,
+            ),
             share_fraction=Param(
                 float, 1.0, "FedMR privacy: share of clients (fixed, seeded) that upload prototypes", low=0.0, high=1.0
             ),

@@ -212,7 +212,14 @@ def _fedmr_config(dims: Dims) -> dict[str, Spec]:
 
 
 FEDMR = Wire(
-    {"intra-loss": NON_NEGATIVE, "inter-loss": NON_NEGATIVE, "inter-active": FRACTION, "prototypes-shared": FRACTION},
+    {
+        "intra-loss": NON_NEGATIVE,
+        "inter-loss": NON_NEGATIVE,
+        "inter-active": FRACTION,
+        "prototypes-shared": FRACTION,
+        "intra-grad-share": NON_NEGATIVE,  # ||grad_body mu1 l_intra|| / ||grad_body CE||, round mean
+        "inter-grad-share": NON_NEGATIVE,  # ||grad_body mu2 l_inter|| / ||grad_body CE||
+    },
     prototype_uplink(FEDMR_PROTOTYPES),
     prototype_downlink(FEDMR_PROTOTYPES),
 ).extend(downlink=_fedmr_config)
