@@ -372,6 +372,7 @@ def test_code_head_divides_by_the_temperature_in_training_only(task_identity) ->
         h = model.features(x)
         out = h @ (phi * strategy.etf)  # compute_accuracy_l
         assert torch.allclose(model(x), out, atol=1e-5)
+        assert torch.allclose(out, h @ model.class_weights().T, atol=1e-5)  # the vectors scored against
         glo = model.plain()
         loss, accuracy = evaluate(glo, x, y, 4, torch.device("cpu"))
         authors = h @ strategy.etf  # compute_accuracy_g

@@ -209,8 +209,9 @@ class ETFNet(nn.Module):
 
     def class_weights(self) -> torch.Tensor:
         """`[C, d]`: row c is class c's classifier vector s * phi_c * m_c (`gela_logits`; phi = 1
-        without adaptation), the vector the normalised feature f(h) is scored against."""
-        w = self.scale * self.etf
+        without adaptation), the vector the normalised feature f(h) is scored against, s the scale
+        of the current mode (the evaluation's for a model in eval mode, as `forward`)."""
+        w = (self.scale if self.training else self.eval_scale) * self.etf
         return (w if self.phi is None else w * self.phi.unsqueeze(0)).T
 
 

@@ -43,7 +43,8 @@ Decisions and deviations (the paper has no public code):
   after PKCF the client trains (u_i, v_glo) (Sec. 3.5: the global classifier), "at m = 0 MuPFL
   defaults to FedAvg" (Sec. 4.5) and Table I's "FedAvg with clustering" is FedAvg whose update is
   ACMU's; Alg. 1 L6's w_i^(t-1) reuses the superscript that L18 uses for SGD steps. With "personal"
-  nothing trains from w_glo, an average of drifting personal models (`docs/notes/mupfl.md`).
+  nothing trains from w_glo, an average of drifting personal models (`docs/notes/mupfl.md`). "global"
+  stays the default until federated runs measure "cluster" against it (no such run yet).
   "personal" keeps every w~_i on the server (N models).
 - ACMU on the client's path (`mupfl-init="cluster"`): Alg. 1 L6 trains from w_i^(t-1) and L7
   subtracts it, L8 / Eq. 14 update w~_i from the same w_i^(t-1), and Sec. 3.5 ends "client i will
@@ -78,8 +79,9 @@ Decisions and deviations (the paper has no public code):
 - Metrics: `personalized-accuracy` is the locally trained model w_i on the client's test split (as
   for every fedskew method); `client-global-accuracy` is w_glo on it before training (under
   "personal" the server sends w_glo beside w~_i for it: one more model on the downlink), and
-  `start-accuracy` (only under "personal") is the paper's personalized model w~_i (what the client
-  receives; w_glo for a first-time client), both measured before the round's training.
+  `start-accuracy` (only under "personal" and "cluster") is the paper's personalized model: what the
+  client receives (w~_i, or its extractor with the global classifier; w_glo for a first-time
+  client), both measured before the round's training.
 - PKCF also runs after the last round (its features are unused then) so every round is timed.
 """
 
