@@ -3,21 +3,23 @@ Table II protocol (`suites/paper-mupfl.yaml`, IF 10, Dirichlet 0.5, 50 clients, 
 batch 64, lr 0.01, the paper's CNN).
 
 For every `--step`-th client, models trained from the same initialisation on the same batches:
-plain SGD; SGD with BAVD (the mask of the running activation map, Eq. 5-6, as `MuPFLTrainer` applies
-it); that BAVD model evaluated with its final masks still applied (is the loss of accuracy the
-mismatch between masked training and unmasked evaluation?); and, with `--readings`, the other
-readings of Eq. 5-6 the spec lists (`../shared/methods/mupfl.md` 2.1, A1): the literal sign of psi,
-inverted-dropout rescaling of the kept activations (`mupfl-bavd-rescale`), and the top-K mask of
-section 3.6 (K = 50 % or 90 % of each channel's positions; the paper never gives K). Prints each
-client's accuracy on its local test split, the fraction of activations the final masks keep, and
-the means.
+plain SGD; SGD with BAVD (the batch-map mask of Eq. 5-6, `MuPFLTrainer`'s default); that BAVD model
+evaluated with its final masks still applied (is the loss of accuracy the mismatch between masked
+training and unmasked evaluation?); with `--readings`, the other readings of the batch map (the
+literal sign of psi, inverted-dropout rescaling `mupfl-bavd-rescale`, the top-K of the map's
+positions, K = 50 % or 90 %); with `--per-sample`, the per-sample masks (`mupfl-bavd-mask`:
+"sample-mean", "sample-topk" at K = 50 %, "map-threshold") at each site (`mupfl-bavd-site`: after
+both convolutions, after the second only, on the flattened features before the classifier). Prints
+each client's accuracy on its local test split, then per reading the mean accuracy, the points over
+plain SGD, and the mean fraction of positions and of activation mass its masks zeroed in training.
 
 `--start model.pt` starts every model from a run's global model (e.g. FedAvg's final one on this
 split, `outputs/suites/paper-mupfl/if10-a05--fedavg--s0/model.pt`) instead of a random
 initialisation: the situation of a federated round, where the client's locally trained model is
 its personalized model.
 
-    .venv/bin/python benchmarks/mupfl_bavd.py [--step 5] [--epochs 10] [--readings] [--start model.pt] [--quick]
+    .venv/bin/python benchmarks/mupfl_bavd.py [--step 5] [--epochs 10] [--readings] [--per-sample]
+        [--clients 0,25] [--start model.pt] [--quick]
 """
 
 from __future__ import annotations
@@ -34,18 +36,14 @@ from _common import ROOT
 from fedskew.config import validate
 from fedskew.data.clients import load_client_data
 from fedskew.launcher import app_defaults
-from fedskew.losses.mupfl import BAVD, attach_bavd, bavd_mask, loss_change
+from fedskew.losses.mupfl import BAVD, attach_bavd, loss_change
 from fedskew.models import build_model
 from fedskew.training import cross_entropy_loss, evaluate, sgd, train_epochs
 
 
 class TopK(BAVD):
-    """BAVD with the top-K mask section 3.6 suggests: the top `top` fraction of each channel's
-    positions of the map (instead of those at or above the normalised map's mean)."""
-
-    def __init__(self, top: float, rescale: bool = False) -> None:
-        super().__init__(rescale)
-        self.top = top
+    """BAVD with a top-K mask of the batch map: the top `top` fraction of each channel's positions of
+    the map (instead of those at or above the normalised map's mean)."""
 
     def mask(self) -> torch.Tensor:
         flat = self.map.detach().float().reshape(self.map.shape[0], -1)
@@ -54,12 +52,18 @@ class TopK(BAVD):
         return (keep * (flat.shape[1] / k) if self.rescale else keep).reshape(self.map.shape)
 
 
-READINGS: dict[str, dict] = {  # name -> psi sign and the layer's arguments (BAVD, or TopK with "top")
+# name -> the psi sign ("sign"), the layer class ("cls"), its site ("site") and its arguments
+READINGS: dict[str, dict] = {
     "bavd, literal psi sign": {"sign": "paper"},
     "bavd, rescaled (mupfl-bavd-rescale)": {"rescale": True},
-    "bavd, top-K 50 %": {"top": 0.5},
-    "bavd, top-K 90 %": {"top": 0.9},
-    "bavd, top-K 90 %, rescaled": {"top": 0.9, "rescale": True},
+    "bavd, top-K 50 %": {"cls": TopK, "top": 0.5},
+    "bavd, top-K 90 %": {"cls": TopK, "top": 0.9},
+    "bavd, top-K 90 %, rescaled": {"cls": TopK, "top": 0.9, "rescale": True},
+}
+PER_SAMPLE: dict[str, dict] = {
+    f"{reading}{' 50 %' if reading == 'sample-topk' else ''} @ {site}": {"reading": reading, "site": site}
+    for reading in ("sample-mean", "sample-topk", "map-threshold")
+    for site in ("convs", "last-conv", "features")
 }
 
 
@@ -82,8 +86,10 @@ def bavd_loss(layers: list[BAVD], per_epoch: int, sign: str = "improvement"):
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--step", type=int, default=5, help="every step-th of the 50 clients")
+    ap.add_argument("--clients", help="these clients instead, e.g. 0,25")
     ap.add_argument("--epochs", type=int, default=10)
-    ap.add_argument("--readings", action="store_true", help="also the other readings of Eq. 5-6")
+    ap.add_argument("--readings", action="store_true", help="also the other readings of the batch map")
+    ap.add_argument("--per-sample", action="store_true", help="also the per-sample masks at each site")
     ap.add_argument("--start", help="a global model's state dict (a run's model.pt) to start from")
     ap.add_argument("--quick", action="store_true", help="2 clients, 1 epoch, every reading")
     args = ap.parse_args()
@@ -93,41 +99,58 @@ def main() -> None:
     cfg = validate({**app_defaults(ROOT), **suite["base"], **suite["partitions"]["if10-a05"], "seed": 0})
     cpu = torch.device("cpu")
     start = torch.load(args.start, map_location=cpu, weights_only=True) if args.start else None
-    rows = []
-    for p in range(0, suite["num-supernodes"], step):
+    variants = {"plain": None, "bavd": {}}
+    if args.readings or args.quick:
+        variants.update(READINGS)
+    if args.per_sample or args.quick:
+        variants.update(PER_SAMPLE)
+    clients = [int(c) for c in args.clients.split(",")] if args.clients else range(0, suite["num-supernodes"], step)
+    rows, dropped = [], {}
+    for p in clients:
         d = load_client_data(cfg, p, suite["num-supernodes"])
         row: dict[str, float] = {}
-        for variant in ("plain", "bavd", *(READINGS if args.readings or args.quick else ())):
+        for variant, spec in variants.items():
             torch.manual_seed(100 + p)  # the same initial model for all
             model = build_model(cfg["model"], cfg["dataset"])
             if start is not None:
                 model.load_state_dict(start)
-            reading = dict(READINGS.get(variant, {}))
-            sign = reading.pop("sign", "improvement")
-            make = functools.partial(TopK if "top" in reading else BAVD, **reading)
-            layers = [] if variant == "plain" else attach_bavd(model, make)
+            layers: list[BAVD] = []
+            if spec is not None:
+                args_ = dict(spec)
+                sign, cls, site = args_.pop("sign", "improvement"), args_.pop("cls", BAVD), args_.pop("site", "convs")
+                layers = attach_bavd(model, functools.partial(cls, **args_), site)
             per_epoch = max(1, math.ceil(len(d.y_train) / cfg["batch-size"]))
             loss_fn = bavd_loss(layers, per_epoch, sign) if layers else cross_entropy_loss
             batches = torch.Generator().manual_seed(p)  # the same batches for all
             train_epochs(model, d.x_train, d.y_train, loss_fn, sgd(model.parameters(), cfg), epochs, 64, batches, cpu)
             row[variant] = evaluate(model, d.x_test, d.y_test, 1024, cpu)[1]
+            fractions = [f for f in (layer.dropped() for layer in layers) if f is not None]
+            if fractions:
+                dropped.setdefault(variant, []).append(np.mean(fractions, axis=0))
             if variant == "bavd":
                 model.train()  # BAVD masks apply in train mode (the CNN has no dropout or batch norm)
                 with torch.no_grad():
                     masked = model(d.x_test).argmax(1)
                 row["bavd, masks kept at evaluation"] = float((masked == d.y_test).float().mean())
-                row["activations kept"] = float(np.mean([float(bavd_mask(layer.map).mean()) for layer in layers]))
         rows.append(row)
         print(f"client {p:2d} ({len(d.y_train)} train): " + ", ".join(f"{k} {v:.4f}" for k, v in row.items()))
     means = {k: float(np.mean([r[k] for r in rows])) for k in rows[0]}
-    print("mean over clients: " + ", ".join(f"{k} {v:.4f}" for k, v in means.items()))
+    print(f"mean over clients: plain {means['plain']:.4f}")
     print(f"ratio bavd / plain accuracy {means['bavd'] / means['plain']:.3f}")
+    print("reading: accuracy, points over plain (clients better / worse), what its masks zeroed in training")
     for k in means:
-        if k not in ("plain", "activations kept"):
-            diffs = [r[k] - r["plain"] for r in rows]
-            wins, losses = sum(d > 1e-9 for d in diffs), sum(d < -1e-9 for d in diffs)
-            gain = 100 * (means[k] - means["plain"])
-            print(f"{k}: {gain:+.2f} points over plain, better on {wins}, worse on {losses}")
+        if k == "plain":
+            continue
+        diffs = [r[k] - r["plain"] for r in rows]
+        wins, losses = sum(x > 1e-9 for x in diffs), sum(x < -1e-9 for x in diffs)
+        gain = 100 * (means[k] - means["plain"])
+        zeroed = ""
+        if k in dropped:
+            positions, mass = np.mean(dropped[k], axis=0)
+            zeroed = (
+                f", zeroed positions {positions:.3f} / activation mass {mass:.3f} (activations kept {1 - mass:.3f})"
+            )
+        print(f"{k}: {means[k]:.4f}, {gain:+.2f} points over plain, better on {wins}, worse on {losses}{zeroed}")
 
 
 if __name__ == "__main__":

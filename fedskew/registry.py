@@ -192,6 +192,12 @@ METHODS: dict[str, MethodSpec] = {
                 choices=("hinge", "pull"),
             ),
             lite_n=Param(int, -1, "FedMR Lite: inter loss on n samples per batch (-1 all, 0 off)", low=-1),
+            grad_share_every=Param(
+                int,
+                0,
+                "FedMR: every n-th batch, log each term's backbone-gradient norm against the CE's (0 = never)",
+                low=0,
+            ),
             share_fraction=Param(
                 float, 1.0, "FedMR privacy: share of clients (fixed, seeded) that upload prototypes", low=0.0, high=1.0
             ),
@@ -213,8 +219,10 @@ METHODS: dict[str, MethodSpec] = {
             init=Param(
                 str,
                 "global",
-                "MuPFL: a client starts from the global model (Alg. 1 as FedAvg with clustering) or its own w~_i",
-                choices=("global", "personal"),
+                "MuPFL: a client starts from the global model (Alg. 1 as FedAvg with clustering), its own w~_i"
+                " ('personal'), or its w~_i's feature extractor with the global classifier ('cluster', Eq. 14"
+                " on the client's path)",
+                choices=("global", "personal", "cluster"),
             ),
             alpha=Param(float, 0.5, "MuPFL ACMU: weight of the update cosine vs the map cosine", low=0.0, high=1.0),
             k_min=Param(int, 2, "MuPFL ACMU: smallest number of clusters tried", low=2),
@@ -227,6 +235,29 @@ METHODS: dict[str, MethodSpec] = {
             ),
             bavd_rescale=Param(
                 bool, False, "MuPFL BAVD: scale kept activations by positions / kept (inverted dropout)"
+            ),
+            bavd_mask=Param(
+                str,
+                "batch",
+                "MuPFL BAVD: one mask from the batch-mean map ('batch'), or per sample: its own mean"
+                " ('sample-mean'), its top-K ('sample-topk', Sec. 3.6), the map's mean as its threshold"
+                " ('map-threshold')",
+                choices=("batch", "sample-mean", "sample-topk", "map-threshold"),
+            ),
+            bavd_top=Param(
+                float,
+                0.5,
+                "MuPFL BAVD 'sample-topk': the fraction K of each sample-channel slice kept (the paper gives none)",
+                low=0.0,
+                high=1.0,
+                low_open=True,
+            ),
+            bavd_site=Param(
+                str,
+                "convs",
+                "MuPFL BAVD: after every conv block ('convs'), after the last only ('last-conv'), or on the"
+                " flattened features before the classifier ('features')",
+                choices=("convs", "last-conv", "features"),
             ),
             bavd_reset=Param(
                 str,
@@ -251,6 +282,13 @@ METHODS: dict[str, MethodSpec] = {
                 high=1000,
             ),
             feature_batch=Param(int, 64, "MuPFL PKCF: batch size of the classifier fine-tune", low=1),
+            feature_init=Param(
+                str,
+                "normal",
+                "MuPFL PKCF: synthetic features start N(0,1) (CReFF), as the global extractor's outputs"
+                " (Sec. 3.5, on N(0,1) inputs), or N(0,1) rescaled to the clients' real-feature norm",
+                choices=("normal", "extractor", "rescaled"),
+            ),
             feature_lr=Param(float, 1.0, "MuPFL PKCF: SGD lr of the feature synthesis", low=0.0, low_open=True),
             match_iters=Param(
                 int,
@@ -279,13 +317,37 @@ METHODS: dict[str, MethodSpec] = {
             alpha=Param(
                 float, 0.5, "MAP stage 1: restricted-softmax scale of missing classes' logits", low=0.0, high=1.0
             ),
-            scale=Param(str, "binary", "MAP: RS rule, 'binary' (paper) or 'count'", choices=("binary", "count")),
+            scale=Param(
+                str,
+                "binary",
+                "MAP: RS rule, 'binary' (paper), 'count', or 'fraction' (authors' code: tau on class"
+                " fractions, so every logit x alpha on a client with 2+ classes)",
+                choices=("binary", "count", "fraction"),
+            ),
             tau=Param(int, 1, "MAP: a class is observed when the client has >= tau samples", low=1),
             **_hpm("MAP", soften_student=True, mu_max=1.0),
-            personal_epochs=Param(int, 1, "MAP: stage-2 (personalization) epochs (at most 1000)", low=0, high=1000),
+            personal_epochs=Param(
+                int, 1, "MAP: stage-2 (personalization) epochs under schedule 'epochs' (at most 1000)", low=0, high=1000
+            ),
             personal_lr_factor=Param(float, 1.0, "MAP: stage-2 lr = lr * factor (code: 0.2)", low=0.0, low_open=True),
+            schedule=Param(
+                str,
+                "epochs",
+                "MAP stage lengths: local-epochs + map-personal-epochs ('epochs'), local-epochs split in"
+                " halves (Alg. 1: 'algorithm1'), or the authors' code's steps ('code': max(E nb, 5), then"
+                " max(int(0.1 x that), 5); int(Q T) in mu)",
+                choices=("epochs", "algorithm1", "code"),
+            ),
+            hpm_init=Param(
+                str,
+                "none",
+                "MAP: a first participation has no HPM (paper) or the initial model as its HPM ('initial', code)",
+                choices=("none", "initial"),
+            ),
             uniform_aggregation=Param(
-                bool, True, "MAP: average uploads uniformly (Alg. 1); false = aggregation-weights"
+                bool,
+                False,
+                "MAP: average uploads uniformly (Alg. 1 line 6); false = aggregation-weights (code, FedAvg)",
             ),
         ),
         _m(

@@ -7,6 +7,7 @@ small images: no per-item Python, no worker processes.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
 import os
 import random
@@ -153,19 +154,40 @@ def train_epochs(
 ) -> dict[str, float]:
     """Run `epochs` passes of mini-batch SGD (each batch through `augment` when given, e.g.
     `fedskew.data.augment.Augmentation`); return mean loss and the number of steps."""
+    steps = steps_per_round(len(x), epochs, batch_size)
+    return train_steps(model, x, y, loss_fn, optimizer, steps, batch_size, generator, device, augment)
+
+
+def train_steps(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    loss_fn: LossFn,
+    optimizer: torch.optim.Optimizer,
+    steps: int,
+    batch_size: int,
+    generator: torch.Generator,
+    device: torch.device,
+    augment: Augment | None = None,
+) -> dict[str, float]:
+    """Run `steps` steps of mini-batch SGD over a cycling loader: the batches of one random
+    permutation, then of a fresh one when it is used up (a shuffled DataLoader restarted when
+    exhausted), so `epochs x ceil(n / B)` steps are `epochs` passes and any other count a fraction
+    of one. Returns mean loss and the number of steps."""
     model.train()
     x, y = x.to(device), y.to(device)
-    total, steps = torch.zeros((), device=device), 0
-    for _ in range(epochs):
-        for idx in minibatches(len(x), batch_size, generator, device):
+    total, done = torch.zeros((), device=device), 0
+    if len(x) and steps > 0:
+        passes = (minibatches(len(x), batch_size, generator, device) for _ in itertools.count())
+        for idx in itertools.islice(itertools.chain.from_iterable(passes), steps):
             xb = x[idx] if augment is None else augment(x[idx], generator)
             loss = loss_fn(model, xb, y[idx])
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
             total += loss.detach()
-            steps += 1
-    return {"train-loss": float(total) / max(steps, 1), "train-steps": float(steps)}
+            done += 1
+    return {"train-loss": float(total) / max(done, 1), "train-steps": float(done)}
 
 
 @torch.no_grad()

@@ -212,7 +212,14 @@ def _fedmr_config(dims: Dims) -> dict[str, Spec]:
 
 
 FEDMR = Wire(
-    {"intra-loss": NON_NEGATIVE, "inter-loss": NON_NEGATIVE, "inter-active": FRACTION, "prototypes-shared": FRACTION},
+    {
+        "intra-loss": NON_NEGATIVE,
+        "inter-loss": NON_NEGATIVE,
+        "inter-active": FRACTION,
+        "prototypes-shared": FRACTION,
+        "intra-grad-share": NON_NEGATIVE,  # ||grad_body mu1 l_intra|| / ||grad_body CE||, round mean
+        "inter-grad-share": NON_NEGATIVE,  # ||grad_body mu2 l_inter|| / ||grad_body CE||
+    },
     prototype_uplink(FEDMR_PROTOTYPES),
     prototype_downlink(FEDMR_PROTOTYPES),
 ).extend(downlink=_fedmr_config)
@@ -281,31 +288,34 @@ MUPFL_TIMES = "mupfl-times"
 
 
 def _mupfl_uplink(dims: Dims) -> dict[str, Spec]:
-    """The flattened BAVD maps (BAVD on and layers to hook) and, with PKCF, one classifier gradient
-    per class the client holds and its timing."""
+    """The flattened BAVD maps (BAVD on and layers to hook at `mupfl-bavd-site`) and, with PKCF, one
+    classifier gradient per class the client holds, their timing and the mean norm of the real
+    features they were taken on."""
     from fedskew.losses.mupfl import bavd_map_size
     from fedskew.models import build_model
 
     cfg, records = dims.cfg, {}
-    size = bavd_map_size(build_model(cfg["model"], dims.info), dims.info) if cfg["mupfl-bavd"] else 0
+    model = build_model(cfg["model"], dims.info)
+    size = bavd_map_size(model, dims.info, cfg["mupfl-bavd-site"]) if cfg["mupfl-bavd"] else 0
     if size:
         records[MUPFL_MAPS] = ArraysSpec({"map": Tensor((size,), "float32")})
     if cfg["mupfl-pkcf"]:
         records[MUPFL_GRADS] = class_gradient_record(dims)
-        records[MUPFL_TIMES] = MetricsSpec({"grads-seconds": Number(float, 0.0, required=True)})
+        times = {"grads-seconds": Number(float, 0.0, required=True), "real-norm": Number(float, 0.0, required=True)}
+        records[MUPFL_TIMES] = MetricsSpec(times)
     return records
 
 
 def _mupfl_downlink(dims: Dims) -> dict[str, Spec]:
     """PKCF: the classifier the gradients are taken at and, from round 2 on, the synthetic features
-    with their labels; init "personal": the global model w_glo beside the client's own start."""
+    with their labels; init "personal" / "cluster": the global model w_glo beside the client's own start."""
     cfg, c, d = dims.cfg, dims.num_classes, dims.feature_dim
     records: dict[str, Spec] = {}
     if cfg["mupfl-pkcf"]:
         records[MUPFL_CLASSIFIER] = classifier_record(dims)
         feats = {"features": Tensor((None, d), "float32"), "labels": Tensor((None,), "int64", low=0, high=c - 1)}
         records[MUPFL_FEATURES] = ArraysSpec(feats, required=False)
-    if cfg["mupfl-init"] == "personal":
+    if cfg["mupfl-init"] != "global":
         records[MUPFL_GLOBAL] = ArraysSpec(dict(dims.model))
     return records
 
@@ -313,6 +323,9 @@ def _mupfl_downlink(dims: Dims) -> dict[str, Spec]:
 MUPFL = Wire(
     {
         "start-accuracy": FRACTION,
+        "pkcf-accuracy": FRACTION,
+        "bavd-dropped-positions": FRACTION,
+        "bavd-dropped-mass": FRACTION,
         "finetune-loss": NON_NEGATIVE,
         "pkcf-client-seconds": NON_NEGATIVE,
         "bavd-seconds": NON_NEGATIVE,

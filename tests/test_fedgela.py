@@ -7,10 +7,11 @@ import math
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from fedskew.client_app.base import TrainerContext
-from fedskew.client_app.fedgela import FedGELATrainer
+from fedskew.client_app.fedgela import FedGELATrainer, gela_model
 from fedskew.client_app.state import ClientState
 from fedskew.config import validate
 from fedskew.data.clients import ClientData
@@ -19,7 +20,7 @@ from fedskew.models import build_model
 from fedskew.partitions.core import classes_per_client_pmcn, dirichlet
 from fedskew.records import Rejected, check_content
 from fedskew.strategies.fedgela import FedGELAStrategy
-from fedskew.training import clip_before_step
+from fedskew.training import clip_before_step, evaluate
 from tests.conftest import read_metrics
 
 
@@ -340,8 +341,10 @@ def test_tampered_or_misshaped_etf_is_refused(task_identity) -> None:
         trainer.receive(content)
 
 
-@pytest.mark.parametrize(("head", "scale", "normalize"), [("paper", 10.0, True), ("code", 4.0, False)])
+@pytest.mark.parametrize(("head", "scale", "normalize"), [("paper", 10.0, True), ("code", 1.0, False)])
 def test_global_model_uses_plain_etf(head: str, scale: float, normalize: bool) -> None:
+    """The server's evaluated model: the plain ETF, scaled by sqrt(E_W) (paper) or, for the authors'
+    head, not scaled (their `compute_accuracy_g`: `out = h @ ETF`, no division by the temperature)."""
     cfg = validate({"method": "fedgela", "fedgela-head": head, "fedgela-ew": 100.0, "fedgela-temperature": 0.25})
     strategy = FedGELAStrategy(cfg)
     model = strategy.global_model(strategy.initial_arrays())
@@ -350,6 +353,32 @@ def test_global_model_uses_plain_etf(head: str, scale: float, normalize: bool) -
     x = torch.randn(4, 1, 28, 28)
     want = gela_logits(model.features(x), strategy.etf, scale, normalize=normalize)
     assert torch.allclose(model(x), want, atol=1e-5)
+
+
+def test_code_head_divides_by_the_temperature_in_training_only(task_identity) -> None:
+    """`fedgela-head="code"` as the authors' `FedGELA.py` (commit b5b20d5): `train_net` trains on
+    log_softmax(h @ (phi ETF) / T); `compute_accuracy_l` predicts from h @ (phi ETF) and
+    `compute_accuracy_g` logs CrossEntropyLoss(h @ ETF): the same predictions, undivided logits."""
+    cfg = validate({"method": "fedgela", "fedgela-head": "code", "fedgela-temperature": 0.2})
+    strategy = FedGELAStrategy(cfg)
+    phi = local_phi(np.array([0, 30, 0, 0, 0, 0, 0, 10, 0, 0]))
+    model = gela_model(cfg, strategy.etf, phi)
+    x, y = torch.randn(8, 1, 28, 28), torch.tensor([1, 7] * 4)
+    model.train()
+    h = model.features(x)
+    assert torch.allclose(model(x), h @ (phi * strategy.etf) / 0.2, atol=1e-5)  # train_net's logits
+    model.eval()
+    with torch.no_grad():
+        h = model.features(x)
+        out = h @ (phi * strategy.etf)  # compute_accuracy_l
+        assert torch.allclose(model(x), out, atol=1e-5)
+        assert torch.allclose(out, h @ model.class_weights().T, atol=1e-5)  # the vectors scored against
+        glo = model.plain()
+        loss, accuracy = evaluate(glo, x, y, 4, torch.device("cpu"))
+        authors = h @ strategy.etf  # compute_accuracy_g
+        assert loss == pytest.approx(float(F.cross_entropy(authors, y)), rel=1e-5)
+        assert accuracy == pytest.approx(float((authors.argmax(1) == y).float().mean()))
+        assert loss != pytest.approx(float(F.cross_entropy(authors / 0.2, y)), rel=1e-3)  # the old, divided ones
 
 
 def test_client_global_accuracy_is_the_servers_global_model_on_local_data(task_identity) -> None:

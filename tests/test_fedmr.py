@@ -14,6 +14,7 @@ from fedskew.config import parse_class_list
 from fedskew.losses.fedmr import (
     aggregate_prototypes,
     class_prototypes,
+    gradient_share,
     inter_class_loss,
     intra_class_loss,
     sharing_partitions,
@@ -238,6 +239,39 @@ def test_trainer_round1_has_no_inter_term_then_uses_prototypes_and_privacy() -> 
     strat0.num_partitions, strat0.prototypes, strat0.valid = 2, strat.prototypes, strat.valid
     r3 = t3.fit(global_content(cfg0, strat0.broadcast(2)))
     assert r3["metrics"]["inter-active"] == 1.0 and not r3["fedmr-prototypes"]["counts"].numpy().any()
+
+
+def test_gradient_share_matches_a_hand_computation() -> None:
+    w, v = torch.tensor([3.0, 4.0], requires_grad=True), torch.tensor([1.0], requires_grad=True)
+    reference = (w**2).sum() / 2 + (v**2).sum() / 2  # gradient (w, v): norm sqrt(26)
+    term = 0.1 * w.sum()  # gradient (0.1, 0.1) on w, nothing on v
+    assert gradient_share(term, reference, [w, v]) == pytest.approx(math.sqrt(0.02) / math.sqrt(26))
+    (reference + term).backward()  # the graph is kept for the real backward pass
+    assert torch.allclose(w.grad, torch.tensor([3.1, 4.1]))
+    assert math.isnan(gradient_share(term, 0.0 * w.sum(), [w]))
+
+
+def test_gradient_shares_are_logged_without_changing_training_and_scale_with_mu2() -> None:
+    """The inter loss's gradient against the CE's in the backbone: logged every n-th batch, the
+    same upload with and without logging, and proportional to mu2 (the paper's 1e-4: a few per mille)."""
+    from fedskew.strategies.fedmr import FedMRStrategy
+
+    def round_two(**over) -> RecordDict:
+        trainer, cfg = make_trainer("fedmr", {"fedmr-negatives": "local", **over}, server_round=2)
+        strat = FedMRStrategy(cfg)
+        strat.num_partitions = 2
+        strat.prototypes = np.random.default_rng(0).normal(size=(10, 84)).astype(np.float32)
+        strat.valid[:] = True
+        return trainer.fit(global_content(cfg, strat.broadcast(2)))
+
+    quiet, logged = round_two(), round_two(**{"fedmr-grad-share-every": 1})
+    for k, v in quiet["arrays"].items():
+        assert np.array_equal(v.numpy(), logged["arrays"][k].numpy()), k
+    assert "inter-grad-share" not in quiet["metrics"]
+    paper = logged["metrics"]["inter-grad-share"]
+    assert 0 < paper < 0.05 and logged["metrics"]["intra-grad-share"] > 0
+    strong = round_two(**{"fedmr-grad-share-every": 1, "fedmr-mu2": 1e-2})["metrics"]["inter-grad-share"]
+    assert strong / paper == pytest.approx(100, rel=0.3)
 
 
 # ---------------------------------------------------------------------------------------------- strategy

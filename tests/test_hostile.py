@@ -242,6 +242,9 @@ SPECIFIC: dict[str, dict[str, Edit]] = {
         "extreme-map": extreme(MAPS, "map"),
         "extreme-gradient": lambda c, ctx: extreme(GRADS, next(iter(c[GRADS].keys())))(c, ctx),
         "list-start-accuracy": metric(start_accuracy=[0.5]),
+        "times-without-real-norm": record(TIMES, lambda c, ctx: MetricRecord({"grads-seconds": 1.0})),
+        "negative-real-norm": record(TIMES, lambda c, ctx: MetricRecord({"grads-seconds": 1.0, "real-norm": -1.0})),
+        "dropped-mass-above-one": metric(bavd_dropped_mass=1.5),
     },
     "scaffold": {
         # a client that sends its own Delta c_i: undeclared (the server computes it)

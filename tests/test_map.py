@@ -3,6 +3,8 @@ bookkeeping, and real `flwr run` jobs (state round-trip over three rounds, end t
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import itertools
 import math
 
@@ -16,10 +18,32 @@ from fedskew.client_app.map import MAPTrainer
 from fedskew.client_app.state import ClientState
 from fedskew.config import validate
 from fedskew.data.clients import ClientData
-from fedskew.losses import distillation_loss, hpm_momentum, hpm_update, mmd_multi_gaussian, personalization_loss
+from fedskew.losses import (
+    distillation_loss,
+    fedrs_scale,
+    hpm_momentum,
+    hpm_update,
+    mmd_multi_gaussian,
+    personalization_loss,
+    restricted_softmax_cross_entropy,
+)
+from fedskew.losses.map import map_stage_steps
 from fedskew.models import build_model
 from fedskew.strategies.map import MAPStrategy
+from fedskew.training import sgd
 from tests.conftest import read_metrics
+from tests.harness import run_in_process
+
+# The authors' code (`lxcnju/MAP` `algorithms/fedap.py`, commit 42b1478) on the points it differs
+# from the paper: as `suites/paper-map.yaml`'s `map-authors-code`.
+CODE = {
+    "map-scale": "fraction",
+    "map-schedule": "code",
+    "map-personal-lr-factor": 0.2,
+    "map-mu-max": 0.9,
+    "map-soften-student": False,
+    "map-hpm-init": "initial",
+}
 
 
 # ---------------------------------------------------------------------- HPM moving average (Eq. 10)
@@ -191,7 +215,7 @@ def test_lost_state_restarts_and_server_flags_it(task_identity) -> None:
     assert out["hpm-state-lost"] == 1 and out["hpm-participations-max"] == 1 and out["hpm-first"] == 1
 
 
-def test_uniform_aggregation_by_default(task_identity) -> None:
+def test_sample_weighted_aggregation_by_default_uniform_as_algorithm_one(task_identity) -> None:
     def msg(value: float, n: int) -> Message:
         content = RecordDict(
             {
@@ -202,10 +226,113 @@ def test_uniform_aggregation_by_default(task_identity) -> None:
         return Message(content, dst_node_id=1, message_type="train")
 
     replies = [msg(0.0, 1), msg(4.0, 3)]
-    uniform = MAPStrategy(_cfg()).aggregate_arrays(1, replies)
-    weighted = MAPStrategy(_cfg(**{"map-uniform-aggregation": False})).aggregate_arrays(1, replies)
-    assert math.isclose(float(uniform["w"].numpy()[0]), 2.0)  # Alg. 1: 1/|S_t|
-    assert math.isclose(float(weighted["w"].numpy()[0]), 3.0)  # num-examples weights
+    weighted = MAPStrategy(_cfg()).aggregate_arrays(1, replies)
+    uniform = MAPStrategy(_cfg(**{"map-uniform-aggregation": True})).aggregate_arrays(1, replies)
+    assert math.isclose(float(weighted["w"].numpy()[0]), 3.0)  # num-examples weights (code, FedAvg)
+    assert math.isclose(float(uniform["w"].numpy()[0]), 2.0)  # Alg. 1 line 6: 1/|S_t|
+
+
+def test_maps_global_model_is_fedrs_s_under_the_default_aggregation(tmp_path, task_identity) -> None:
+    """Stage 2 never touches the upload: with the same aggregation MAP trains FedRS's global model,
+    the comparison of Sec. IV-C ("RS" for aggregation); uniform weights (Alg. 1 line 6) do not."""
+    base = {"model": "mlp", "partition": "dirichlet", "dirichlet-alpha": 0.3, "fraction-train": 1.0}
+    base |= {"num-server-rounds": 2}
+    base |= {"fedrs-alpha": 0.5, "map-alpha": 0.5, "out-dir": str(tmp_path)}
+    runs = {
+        "fedrs": {"method": "fedrs"},
+        "map": {"method": "map"},
+        "map-uniform": {"method": "map", "map-uniform-aggregation": True},
+    }
+    for name, over in runs.items():
+        run_in_process({**base, **over, "run-name": name}, 4, num_partitions=20)
+    fedrs, map_, uniform = (torch.load(tmp_path / n / "model.pt", weights_only=True) for n in runs)
+    assert all(torch.equal(fedrs[k], map_[k]) for k in fedrs)
+    assert not all(torch.equal(fedrs[k], uniform[k]) for k in fedrs)
+
+
+# ---------------------------------------------------------------------- the authors' code (lxcnju/MAP)
+def test_fraction_scale_is_the_authors_stage_one_mask() -> None:
+    """`algorithms/fedap.py` `update_local` (commit 42b1478): dist = cnts / cnts.sum(),
+    cdist = (dist >= min_samples) (1 - alpha) + alpha, logits = cdist * hs.mm(ws.T), min_samples 1."""
+    alpha = 0.5
+
+    def authors(counts: list[int]) -> torch.Tensor:
+        cnts = torch.tensor(counts, dtype=torch.float32)
+        dist = cnts / cnts.sum()
+        return (dist >= 1).float() * (1.0 - alpha) + alpha
+
+    several, single = [0, 30, 10, 0, 60, 0, 0, 5, 0, 1], [0, 0, 50, 0, 0, 0, 0, 0, 0, 0]
+    for counts in (several, single):
+        assert torch.equal(fedrs_scale(counts, alpha, 1, "fraction"), authors(counts))
+    assert torch.equal(fedrs_scale(several, alpha, 1, "fraction"), torch.full((10,), alpha))  # every logit x alpha
+    assert not torch.equal(fedrs_scale(several, alpha, 1, "binary"), torch.full((10,), alpha))  # the paper's rule
+    g = torch.Generator().manual_seed(0)
+    h, w, y = torch.randn(6, 8, generator=g), torch.randn(10, 8, generator=g), torch.tensor([1, 2, 4, 4, 7, 9])
+    ours = restricted_softmax_cross_entropy(h @ w.T, y, fedrs_scale(several, alpha, 1, "fraction"))
+    assert torch.allclose(ours, F.cross_entropy(authors(several).reshape(1, -1) * h.mm(w.transpose(0, 1)), y))
+
+
+def test_stage_steps_of_algorithm_one_and_of_the_authors_code() -> None:
+    """Alg. 1: E/2 + E/2 epochs; the code: max(int(E nb), 5) then max(int(0.1 x that), 5) steps."""
+    assert map_stage_steps(480, 32, 5, 1, "epochs") == (75, 15)  # nb = 15: the median client
+    assert map_stage_steps(480, 32, 5, 1, "code") == (75, 7)
+    assert map_stage_steps(480, 32, 5, 1, "algorithm1") == (38, 37)  # 2.5 + 2.5 passes
+    assert map_stage_steps(480, 32, 4, 1, "algorithm1") == (30, 30)  # E even: E/2 passes each
+    assert map_stage_steps(20, 32, 1, 1, "code") == (5, 5)  # the floors of 5 steps
+    assert map_stage_steps(3200, 32, 5, 1, "code") == (500, 50)
+    with pytest.raises(ValueError, match="schedule"):
+        map_stage_steps(10, 2, 1, 1, "paper")
+
+
+@pytest.mark.parametrize(
+    ("schedule", "epochs", "steps"), [("code", 2, (8, 5)), ("algorithm1", 3, (6, 6)), ("epochs", 2, (8, 4))]
+)
+def test_each_schedule_runs_its_stage_steps(monkeypatch, schedule: str, epochs: int, steps: tuple[int, int]) -> None:
+    """64 samples in batches of 16 (nb = 4): stage 1 and stage 2 take the schedule's step counts."""
+    calls = []
+    real = MAPTrainer.personal_loss
+    monkeypatch.setattr(MAPTrainer, "personal_loss", lambda self, *a: calls.append(1) or real(self, *a))
+    cfg = _cfg(**{"map-schedule": schedule, "local-epochs": epochs})
+    _, reply = _fit(cfg, RecordDict(), 1, _global())
+    assert (reply["metrics"]["train-steps"], len(calls)) == steps
+
+
+def test_authors_code_mode_stage_two_step_equals_their_update() -> None:
+    """One stage-2 step of the code mode against `update_local_hpm` restated: lr 0.2 x lr, loss
+    (1 - lam) CE + lam (-softmax(p / 4) log_softmax(o)).sum(1).mean(), clip_grad_norm_ 100, SGD with
+    momentum and weight decay (`construct_optimizer`); the HPM a teacher from its first round (the
+    initial model, `self.hpms[client] = copy.deepcopy(self.model)`), mu = 0.9 cnt / int(Q T) <= 0.9."""
+    cfg = _cfg(**{**CODE, "lr": 0.03, "momentum": 0.9, "weight-decay": 1e-5, "grad-clip": 100.0})
+    trainer, _ = _fit(cfg, RecordDict(), 1, _global())
+    assert trainer.teacher is not None  # the first participation distils from the initial model
+    teacher = trainer.teacher
+    torch.manual_seed(1)
+    student = build_model("lenet", "fashion-mnist")
+    theirs = copy.deepcopy(student)
+    x, y = _data().x_train[:16], _data().y_train[:16]
+    lr = cfg["lr"] * cfg["map-personal-lr-factor"]
+    ours_opt = sgd(student.parameters(), {**cfg, "lr": lr})
+    loss = trainer.personal_loss(student, x, y)
+    ours_opt.zero_grad()
+    loss.backward()
+    ours_opt.step()
+    opt = torch.optim.SGD(theirs.parameters(), lr=0.2 * 0.03, momentum=0.9, weight_decay=1e-5)
+    logits = theirs(x)
+    with torch.no_grad():
+        plogits = teacher(x)
+    reg = (-1.0 * (plogits / 4.0).softmax(dim=1) * logits.log_softmax(dim=1)).sum(dim=1).mean()
+    their_loss = 0.9 * F.cross_entropy(logits, y) + 0.1 * reg
+    opt.zero_grad()
+    their_loss.backward()
+    torch.nn.utils.clip_grad_norm_(theirs.parameters(), 100.0)
+    opt.step()
+    for (k, a), b in zip(student.state_dict().items(), theirs.state_dict().values(), strict=True):
+        assert torch.allclose(a, b, atol=1e-6), k
+    code = _cfg(**{**CODE, "fraction-train": 0.25})  # Q T = 2.5: the code divides by int(Q T) = 2
+    trainer = MAPTrainer(dataclasses.replace(trainer.ctx, cfg=code))
+    assert trainer.expected_participations() == 2.0
+    assert trainer.key("mu-max") == "map-mu-max" and code["map-mu-max"] == 0.9
+    assert hpm_momentum(2, trainer.expected_participations(), code["map-mu-bar"], code["map-mu-max"]) == 0.45
 
 
 # ---------------------------------------------------------------------- real flwr runs

@@ -6,26 +6,34 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from flwr.app import ArrayRecord
+from flwr.app import ArrayRecord, ConfigRecord
 
 from fedskew.client_app.fedavg import FedAvgTrainer
 from fedskew.client_app.mupfl import MuPFLTrainer
 from fedskew.config import validate
+from fedskew.data import dataset_info
 from fedskew.data.clients import to_float
 from fedskew.data.readers import load_dataset
 from fedskew.losses.mupfl import (
     BAVD,
     aggregate_class_gradients,
     attach_bavd,
+    bavd_map_size,
     bavd_mask,
     bavd_update,
     class_gradients,
+    dropped_fractions,
+    feature_norm,
     finetune_classifier,
     flat_maps,
     gradient_distance,
     gradient_matching_loss,
+    initial_features,
     loss_change,
+    map_threshold_mask,
     matching_terms,
+    sample_mean_mask,
+    sample_topk_mask,
     synthesize_features,
 )
 from fedskew.models import build_model
@@ -45,7 +53,8 @@ from fedskew.strategies.mupfl import MuPFLStrategy
 from fedskew.wire import MUPFL_CLASSIFIER as CLASSIFIER
 from fedskew.wire import MUPFL_GLOBAL as GLOBAL
 from tests.conftest import read_metrics
-from tests.harness import app_defaults, run_in_process
+from tests.harness import app_defaults, cut_and_resume, run_in_process
+from tests.test_strategy import FakeGrid, make_reply
 from tests.test_trainers import global_content, make_data, make_trainer
 
 # ----------------------------------------------------------------------------- BAVD
@@ -132,6 +141,108 @@ def test_bavd_map_recursion_weighted_by_loss_change() -> None:
     layer.update(0, 0.0)
     assert layer.map.shape == (3, 4, 4) and not layer.map.requires_grad
     assert flat_maps([layer]).shape == (48,)
+
+
+def two_samples() -> torch.Tensor:
+    """A batch of two post-ReLU samples (2 channels, 3 x 3) whose strong positions differ."""
+    a = torch.tensor([[9.0, 8.0, 1.0], [0.5, 0.0, 0.2], [0.1, 0.3, 0.0]])
+    b = torch.flip(a, dims=(0, 1))  # its strong corner is the opposite one
+    return torch.stack([torch.stack([a, 2 * a]), torch.stack([b, 3 * b])])
+
+
+def test_sample_mean_masks_differ_between_samples_and_drop_each_samples_weakest() -> None:
+    """Sec. 3.3 per sample: each sample's activations below its own (per-channel) mean are zeroed."""
+    h = two_samples()
+    mask = sample_mean_mask(h)
+    assert mask.shape == h.shape and not torch.equal(mask[0], mask[1])
+    assert torch.equal(mask, (h >= h.mean(dim=(2, 3), keepdim=True)).float())  # hand rule: >= own mean
+    flat, keep = h.flatten(2), mask.flatten(2)
+    assert (keep.gather(2, flat.argmin(2, keepdim=True)) == 0).all()  # every sample's weakest: dropped
+    assert (keep.gather(2, flat.argmax(2, keepdim=True)) == 1).all()  # its strongest: kept
+    batch = bavd_mask(h.mean(0)).expand_as(h)  # the batch reading: one mask for both samples ...
+    assert ((batch == 1) & (mask == 0)).any()  # ... keeps activations below their own sample's mean
+    assert (sample_mean_mask(h, rescale=True).sum(dim=(2, 3)) == 9).all()  # inverted dropout per slice
+    feats = torch.tensor([[3.0, 0.0, 1.0, 0.0], [0.0, 2.0, 0.0, 6.0]])  # (B, D): per sample over D
+    assert torch.equal(sample_mean_mask(feats), torch.tensor([[1.0, 0, 1, 0], [0, 1, 0, 1]]))
+
+
+def test_sample_topk_keeps_the_k_largest_of_each_sample_and_channel() -> None:
+    """Sec. 3.6: top-K "in each H x W area of the batch and channel dimensions ... all B x C slices"."""
+    h = torch.rand(3, 4, 5, 5, generator=torch.Generator().manual_seed(0))
+    mask = sample_topk_mask(h, 0.3)
+    kept = mask.flatten(2)
+    assert (kept.sum(2) == 8).all()  # ceil(0.3 x 25) in every (b, c) slice
+    flat = h.flatten(2)
+    lowest_kept = torch.where(kept > 0, flat, torch.inf).amin(2)
+    highest_dropped = torch.where(kept == 0, flat, -torch.inf).amax(2)
+    assert (lowest_kept > highest_dropped).all()
+    assert not torch.equal(mask[0], mask[1])
+    with pytest.raises(ValueError, match="top"):
+        sample_topk_mask(h, 0.0)
+
+
+def test_map_threshold_takes_its_level_from_the_map_and_its_positions_from_the_sample() -> None:
+    h = two_samples()
+    low, high = torch.zeros(2, 3, 3), torch.ones(2, 3, 3)
+    low[:, 0, 0] = 1.0  # normalised mean 1/9 in both channels
+    high[:, 0, 0] = 0.0  # normalised mean 8/9
+    norm = (h - h.amin(dim=(2, 3), keepdim=True)) / (
+        h.amax(dim=(2, 3), keepdim=True) - h.amin(dim=(2, 3), keepdim=True)
+    )
+    assert torch.equal(map_threshold_mask(h, low), (norm >= 1 / 9 - 1e-6).float())
+    assert torch.equal(map_threshold_mask(h, high), (norm >= 8 / 9 - 1e-6).float())
+    assert map_threshold_mask(h, high).sum() < map_threshold_mask(h, low).sum()  # a higher level drops more
+    assert not torch.equal(map_threshold_mask(h, low)[0], map_threshold_mask(h, low)[1])  # per sample
+    assert torch.equal(map_threshold_mask(h, torch.zeros(2, 3, 3)), torch.ones_like(h))  # zero map: keep all
+
+
+def test_dropped_fractions_count_positions_and_activation_mass() -> None:
+    h = torch.tensor([[1.0, 1.0, 8.0], [0.0, 2.0, 8.0]])
+    mask = torch.tensor([[0.0, 0.0, 1.0], [0.0, 0.0, 1.0]])
+    positions, mass = dropped_fractions(h, mask).tolist()
+    assert positions == pytest.approx(4 / 6) and mass == pytest.approx(4 / 20)
+    positions, mass = dropped_fractions(h, torch.tensor([1.0, 0.0, 1.0])).tolist()  # one mask for the batch
+    assert positions == pytest.approx(1 / 3) and mass == pytest.approx(3 / 20)
+
+
+@pytest.mark.parametrize("reading", ["batch", "sample-mean", "sample-topk", "map-threshold"])
+def test_each_bavd_reading_masks_in_training_and_reports_what_it_drops(reading: str) -> None:
+    layer = BAVD(reading=reading, top=0.5).train()
+    h = two_samples()
+    first = layer(h)
+    assert torch.equal(first, h) == (reading in ("batch", "map-threshold"))  # map readings: no map yet
+    layer.update(0, 0.0)
+    out = layer(h)
+    assert not torch.equal(out, h) and ((out == 0) | (out == h)).all()
+    positions, mass = layer.dropped()
+    assert 0 < mass < positions < 1  # the dropped activations are the weak ones
+    assert torch.equal(layer.eval()(h), h)
+    with pytest.raises(ValueError, match="reading"):
+        BAVD(reading="random")
+
+
+def test_bavd_sites_after_both_convs_the_last_conv_or_the_features() -> None:
+    info = dataset_info(validate({**app_defaults(), "model": "mupfl-cnn"}))
+    for site, layers, size in (
+        ("convs", 2, 32 * 24 * 24 + 64 * 8 * 8),
+        ("last-conv", 1, 64 * 8 * 8),
+        ("features", 1, 1024),
+    ):
+        model = build_model("mupfl-cnn", "fashion-mnist").train()
+        got = attach_bavd(model, site=site)
+        model(torch.rand(4, 1, 28, 28))
+        assert len(got) == layers and sum(layer.h_bar.numel() for layer in got) == size, site
+        assert bavd_map_size(build_model("mupfl-cnn", "fashion-mnist"), info, site) == size
+    mlp = build_model("mlp", "fashion-mnist")
+    assert attach_bavd(mlp) == [] and len(attach_bavd(mlp, site="features")) == 1  # no conv: features only
+
+
+def test_trainer_reports_the_activation_mass_its_bavd_reading_removes() -> None:
+    """The round's metrics: the fraction of positions and of activation mass the masks zeroed; a
+    per-sample mean threshold drops about half the positions but much less of the mass."""
+    keys = {"mupfl-pkcf": False, "mupfl-bavd-site": "features", "mupfl-bavd-mask": "sample-mean"}
+    m = make_trainer(MuPFLTrainer, make_data(), method="mupfl", **keys).fit(global_content())["metrics"]
+    assert 0.3 < m["bavd-dropped-positions"] < 0.95 and 0 < m["bavd-dropped-mass"] < m["bavd-dropped-positions"]
 
 
 # ----------------------------------------------------------------------------- ACMU
@@ -392,6 +503,108 @@ def test_personal_start_reports_client_global_accuracy_of_w_glo() -> None:
     assert m["client-global-accuracy"] == pytest.approx(accuracy(glo.state_dict()))
     assert m["start-accuracy"] == pytest.approx(accuracy(personal.to_torch_state_dict()))
     assert m["client-global-accuracy"] == 0.0 and m["start-accuracy"] > 0.2
+
+
+def test_cluster_start_is_the_cluster_updated_extractor_with_the_global_classifier(task_identity) -> None:
+    """ACMU on the client's path (Alg. 1 L6-L8, Eq. 14): a returning client starts from its cluster's
+    update of its own model, w~_i = w_i^(t-1) + mean_{j in C(i)} dw_j, its feature extractor with the
+    global classifier of Eq. 15; a first-time client from the global model."""
+    overrides = {"model": "mlp", "partition": "iid", "fraction-train": 1.0, "max-update-ratio": 0.0}
+    keys = {"mupfl-init": "cluster", "mupfl-pkcf": False, "mupfl-bavd": False}
+    cfg = validate({**app_defaults(), "method": "mupfl", **overrides, **keys})
+    strategy, grid = MuPFLStrategy(cfg), FakeGrid({11: 0, 22: 1, 33: 2, 44: 3})
+    glo = strategy.initial_arrays()
+    start = arrays_to_numpy(glo)
+    rng = np.random.default_rng(0)
+    directions = [{k: rng.normal(size=v.shape).astype(np.float32) for k, v in start.items()} for _ in range(2)]
+    deltas = [
+        {k: (1 + 0.1 * i) * d[k] + 0.01 * rng.normal(size=d[k].shape) for k in d}
+        for i, d in enumerate(directions[g] for g in (0, 0, 1, 1))
+    ]  # two planted clusters: {0, 1} and {2, 3}
+    msgs = list(strategy.configure_train(1, glo, ConfigRecord(), grid))
+    sizes = [100, 200, 300, 400]
+    replies = []
+    for m in msgs:
+        pid = strategy.node_partitions[m.metadata.dst_node_id]
+        arrays = {k: (start[k] + deltas[pid][k]).astype(np.float32) for k in start}
+        replies.append(make_reply(m, arrays, sizes[pid], pid))
+    new, metrics = strategy.aggregate_train(1, replies)
+    assert metrics["acmu-kappa"] == 2 and metrics["acmu-clusters"][0] == metrics["acmu-clusters"][1]
+    personal = [
+        {k: start[k] + (deltas[a][k] + deltas[b][k]) / 2 for k in start} for a, b in ((0, 1), (0, 1), (2, 3), (2, 3))
+    ]
+    new_glo = arrays_to_numpy(new)
+    for k in start:  # Eq. 15: the sample-weighted mean of the w~_i
+        assert np.allclose(
+            new_glo[k], sum(n * w[k] for n, w in zip(sizes, personal, strict=True)) / sum(sizes), atol=1e-5
+        )
+    sent = {
+        strategy.node_partitions[m.metadata.dst_node_id]: m
+        for m in strategy.configure_train(2, new, ConfigRecord(), grid)
+    }
+    for pid, msg in sent.items():
+        got = arrays_to_numpy(msg.content["arrays"])
+        for k in start:
+            want = new_glo[k] if k.startswith("classifier.") else personal[pid][k]
+            assert np.allclose(got[k], want, atol=1e-5), (pid, k)
+        assert np.array_equal(arrays_to_numpy(msg.content[GLOBAL])["classifier.weight"], new_glo["classifier.weight"])
+    strategy.personal.pop(3)  # as if client 3 had never taken part
+    assert all(np.array_equal(v, new_glo[k]) for k, v in strategy.start_model(3, new).items())
+
+
+def test_cluster_reading_reports_its_start_and_pkcf_accuracies_and_resumes(tmp_path, task_identity) -> None:
+    """In process: the start model (the client's cluster-updated extractor, global classifier) and
+    the same after PKCF's fine-tune are evaluated from a client's second participation on; the
+    synthetic features start at the clients' real-feature norm; a cut run resumes to the same result."""
+    keys = {
+        "method": "mupfl",
+        "mupfl-init": "cluster",
+        "mupfl-feature-init": "rescaled",
+        "mupfl-bavd-site": "features",
+        "mupfl-bavd-mask": "sample-mean",
+        "mupfl-match-iters": 10,
+        "mupfl-tau": 2,
+    }
+    full, _, grid = cut_and_resume(tmp_path, keys)
+    rows = read_metrics(full)
+    first, second = rows
+    assert first["pkcf-initial-norm"] == pytest.approx(first["pkcf-real-norm"], rel=1e-4)
+    assert first["pkcf-synthetic-norm"] > 0 and "pkcf-accuracy" not in first  # no features before round 2
+    assert first["start-accuracy"] == pytest.approx(first["client-global-accuracy"])  # first start: w_glo
+    assert 0 <= second["start-accuracy"] <= 1 and 0 <= second["pkcf-accuracy"] <= 1
+    assert 0 < second["bavd-dropped-mass"] < second["bavd-dropped-positions"] < 1
+    train = [m.content for m in grid.sent if m.metadata.message_type == "train"]
+    bodies = [c["arrays"].to_torch_state_dict()["features.1.weight"] for c in train[4:]]
+    heads = [c["arrays"].to_torch_state_dict()["classifier.weight"] for c in train[4:]]
+    assert all(torch.equal(h, heads[0]) for h in heads)  # one global classifier
+    labels = first["acmu-clusters"]  # round 1 started everyone from w_glo: one extractor per cluster
+    assert len(set(labels)) > 1
+    for i in range(4):
+        for j in range(4):
+            assert torch.equal(bodies[i], bodies[j]) == (labels[i] == labels[j])
+
+
+def test_initial_features_start_from_the_extractor_or_the_real_norm() -> None:
+    """PKCF's synthetic features: N(0, 1) (CReFF), the global extractor's outputs (Sec. 3.5, Eq. 18),
+    or N(0, 1) rescaled to the real features' norm."""
+    shape = (3, 4, 84)
+
+    def gen() -> torch.Generator:
+        return torch.Generator().manual_seed(3)
+
+    normal = initial_features("normal", shape, gen())
+    assert torch.equal(normal, torch.randn(shape, generator=gen()))
+    model = build_model("lenet", "fashion-mnist").train()
+    ext = initial_features("extractor", shape, gen(), model.features, (1, 28, 28))
+    assert model.features.training  # its mode restored
+    with torch.no_grad():
+        expect = model.features.eval()(torch.randn(12, 1, 28, 28, generator=gen()))
+    assert torch.allclose(ext.reshape(12, 84), expect) and (ext >= 0).all()
+    rescaled = initial_features("rescaled", shape, gen(), real_norm=2.5)
+    assert torch.allclose(rescaled.norm(dim=2), torch.full((3, 4), 2.5))
+    assert feature_norm(normal) > 3 * feature_norm(rescaled)  # N(0, 1) in 84 dimensions: about 9
+    with pytest.raises(ValueError, match="finite"):
+        initial_features("rescaled", shape, gen(), real_norm=float("nan"))
 
 
 # ----------------------------------------------------------------------------- end to end

@@ -19,8 +19,9 @@ and overrides only the hooks that differ (FL-bench style):
     load_global      how the downloaded arrays enter the model (checked by `checked_arrays`)
     loss             the local objective on one mini-batch (default: cross-entropy)
     optimizer        the local optimiser (default: `sgd` from the run config, fresh each round)
-    local_train      the whole local procedure (default: `train_epochs` on `loss`, batches through
-                     `self.augment`, the configured augmentation)
+    local_train      the whole local procedure (default: `local_steps` steps of `run_steps` on
+                     `loss`, i.e. `local-epochs` passes, batches through `self.augment`, the
+                     configured augmentation)
     received_global_model  the global model as received, for `client-global-accuracy` (default: the
                        model right after `load_global`; None: no global model reaches the client)
     personalized_model  what "personalized accuracy" measures (default: the trained model)
@@ -30,9 +31,10 @@ and overrides only the hooks that differ (FL-bench style):
 `parameter_state` / `save_parameter_state` keep a client state shaped like the trainable parameters
 (control variates, gradient state, drift) across rounds, zeros where the client has none.
 
-Other helpers: `run_epochs` (mini-batch SGD on the local training split with any optimiser and
-loss), `initial_model` (the run's seeded w^0, where a paper starts a personal part from it) and
-`restore` / `keep` (a module's weights in the client's persistent state, `self.ctx.state`).
+Other helpers: `run_epochs` / `run_steps` (mini-batch SGD on the local training split with any
+optimiser and loss, for whole passes or a number of steps), `initial_model` (the run's seeded w^0,
+where a paper starts a personal part from it) and `restore` / `keep` (a module's weights in the
+client's persistent state, `self.ctx.state`).
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ from fedskew.data.clients import ClientData
 from fedskew.diagnostics import held_and_missing_accuracy
 from fedskew.models import SplitNet, build_model, initial_model
 from fedskew.records import ArraysSpec, Rejected, check_arrays, decoded_content, tensor_like
-from fedskew.training import LossFn, confusion, cross_entropy_loss, evaluate, sgd, train_epochs
+from fedskew.training import LossFn, confusion, cross_entropy_loss, evaluate, sgd, steps_per_round, train_steps
 from fedskew.wire import BASE, MODEL, Dims, Wire
 
 log = logging.getLogger("fedskew.client")
@@ -130,7 +132,12 @@ class BaseTrainer:
         return sgd(model.parameters(), self.cfg)
 
     def local_train(self, model: nn.Module, content: RecordDict) -> dict[str, float]:
-        return self.run_epochs(model, self.optimizer(model), self.cfg["local-epochs"])
+        return self.run_steps(model, self.optimizer(model), self.local_steps())
+
+    def local_steps(self) -> int:
+        """The SGD steps of `local_train`: `local-epochs` passes over the local training split, the
+        K_i the server computes too (`fedskew.training.steps_per_round`)."""
+        return steps_per_round(len(self.data.y_train), self.cfg["local-epochs"], self.cfg["batch-size"])
 
     def received_global_model(self, model: nn.Module) -> nn.Module | None:
         """The global model as the server sent it, called right after `load_global`; None when no
@@ -194,13 +201,22 @@ class BaseTrainer:
     ) -> dict[str, float]:
         """`epochs` passes of mini-batch SGD over the local training split (batches through the
         configured augmentation, order from the round's generator) on `loss` (default: `self.loss`)."""
-        return train_epochs(
+        return self.run_steps(
+            model, optimizer, steps_per_round(len(self.data.y_train), epochs, self.cfg["batch-size"]), loss
+        )
+
+    def run_steps(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, steps: int, loss: LossFn | None = None
+    ) -> dict[str, float]:
+        """`steps` steps of mini-batch SGD over the local training split, fresh permutations as the
+        passes are used up (`fedskew.training.train_steps`; `run_epochs` for whole passes)."""
+        return train_steps(
             model,
             self.data.x_train,
             self.data.y_train,
             loss or self.loss,
             optimizer,
-            epochs,
+            steps,
             self.cfg["batch-size"],
             self.ctx.generator,
             self.device,

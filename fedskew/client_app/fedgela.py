@@ -65,7 +65,7 @@ class FedGELATrainer(BaseTrainer):
 
     def received_global_model(self, model: nn.Module) -> nn.Module:
         """The received backbone with the plain ETF (phi = None): the server's global model."""
-        return ETFNet(model.features, model.etf, model.scale, None, model.mode, model.normalize)
+        return model.plain()
 
     def optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         opt = super().optimizer(model)

@@ -20,9 +20,16 @@ with ``z = f1(x)`` the backbone features. The maths and the decisions where the 
   `fedmr-config.share-mask`) uploads zero prototypes and zero counts but still uses G; the classes
   in `fedmr-private-classes` are never uploaded by anyone.
 - The client keeps no state across rounds.
+- Every `fedmr-grad-share-every`-th mini-batch (0: never), the client measures what each weighted
+  term weighs against the cross-entropy in the backbone's update, ||grad_body mu2 l_inter|| /
+  ||grad_body CE|| (and the same for mu1 l_intra; `gradient_share`, two extra backward passes
+  through the backbone that change nothing in training), and reports the round's means as
+  `inter-grad-share` and `intra-grad-share`.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import torch
@@ -33,7 +40,7 @@ from torch import nn
 from fedskew import wire
 from fedskew.client_app.prototypes import PrototypeTrainer
 from fedskew.config import parse_class_list
-from fedskew.losses.fedmr import inter_class_loss, intra_class_loss
+from fedskew.losses.fedmr import gradient_share, inter_class_loss, intra_class_loss
 from fedskew.wire import FEDMR_CONFIG, FEDMR_PROTOTYPES
 
 
@@ -55,14 +62,17 @@ class FedMRTrainer(PrototypeTrainer):
         self.lite_generator = torch.Generator().manual_seed(int(seed))  # not the batch-order stream
         self.term_sums = torch.zeros(2, device=self.device)
         self.term_steps = 0
+        self.shares: dict[str, list[float]] = {}  # "intra" / "inter" -> gradient shares measured
 
     def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         z = model.features(x)
-        loss = F.cross_entropy(model.classifier(z), y)
+        ce = F.cross_entropy(model.classifier(z), y)
+        loss, terms = ce, {}
         mu1, mu2 = self.cfg["fedmr-mu1"], self.cfg["fedmr-mu2"]
         if mu1 > 0:
             intra = intra_class_loss(z, y, self.cfg["fedmr-intra-mode"])
-            loss = loss + mu1 * intra
+            terms["intra"] = mu1 * intra
+            loss = loss + terms["intra"]
             self.term_sums[0] += intra.detach()
         if self.use_inter:
             inter = inter_class_loss(
@@ -77,20 +87,30 @@ class FedMRTrainer(PrototypeTrainer):
                 lite_n=self.cfg["fedmr-lite-n"],
                 generator=self.lite_generator,
             )
-            loss = loss + mu2 * inter
+            terms["inter"] = mu2 * inter
+            loss = loss + terms["inter"]
             self.term_sums[1] += inter.detach()
+        every = self.cfg["fedmr-grad-share-every"]
+        if every and self.term_steps % every == 0:
+            body = [p for p in model.features.parameters() if p.requires_grad]
+            for name, term in terms.items():  # what each weighted term weighs against the CE
+                share = gradient_share(term, ce, body)
+                if math.isfinite(share):
+                    self.shares.setdefault(name, []).append(share)
         self.term_steps += 1
         return loss
 
     def local_train(self, model: nn.Module, content: RecordDict) -> dict[str, float]:
         stats = super().local_train(model, content)
         intra, inter = (self.term_sums / max(self.term_steps, 1)).tolist()
+        shares = {f"{name}-grad-share": sum(v) / len(v) for name, v in self.shares.items()}
         return {
             **stats,
             "intra-loss": intra,
             "inter-loss": inter,
             "inter-active": float(self.use_inter),
             "prototypes-shared": float(self.share),
+            **shares,
         }
 
     def hidden_classes(self) -> list[int]:

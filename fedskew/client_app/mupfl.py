@@ -4,18 +4,22 @@ local training, per-class classifier gradients. Maths: `fedskew/losses/mupfl.py`
 
 One round on client i:
 1. load the start model the server sent: w_glo (`mupfl-init="global"`, evaluated on the local test
-   split as every method's `client-global-accuracy`), or its personalized model w~_i ("personal":
-   its accuracy is `start-accuracy`; the server then also sends w_glo, `mupfl-global`, for
-   `client-global-accuracy`);
+   split as every method's `client-global-accuracy`), its personalized model w~_i ("personal"), or
+   w~_i's feature extractor with the global classifier ("cluster"); under both its accuracy is
+   `start-accuracy` and the server also sends w_glo, `mupfl-global`, for `client-global-accuracy`;
 2. PKCF (`mupfl-pkcf`): when the server sent synthetic features, fine-tune the classifier only on
-   them for `mupfl-tau` epochs (Eq. 21, plain SGD with `lr`, batch `mupfl-feature-batch`);
-3. local training of the whole model with BAVD layers (`mupfl-bavd`) whose maps are updated after
-   every batch with psi = loss improvement (Eq. 6); the optimiser is the common `sgd` (same as FedAvg);
+   them for `mupfl-tau` epochs (Eq. 21, plain SGD with `lr`, batch `mupfl-feature-batch`), and
+   evaluate the result (`pkcf-accuracy`: under "cluster", the paper's personalized model);
+3. local training of the whole model with BAVD layers (`mupfl-bavd`, the mask reading
+   `mupfl-bavd-mask` at `mupfl-bavd-site`) whose maps are updated after every batch with psi = loss
+   improvement (Eq. 6), reporting the fractions of positions and of activation mass the masks
+   zeroed (`bavd-dropped-positions`, `bavd-dropped-mass`); the optimiser is the common `sgd`;
 4. upload the model, the flattened BAVD maps (`mupfl-map`, for ACMU) and, for each class present
    locally, the classifier gradient z_i^k on <= `mupfl-n-real` samples in eval mode (`mupfl-grads`):
    features of the trained extractor u_i (Alg. 1 L19-20: after local training), gradient taken at
    the classifier the server sent (`mupfl-classifier`, w_glo's of the previous round), the one the
-   server matches the synthetic gradients at (CReFF: real and synthetic gradients at one classifier).
+   server matches the synthetic gradients at (CReFF: real and synthetic gradients at one classifier),
+   with the mean norm of the real features they were taken on (`mupfl-times` "real-norm").
 
 Client state (`ClientState`): with `mupfl-bavd-reset="never"` the BAVD maps persist across rounds
 (tensors "mupfl-maps"); with the default "epoch" (literal Eq. 6) or "round" they restart each round,
@@ -55,8 +59,11 @@ class MuPFLTrainer(BaseTrainer):
 
     def build_model(self) -> SplitNet:
         model = super().build_model()
-        make = functools.partial(BAVD, rescale=self.cfg["mupfl-bavd-rescale"])
-        self.bavd: list[BAVD] = attach_bavd(model, make) if self.cfg["mupfl-bavd"] else []
+        cfg = self.cfg
+        make = functools.partial(
+            BAVD, rescale=cfg["mupfl-bavd-rescale"], reading=cfg["mupfl-bavd-mask"], top=cfg["mupfl-bavd-top"]
+        )
+        self.bavd: list[BAVD] = attach_bavd(model, make, cfg["mupfl-bavd-site"]) if cfg["mupfl-bavd"] else []
         return model
 
     def load_global(self, model: nn.Module, content: RecordDict) -> None:
@@ -71,7 +78,7 @@ class MuPFLTrainer(BaseTrainer):
         stats: dict[str, float] = {}
         if self.cfg["mupfl-pkcf"]:
             self.match_weight = self.received[CLASSIFIER]["weight"].to(self.device)
-        if self.cfg["mupfl-init"] == "personal" and len(self.data.y_test):
+        if self.cfg["mupfl-init"] != "global" and len(self.data.y_test):
             _, stats["start-accuracy"] = self.evaluate_local(model)
         if self.cfg["mupfl-pkcf"] and FEATURES in self.received:
             t0 = time.perf_counter()
@@ -89,17 +96,24 @@ class MuPFLTrainer(BaseTrainer):
                 self.ctx.generator,
             )
             stats["pkcf-client-seconds"] = time.perf_counter() - t0
+            if len(self.data.y_test):  # the start model after the fine-tune, before local training
+                _, stats["pkcf-accuracy"] = self.evaluate_local(model)
         self._iteration, self._prev_loss = 0, None
         self._per_epoch = max(1, math.ceil(len(self.data.y_train) / self.cfg["batch-size"]))
         stats.update(super().local_train(model, content))
         if self.bavd:
             stats["bavd-seconds"] = sum(layer.seconds for layer in self.bavd)
+            dropped = [d for d in (layer.dropped() for layer in self.bavd) if d is not None]
+            if dropped:  # the mean over the BAVD layers of what their masks zeroed this round
+                stats["bavd-dropped-positions"] = sum(d[0] for d in dropped) / len(dropped)
+                stats["bavd-dropped-mass"] = sum(d[1] for d in dropped) / len(dropped)
         return stats
 
     def received_global_model(self, model: nn.Module) -> nn.Module:
-        """w_glo: the received model, or under init 'personal' the `mupfl-global` the server sent
-        beside w~_i (in a model without BAVD layers: they are the identity at evaluation)."""
-        if self.cfg["mupfl-init"] != "personal":
+        """w_glo: the received model, or under init 'personal' / 'cluster' the `mupfl-global` the server
+        sent beside the client's own start (in a model without BAVD layers: they are the identity at
+        evaluation)."""
+        if self.cfg["mupfl-init"] == "global":
             return model
         glo = super().build_model()
         glo.load_state_dict(self.received[GLOBAL])
@@ -122,11 +136,12 @@ class MuPFLTrainer(BaseTrainer):
         self._iteration += 1
         return loss
 
-    def class_gradients(self, model: SplitNet) -> dict[str, torch.Tensor]:
+    def class_gradients(self, model: SplitNet) -> tuple[dict[str, torch.Tensor], float]:
         """z_i^k (Eq. 16) for every class present locally, on <= n-real random samples of the trained
-        extractor's features (eval mode), at the classifier the server sent."""
+        extractor's features (eval mode), at the classifier the server sent; and the mean norm of
+        those real features (what the synthetic features are compared with)."""
         model.eval()
-        out = {}
+        out, norms = {}, []
         y = self.data.y_train
         for k in torch.unique(y).tolist():
             idx = torch.nonzero(y == k).flatten()
@@ -135,7 +150,8 @@ class MuPFLTrainer(BaseTrainer):
                 h = model.features(self.data.x_train[idx].to(self.device))
             labels = torch.full((len(idx),), k, dtype=torch.long, device=self.device)
             out[str(k)] = class_gradients(self.match_weight, h, labels)[k].cpu()
-        return out
+            norms.append(h.norm(dim=1))
+        return out, float(torch.cat(norms).mean())
 
     def extra_records(self, model: nn.Module) -> dict[str, Any]:
         records: dict[str, Any] = {}
@@ -147,6 +163,7 @@ class MuPFLTrainer(BaseTrainer):
             records[MAPS] = ArrayRecord({"map": flat_maps(self.bavd)})
         if self.cfg["mupfl-pkcf"]:
             t0 = time.perf_counter()
-            records[GRADS] = ArrayRecord(self.class_gradients(model))
-            records[TIMES] = MetricRecord({"grads-seconds": time.perf_counter() - t0})
+            grads, norm = self.class_gradients(model)
+            records[GRADS] = ArrayRecord(grads)
+            records[TIMES] = MetricRecord({"grads-seconds": time.perf_counter() - t0, "real-norm": norm})
         return records

@@ -14,10 +14,38 @@ adjusts mu (line 15), so the n-th participation uses the count n - 1 and the fir
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import torch
 import torch.nn.functional as F
+
+MAP_SCHEDULES = ("epochs", "algorithm1", "code")
+
+
+def map_stage_steps(
+    num_examples: int, batch_size: int, epochs: int, personal_epochs: int, schedule: str = "epochs"
+) -> tuple[int, int]:
+    """(stage-1 steps, stage-2 steps) of one MAP round on a client with `num_examples` training
+    samples, nb = ceil(n / B) batches a pass:
+
+    - "epochs": `epochs` passes of stage 1, `personal_epochs` of stage 2 (E nb, E_p nb);
+    - "algorithm1" (Alg. 1, lines 2 and 8: epochs 1..E/2, then E/2+1..E): the E nb steps of E
+      epochs split in halves, ceil(E nb / 2) and floor(E nb / 2) (E/2 passes each for an even E,
+      2.5 and 2.5 for E = 5);
+    - "code" (the authors' `lxcnju/MAP` `algorithms/fedap.py`, commit 42b1478): stage 1
+      max(int(E nb), 5) steps (`update_local`), stage 2 max(int(0.1 x that), 5) (`update_local_hpm`).
+    """
+    nb = math.ceil(num_examples / batch_size)
+    if schedule == "epochs":
+        return epochs * nb, personal_epochs * nb
+    if schedule == "algorithm1":
+        total = epochs * nb
+        return (total + 1) // 2, total // 2
+    if schedule == "code":
+        first = max(epochs * nb, 5)
+        return first, max(int(0.1 * first), 5)
+    raise ValueError(f"schedule={schedule!r} must be one of {MAP_SCHEDULES}")
 
 
 def hpm_momentum(participation: int, expected_participations: float, mu_bar: float = 0.9, mu_max: float = 1.0) -> float:

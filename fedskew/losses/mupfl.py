@@ -8,16 +8,36 @@ iteration lambda from the batch-mean pre-mask activation h_bar (shape C x H x W:
     M^(0) = h_bar^(0),    M^(lambda) = M^(lambda-1) + psi^(lambda) h_bar^(lambda),
     psi^(lambda) = l^(lambda-1) - l^(lambda)    (loss improvement; "paper" takes Eq. 6's printed sign)
 
-and the forward pass at iteration lambda keeps the positions where the min-max normalised map of
-iteration lambda-1 is >= its per-channel mean over H x W (the mask is invariant to any
-positive affine normalisation), h_out = h * mask; with `rescale` (`mupfl-bavd-rescale`) the kept
-positions are scaled by (positions / kept) per channel, as the standard (inverted) dropout layer
-BAVD replaces does ("we substitute the standard dropout layer with our BAVD layer", Sec. 3.3). The
-zero map keeps everything, and BAVD is the identity in eval mode.
+The map is what ACMU compares (Eq. 8). Which activations the forward pass zeroes (`mupfl-bavd-mask`,
+`BAVD_READINGS`) the paper says in four places that do not pin one rule down: Eq. 6 indexes M and h
+by the sample b; Sec. 3.3 zeroes "activation values h ... below this threshold mu_i", mu_i the mean
+of the normalised map; Sec. 3.6 runs torch.topk on "each H x W area of the batch and channel
+dimensions ... across all B x C slices"; Fig. 4's model "retains only high activation values". The
+readings, each a {0, 1} mask (with `rescale`, `mupfl-bavd-rescale`, the kept values of each slice
+scaled by positions / kept, as the standard (inverted) dropout layer BAVD replaces, Sec. 3.3):
 
-BAVD is attached by forward hooks (`attach_bavd`) after every conv-block ReLU (a ReLU preceded by a
-Conv2d/BatchNorm2d inside an nn.Sequential) and after every ResNet BasicBlock, so the model's
-state_dict is unchanged. Nets without such layers (mlp) get no BAVD layer.
+- "batch" (default): one mask for every sample, the positions where the min-max normalised map of
+  iteration lambda-1 is >= its per-channel mean over H x W (`bavd_mask`; invariant to any positive
+  affine normalisation). The zero map keeps everything. It drops the same positions of every image
+  (about 56 % of them in the paper's CNN), wherever that image is active, and psi cancels out of it;
+- "sample-mean": each sample's own min-max normalised activations below their own mean, per sample
+  and channel (`sample_mean_mask`; the map plays no part in the mask);
+- "sample-topk": each sample and channel keeps its ceil(K x H W) largest activations
+  (`sample_topk_mask`, K = `mupfl-bavd-top`, the paper gives no K);
+- "map-threshold": mu_c, the mean of the normalised map's channel c, applied to each sample's own
+  normalised activations (`map_threshold_mask`): the map sets the level, the sample the positions.
+
+BAVD is the identity in eval mode. Each layer also records the fraction of positions and of
+activation mass (sum |h|) its masks zero in training (`dropped_fractions`; the round's metrics
+`bavd-dropped-positions`, `bavd-dropped-mass`): a mask that drops half the positions can remove far
+less than half the mass when it drops the weak ones.
+
+BAVD is attached by forward hooks (`attach_bavd`) at `mupfl-bavd-site` (`BAVD_SITES`): after every
+conv-block ReLU (a ReLU preceded by a Conv2d/BatchNorm2d inside an nn.Sequential) and after every
+ResNet BasicBlock ("convs", the default: "after the activation function in different layers", Sec.
+3.3); after the last of those only ("last-conv"); or on the network's features, the flattened input
+of the classifier ("features", one slice per sample). The model's state_dict is unchanged. Nets
+without conv blocks (mlp) get a BAVD layer only at "features".
 
 PKCF, prior-knowledge classifier fine-tuning (Sec. 3.5, Eqs. 16-21). The fedskew classifier is a
 bias-free linear head W in R^{K x d}, so the "real feature gradient" of class k has the closed form
@@ -40,12 +60,30 @@ averaged:
 
 The clients then fine-tune their classifier on (h_glo, y) for tau epochs (Eq. 21).
 
+Where h_glo starts (`mupfl-feature-init`, `initial_features`): N(0, 1) as CReFF's code ("normal",
+the default until measured), the global extractor's outputs as Sec. 3.5 writes it ("we can initiate
+the global federated feature h_glo = f_glo(u_glo)", Eq. 18; the server has no data, so on N(0, 1)
+inputs), or N(0, 1) rescaled to the real features' norm ("rescaled"). The matching compares
+directions only, and it leaves the features near their start norm (100 iterations: N(0, 1) in
+LeNet's 84 dimensions 9.2 -> 9.0, against 3.4 for the real features of a LeNet trained on a long
+tail; in the paper's CNN, 1024 dimensions, 32.0 -> 32.0 against 8.1 for the initial network's real
+features and 38.9 for a trained one's), so where the scales differ the classifier is fine-tuned on
+features of another scale than those it classifies. The round metrics `pkcf-real-norm` (the
+clients' median), `pkcf-initial-norm` and `pkcf-synthetic-norm` show it in a run.
+
 Why CReFF's form and lr 1.0: Eq. 20 averages |K_t| cosines where CReFF's distance sums about |K_t| K
 row distances, so at CReFF's lr 0.1 each synthetic feature gets a gradient about 100x smaller and
 does not move (on real client gradients a classifier trained on such features is at chance); CReFF's
 form at lr 1.0 converges within a round (the measurements: `docs/notes/mupfl.md`). The synthesis
 loss reported (`pkcf-match-loss-first/last`) is the mean cosine distance per compared vector, in
 [0, 2], for either form.
+
+Defaults: the batch mask after both convolutions, no rescaling, and N(0, 1) synthetic features stay
+the defaults they were before the readings above were added. Only single-process measurements exist
+so far (`benchmarks/mupfl_bavd.py`: on 5 clients of the IF 10 x Dir 0.5 cell every per-sample
+reading costs a client's own model less than the batch mask, 0.2-1.4 points against 3.2 from a
+trained start, none gains over plain SGD; the PKCF start norms in `docs/notes/mupfl.md`); a default
+changes only on the federated runs (3 seeds) that compare the readings.
 """
 
 from __future__ import annotations
@@ -65,25 +103,91 @@ from fedskew.training import minibatches
 
 # ----------------------------------------------------------------------------- BAVD
 
+BAVD_READINGS = ("batch", "sample-mean", "sample-topk", "map-threshold")
+BAVD_SITES = ("convs", "last-conv", "features")
 
-def bavd_mask(activation_map: torch.Tensor, rescale: bool = False, eps: float = 1e-12) -> torch.Tensor:
-    """{0,1} mask of the positions where the min-max normalised map is >= its mean; with `rescale`,
-    each slice's kept positions are (positions / kept) instead of 1 (inverted dropout: a slice's
-    mask sums to its number of positions).
+
+def _slices(x: torch.Tensor, batched: bool) -> torch.Tensor:
+    """`x` as (slices, positions). A map (C, *spatial) has one slice per channel, a 1-D map (D,) one
+    slice; a batch (B, C, *spatial) one per sample and channel (row b C + c), a batch (B, D) one per
+    sample."""
+    if batched:
+        return x.reshape(x.shape[0] * x.shape[1], -1) if x.dim() >= 3 else x.reshape(x.shape[0], -1)
+    return x.reshape(x.shape[0], -1) if x.dim() >= 2 else x.reshape(1, -1)
+
+
+def _minmax(flat: torch.Tensor, eps: float = 1e-12) -> torch.Tensor:
+    """Each row min-max normalised to [0, 1]; a constant row (the zero map, a dead channel) is all 0."""
+    lo, hi = flat.min(1, keepdim=True).values, flat.max(1, keepdim=True).values
+    span = hi - lo
+    return torch.where(span > eps, (flat - lo) / span.clamp_min(eps), torch.zeros_like(flat))
+
+
+def _as_mask(keep: torch.Tensor, rescale: bool, like: torch.Tensor) -> torch.Tensor:
+    """{0,1} rows `keep` (slices, positions) as a mask shaped like `like`; with `rescale` each row's
+    kept positions are (positions / kept) instead of 1 (inverted dropout: a row sums to its size)."""
+    keep = keep.float()
+    if rescale:
+        keep = keep * (keep.shape[1] / keep.sum(1, keepdim=True).clamp_min(1.0))
+    return keep.to(like.dtype).reshape(like.shape)
+
+
+def _above_mean(flat: torch.Tensor) -> torch.Tensor:
+    """Rows' positions whose min-max normalised value is >= the row's normalised mean (a constant row
+    keeps everything, every row keeps at least its maximum)."""
+    norm = _minmax(flat)
+    return norm >= norm.mean(1, keepdim=True) - 1e-6
+
+
+def bavd_mask(activation_map: torch.Tensor, rescale: bool = False) -> torch.Tensor:
+    """Reading "batch": {0,1} mask of the positions where the min-max normalised map is >= its mean,
+    one mask for every sample of the batch (with `rescale`: inverted dropout, `_as_mask`).
 
     A map of shape (C, *spatial) is thresholded per channel over its spatial positions, a 1-D map
     (D,) over all D units. A constant slice (e.g. the zero initial map) keeps every position, and
     every slice keeps at least its maximum.
     """
     m = activation_map.detach().float()
-    flat = m.reshape(m.shape[0], -1) if m.dim() >= 2 else m.reshape(1, -1)
-    lo, hi = flat.min(1, keepdim=True).values, flat.max(1, keepdim=True).values
-    span = hi - lo
-    norm = torch.where(span > eps, (flat - lo) / span.clamp_min(eps), torch.zeros_like(flat))
-    keep = (norm >= norm.mean(1, keepdim=True) - 1e-6).float()
-    if rescale:
-        keep = keep * (keep.shape[1] / keep.sum(1, keepdim=True))  # every slice keeps >= 1 position
-    return keep.to(activation_map.dtype).reshape(activation_map.shape)
+    return _as_mask(_above_mean(_slices(m, batched=False)), rescale, activation_map)
+
+
+def sample_mean_mask(h: torch.Tensor, rescale: bool = False) -> torch.Tensor:
+    """Reading "sample-mean": each sample's own activations h_b (B, C, *spatial) or (B, D), min-max
+    normalised per sample and channel, zeroed below their own mean (Sec. 3.3: "activation values h
+    below this threshold ... are zeroed"; Eq. 6 indexes h and M by the sample b). A mask per sample."""
+    flat = _slices(h.detach().float(), batched=True)
+    return _as_mask(_above_mean(flat), rescale, h)
+
+
+def sample_topk_mask(h: torch.Tensor, top: float, rescale: bool = False) -> torch.Tensor:
+    """Reading "sample-topk" (Sec. 3.6: torch.topk finds "the top K values in each H x W area of the
+    batch and channel dimensions ... across all B x C slices"): each sample and channel keeps its
+    ceil(top x H W) largest activations (the paper never gives K); for (B, D) features, per sample."""
+    if not 0.0 < top <= 1.0:
+        raise ValueError(f"top={top} must be in (0, 1]")
+    flat = _slices(h.detach().float(), batched=True)
+    k = max(1, math.ceil(top * flat.shape[1]))
+    keep = torch.zeros_like(flat).scatter_(1, flat.topk(k, dim=1).indices, 1.0)
+    return _as_mask(keep, rescale, h)
+
+
+def map_threshold_mask(h: torch.Tensor, activation_map: torch.Tensor, rescale: bool = False) -> torch.Tensor:
+    """Reading "map-threshold" (Sec. 3.3: the mean mu_i of the normalised map M^norm "utilized as a
+    threshold", activations h below it zeroed): mu_c = mean of channel c of the min-max normalised
+    map, applied to each sample's own min-max normalised activations h^norm_bc (keep h^norm >= mu_c).
+    The map sets the level, the sample which positions pass it."""
+    mu = _minmax(_slices(activation_map.detach().float(), batched=False)).mean(1)  # (C,) or (1,)
+    flat = _minmax(_slices(h.detach().float(), batched=True))  # rows b C + c
+    return _as_mask(flat >= mu.repeat(h.shape[0]).unsqueeze(1) - 1e-6, rescale, h)
+
+
+def dropped_fractions(h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(fraction of positions, fraction of activation mass sum |h|) that `mask` (broadcast to h's
+    shape: a batch map's mask is one for all samples) zeroes, as a 2-vector."""
+    h = h.detach().abs().float()
+    dropped = (mask == 0).expand_as(h)
+    mass = (h * dropped).sum() / h.sum().clamp_min(1e-12)
+    return torch.stack([dropped.float().mean(), mass])
 
 
 def loss_change(prev_loss: float | None, loss: float, sign: str = "improvement") -> float:
@@ -106,30 +210,64 @@ def bavd_update(activation_map: torch.Tensor | None, h_bar: torch.Tensor, iterat
 class BAVD(nn.Module):
     """Biased activation value dropout with its activation map (not a parameter, not in state_dict).
 
-    In train mode, `forward` caches the batch mean of its input (pre-mask, detached) and masks the
-    input with `self.mask()`, `bavd_mask(self.map, self.rescale)`; `update(iteration, psi)` then folds
-    the cached mean into the map (Eq. 6). In eval mode it is the identity.
+    In train mode, `forward` caches the batch mean of its input (pre-mask, detached) and multiplies
+    the input by the mask of its `reading` (`BAVD_READINGS`; the batch-map mask is `self.mask()`);
+    `update(iteration, psi)` then folds the cached mean into the map (Eq. 6), whichever the reading
+    (the map is also what ACMU compares). `dropped()` is the mean over the masked passes of the
+    fraction of positions and of activation mass the masks zeroed. In eval mode it is the identity.
     """
 
-    def __init__(self, rescale: bool = False) -> None:
+    def __init__(self, rescale: bool = False, reading: str = "batch", top: float = 0.5) -> None:
         super().__init__()
-        self.rescale = rescale
+        if reading not in BAVD_READINGS:
+            raise ValueError(f"reading={reading!r} must be one of {BAVD_READINGS}")
+        self.rescale, self.reading, self.top = rescale, reading, top
         self.map: torch.Tensor | None = None
         self.h_bar: torch.Tensor | None = None
         self.seconds = 0.0  # wall time spent in BAVD (mask + map update), for the per-module timing
+        self.dropped_sum: torch.Tensor | None = None  # summed dropped_fractions of the masked passes
+        self.masked = 0
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         if not self.training:
             return h
         t0 = time.perf_counter()
         self.h_bar = h.detach().mean(0)
-        out = h if self.map is None else h * self.mask().to(h.device)
+        keep = self.keep(h)
+        out = h
+        if keep is not None:
+            keep = keep.to(h.device)
+            out = h * keep
+            frac = dropped_fractions(h, keep)
+            self.dropped_sum = frac if self.dropped_sum is None else self.dropped_sum + frac
+            self.masked += 1
         self.seconds += time.perf_counter() - t0
         return out
 
+    def keep(self, h: torch.Tensor) -> torch.Tensor | None:
+        """The mask of this batch under the layer's reading; None (keep all) while a map-based
+        reading has no map yet."""
+        if self.reading == "sample-mean":
+            return sample_mean_mask(h, self.rescale)
+        if self.reading == "sample-topk":
+            return sample_topk_mask(h, self.top, self.rescale)
+        if self.map is None:
+            return None
+        if self.reading == "map-threshold":
+            return map_threshold_mask(h, self.map.to(h.device), self.rescale)
+        return self.mask()
+
     def mask(self) -> torch.Tensor:
-        """The mask applied in train mode (Eq. 5): `bavd_mask` of the current map."""
+        """The batch-map mask (reading "batch", Eq. 5): `bavd_mask` of the current map."""
         return bavd_mask(self.map, self.rescale)
+
+    def dropped(self) -> tuple[float, float] | None:
+        """(positions, activation mass) zeroed, each the mean fraction over the masked passes; None
+        when no pass was masked."""
+        if self.dropped_sum is None:
+            return None
+        positions, mass = (self.dropped_sum / self.masked).tolist()
+        return positions, mass
 
     def update(self, iteration: int, psi: float) -> None:
         if self.h_bar is not None:
@@ -139,9 +277,16 @@ class BAVD(nn.Module):
             self.seconds += time.perf_counter() - t0
 
 
-def _bavd_targets(model: nn.Module) -> list[nn.Module]:
+def _bavd_targets(model: nn.Module, site: str = "convs") -> list[nn.Module]:
+    """The modules whose outputs BAVD masks: "convs", every conv-block ReLU (a ReLU after a Conv2d or
+    BatchNorm2d inside an nn.Sequential) and ResNet BasicBlock; "last-conv", the last of those;
+    "features", the network's feature extractor (its flattened output, the classifier's input)."""
     from fedskew.models import BasicBlock
 
+    if site not in BAVD_SITES:
+        raise ValueError(f"site={site!r} must be one of {BAVD_SITES}")
+    if site == "features":
+        return [model.features]
     targets: list[nn.Module] = []
     for module in model.modules():
         if isinstance(module, BasicBlock):
@@ -151,15 +296,15 @@ def _bavd_targets(model: nn.Module) -> list[nn.Module]:
             for prev, cur in itertools.pairwise(children):
                 if isinstance(cur, nn.ReLU) and isinstance(prev, (nn.Conv2d, nn.BatchNorm2d)):
                     targets.append(cur)
-    return targets
+    return targets[-1:] if site == "last-conv" else targets
 
 
-def attach_bavd(model: nn.Module, make: Callable[[], BAVD] = BAVD) -> list[BAVD]:
-    """Hook a BAVD layer (`make()`) after every conv-block ReLU and ResNet block of `model`; return
+def attach_bavd(model: nn.Module, make: Callable[[], BAVD] = BAVD, site: str = "convs") -> list[BAVD]:
+    """Hook a BAVD layer (`make()`) on the outputs of the `site`'s modules (`_bavd_targets`); return
     the layers. A hooked layer follows the train/eval mode of the module it is attached to.
     """
     layers = []
-    for target in _bavd_targets(model):
+    for target in _bavd_targets(model, site):
         layer = make()
 
         def hook(module: nn.Module, _inputs: tuple, output: torch.Tensor, layer: BAVD = layer) -> torch.Tensor:
@@ -213,6 +358,50 @@ def aggregate_class_gradients(uploads: Sequence[Mapping[int, torch.Tensor]]) -> 
 
 
 MATCH_DISTANCES = ("creff", "paper")
+FEATURE_INITS = ("normal", "extractor", "rescaled")
+
+
+def initial_features(
+    init: str,
+    shape: tuple[int, int, int],
+    generator: torch.Generator,
+    extractor: nn.Module | None = None,
+    input_shape: tuple[int, ...] = (),
+    real_norm: float = float("nan"),
+) -> torch.Tensor:
+    """The synthetic features h_glo (K, m, d) before their first synthesis, drawn from `generator`:
+
+    - "normal": N(0, 1) (CReFF's code), each feature of norm about sqrt(d);
+    - "extractor": the global feature extractor's outputs, h_glo = f_glo(x; u_glo) (Sec. 3.5, Eq.
+      18: "we can initiate the global federated feature h_glo = f_glo(u_glo)"), on K m inputs
+      x ~ N(0, 1) of shape `input_shape` (the server holds no data and the paper names no inputs;
+      the images are standardised, so N(0, 1) pixels are in their range), in eval mode;
+    - "rescaled": N(0, 1) with every feature scaled to the norm `real_norm` (the clients' real features').
+    """
+    k, m, d = shape
+    if init == "extractor":
+        if extractor is None:
+            raise ValueError("init 'extractor' needs the global extractor")
+        device = next(extractor.parameters()).device
+        x = torch.randn(k * m, *input_shape, generator=generator).to(device)
+        was_training = extractor.training
+        with torch.no_grad():
+            h = extractor.eval()(x)
+        extractor.train(was_training)
+        return h.reshape(k, m, d)
+    h = torch.randn(shape, generator=generator)
+    if init == "rescaled":
+        if not math.isfinite(real_norm) or real_norm < 0:
+            raise ValueError(f"init 'rescaled' needs a finite real-feature norm >= 0, got {real_norm}")
+        return F.normalize(h, dim=2) * real_norm
+    if init != "normal":
+        raise ValueError(f"init={init!r} must be one of {FEATURE_INITS}")
+    return h
+
+
+def feature_norm(features: torch.Tensor) -> float:
+    """The mean Euclidean norm of the features (rows of the last dimension)."""
+    return float(features.detach().norm(dim=-1).mean())
 
 
 def gradient_distance(synth: torch.Tensor, real: torch.Tensor, form: str = "creff") -> torch.Tensor:
@@ -307,11 +496,11 @@ def finetune_classifier(
     return float(total) / steps
 
 
-def bavd_map_size(model: nn.Module, info: Any) -> int:
+def bavd_map_size(model: nn.Module, info: Any, site: str = "convs") -> int:
     """Length of a client's flattened BAVD maps: the activations (channels x positions) of every
-    layer `attach_bavd` hooks in `model`, measured on one blank batch; 0 when it hooks none."""
+    layer `attach_bavd` hooks at `site` in `model`, measured on one blank batch; 0 when it hooks none."""
     model = copy.deepcopy(model).train()
-    layers = attach_bavd(model)
+    layers = attach_bavd(model, site=site)
     with torch.no_grad():
         model(torch.zeros(2, info.channels, info.size, info.size))
     return sum(layer.h_bar.numel() for layer in layers)

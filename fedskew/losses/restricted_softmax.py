@@ -20,6 +20,10 @@ def fedrs_scale(counts: np.ndarray | torch.Tensor, alpha: float, tau: int = 1, m
     - `binary` (paper, V1/V2): 1 for observed classes (count >= tau), alpha for missing ones.
     - `count` (authors' later code, V3): alpha + (1 - alpha) n_c / max_j n_j; classes below tau
       get alpha.
+    - `fraction` (MAP's authors' code, `lxcnju/MAP` `algorithms/fedap.py` `update_local`): the rule
+      applied to the class *fractions* n_c / n, 1 where n_c / n >= tau, else alpha. With their
+      `min_samples` = 1 (tau here) only a single-class client has a class at 1: for every other
+      client every logit is scaled by alpha (a plain softmax at temperature 1 / alpha).
     Computed once per round from the local data, never per mini-batch: the paper defines the observed
     classes on the client's training set, and an early version of the authors' code that rebuilt
     the scale inside the step loop compounded it towards 1 (FedAvg after a few steps).
@@ -33,7 +37,10 @@ def fedrs_scale(counts: np.ndarray | torch.Tensor, alpha: float, tau: int = 1, m
     if mode == "count":
         prop = alpha + (1.0 - alpha) * n / n.max().clamp(min=1.0)
         return torch.where(observed, prop, torch.full_like(n, alpha))
-    raise ValueError(f"mode={mode!r} must be 'binary' or 'count'")
+    if mode == "fraction":
+        dist = n / n.sum().clamp(min=1.0)
+        return torch.where(dist >= tau, torch.ones_like(n), torch.full_like(n, alpha))
+    raise ValueError(f"mode={mode!r} must be 'binary', 'count' or 'fraction'")
 
 
 def restricted_softmax_cross_entropy(logits: torch.Tensor, target: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:

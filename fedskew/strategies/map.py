@@ -1,9 +1,17 @@
 """MAP server (Li et al., TKDE'24, Alg. 1 ServerProcedure). Client side: `fedskew/client_app/map.py`.
 
 The server averages the clients' stage-1 (restricted-softmax) models; the HPMs never leave the
-clients. Alg. 1 line 6 averages uniformly, theta_{t+1} = 1/|S_t| sum_k theta^k_{a,t}; that is the
-default here (`map-uniform-aggregation=true`); `false` follows `aggregation-weights` (the authors'
-code weights by sample count).
+clients.
+
+Aggregation weights. Alg. 1 line 6 (and Sec. III-A's description of FedAvg) write the uniform
+mean theta_{t+1} = sum_{k in S_t} theta^k_{a,t} / |S_t|, but Eq. 2 weights clients by p_k, the
+paper "follow[s] the architecture and training paradigm of FedAvg [7]" (Sec. IV-C), whose
+aggregation weights by sample count, and the authors' code, which produced the paper's numbers,
+weights by sample count (`lxcnju/MAP` `algorithms/fedap.py` `train`: weights = n_k / sum n, commit
+42b1478). Decision: sample-count weights by default (`map-uniform-aggregation=false`, following
+`aggregation-weights` as every fedskew method), so that MAP's global model is FedRS's, trained with
+the same restricted softmax and averaged the same way, the comparison Sec. IV-C makes ("RS" gives
+the aggregation, "HPM" the personalization); `true` is Alg. 1 line 6 as printed.
 
 The server also counts each partition's accepted replies to flag lost HPM states (`HPMStrategy`,
 shared with FedPHP: `fedskew/strategies/hpm.py`).
@@ -22,7 +30,8 @@ from fedskew.strategies.hpm import HPMStrategy
 
 
 class MAPStrategy(HPMStrategy):
-    """FedAvg of the uploaded stage-1 models (uniform by default, as Alg. 1) + HPM bookkeeping."""
+    """FedAvg of the uploaded stage-1 models (sample-weighted by default; uniform as Alg. 1 line 6
+    with `map-uniform-aggregation`) + HPM bookkeeping."""
 
     wire = wire.MAP
 

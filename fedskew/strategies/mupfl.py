@@ -6,11 +6,12 @@ Client side: `fedskew/client_app/mupfl.py`; maths: `fedskew/losses/mupfl.py` (BA
 cloud) run as the client trainer and this one strategy.
 
 Round t on the server:
-1. each sampled client gets the global model w_glo (`mupfl-init="global"`, the default), or its
-   own w~_i from its last participation (`"personal"`, Alg. 1 L6 read literally; w_glo on first
-   participation), plus (PKCF) the classifier of the global model it sends this round (`mupfl-classifier`, the one
-   the clients take z_i^k at and the synthesis matches at) and the synthetic features h_glo of the
-   classes seen so far;
+1. each sampled client gets the global model w_glo (`mupfl-init="global"`, the default), its own
+   w~_i from its last participation (`"personal"`, Alg. 1 L6 read literally), or the feature
+   extractor of its w~_i with the global classifier (`"cluster"`; w_glo on a first participation
+   in both), plus (PKCF) the classifier of the global model it sends this round
+   (`mupfl-classifier`, the one the clients take z_i^k at and the synthesis matches at) and the
+   synthetic features h_glo of the classes seen so far;
 2. ACMU (`mupfl-acmu`): dw_i = w_i - start_i over the trainable parameters (Eq. 7); clients are
    clustered on Eq. 8's similarity (update cosine and BAVD-map cosine, weight `mupfl-alpha`) with
    k-means, kappa in [k-min, min(k-max, n-1)] by silhouette (Eqs. 9-13); w~_i = start_i + mean dw of
@@ -25,9 +26,12 @@ ACMU and PKCF are timed each round (metrics `acmu-seconds`, `pkcf-seconds`; CUDA
 Decisions and deviations (the paper has no public code):
 - BAVD: psi = previous loss - current loss (`mupfl-psi-sign="paper"` for Eq. 6's printed sign);
   C x H x W maps from batch means; the map restarts each local epoch (`mupfl-bavd-reset` "round" /
-  "never"; "never" keeps the maps in the client's `ClientState`); a mean threshold on the min-max
-  normalised map, `>=`, per channel, no rescaling (`mupfl-bavd-rescale` scales the kept activations
-  as inverted dropout), identity at eval. No rescaling stays the default: from a trained global
+  "never"; "never" keeps the maps in the client's `ClientState`); by default one mask for the batch,
+  a mean threshold on the min-max normalised map, `>=`, per channel, no rescaling
+  (`mupfl-bavd-rescale` scales the kept activations as inverted dropout), identity at eval. The
+  per-sample readings (`mupfl-bavd-mask`) and the sites (`mupfl-bavd-site`) the paper supports are
+  in `fedskew/losses/mupfl.py`; the default stays the batch map after both convolutions until the
+  federated runs of `suites/paper-mupfl.yaml` pick among them. No rescaling stays the default: from a trained global
   model, a federated round's situation, every reading of Eqs. 5-6 costs personalized accuracy, the
   rescaled one included (`benchmarks/mupfl_bavd.py`; `docs/notes/mupfl.md`). BAVD sits after every
   conv-block ReLU (LeNet: 2 layers) and after each ResNet block; nets without conv blocks get none
@@ -39,9 +43,22 @@ Decisions and deviations (the paper has no public code):
   after PKCF the client trains (u_i, v_glo) (Sec. 3.5: the global classifier), "at m = 0 MuPFL
   defaults to FedAvg" (Sec. 4.5) and Table I's "FedAvg with clustering" is FedAvg whose update is
   ACMU's; Alg. 1 L6's w_i^(t-1) reuses the superscript that L18 uses for SGD steps. With "personal"
-  nothing trains from w_glo, an average of drifting personal models (`docs/notes/mupfl.md`).
+  nothing trains from w_glo, an average of drifting personal models (`docs/notes/mupfl.md`). "global"
+  stays the default until federated runs measure "cluster" against it (no such run yet).
   "personal" keeps every w~_i on the server (N models).
-- PKCF synthesis: h_glo ~ N(0,1) at first use, then warm-started; SGD for `mupfl-match-iters` = 100
+- ACMU on the client's path (`mupfl-init="cluster"`): Alg. 1 L6 trains from w_i^(t-1) and L7
+  subtracts it, L8 / Eq. 14 update w~_i from the same w_i^(t-1), and Sec. 3.5 ends "client i will
+  use the new parameters (u_i^(t+1), v_glo^(t+1)) for local model training": the client's own
+  (cluster-updated) feature extractor with the global classifier. Under "global" ACMU only
+  re-weights the deltas entering Eq. 15, and the personalized accuracy, read before the server's
+  cluster update, cannot see it ("ACMU adds 0.00" by construction). Under "cluster" the paper's
+  personalized model is that start after PKCF's fine-tune (`pkcf-accuracy`; `start-accuracy`
+  before the fine-tune), measured at the client's next participation (with 10 of 50 clients a
+  round, a few rounds after its cluster update). "personal" and "cluster" keep every w~_i on the
+  server (N models) and send w_glo beside the start for `client-global-accuracy`.
+- PKCF synthesis: h_glo starts at first use as `mupfl-feature-init` says (N(0, 1) by default, the
+  global extractor's outputs on N(0, 1) inputs, or N(0, 1) rescaled to the median of the clients'
+  reported real-feature norms: `fedskew/losses/mupfl.py`), then is warm-started; SGD for `mupfl-match-iters` = 100
   iterations (CReFF); only classes seen so far are sent. Distance and lr follow CReFF's public code
   (`distance_wb`, 1 - cos per row of each class gradient, summed over rows and classes, at lr
   `mupfl-feature-lr` = 1.0), not one cosine per class averaged over classes at CReFF's lr 0.1, which
@@ -62,8 +79,9 @@ Decisions and deviations (the paper has no public code):
 - Metrics: `personalized-accuracy` is the locally trained model w_i on the client's test split (as
   for every fedskew method); `client-global-accuracy` is w_glo on it before training (under
   "personal" the server sends w_glo beside w~_i for it: one more model on the downlink), and
-  `start-accuracy` (only under "personal") is the paper's personalized model w~_i (what the client
-  receives; w_glo for a first-time client), both measured before the round's training.
+  `start-accuracy` (only under "personal" and "cluster") is the paper's personalized model: what the
+  client receives (w~_i, or its extractor with the global classifier; w_glo for a first-time
+  client), both measured before the round's training.
 - PKCF also runs after the last round (its features are unused then) so every round is timed.
 """
 
@@ -80,7 +98,8 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 from fedskew import wire
-from fedskew.losses.mupfl import aggregate_class_gradients, synthesize_features
+from fedskew.data import dataset_info
+from fedskew.losses.mupfl import aggregate_class_gradients, feature_norm, initial_features, synthesize_features
 from fedskew.strategies.aggregate import weighted_average
 from fedskew.strategies.base import BaseStrategy, arrays_to_numpy, numpy_to_arrays
 from fedskew.strategies.clustering import cluster_update, select_clusters
@@ -142,6 +161,22 @@ class MuPFLStrategy(BaseStrategy):
                 _, pid, name = key.split("/", 2)
                 self.personal.setdefault(int(pid), {})[name] = value.numpy()
 
+    def initial_features(self, real_norm: float) -> torch.Tensor:
+        """h_glo's start, on `self.device` (`mupfl-feature-init`, `initial_features`): the extractor
+        is the global model's sent this round (the one whose classifier the synthesis matches at)."""
+        g = torch.Generator().manual_seed(self.cfg["seed"])
+        shape = (self.num_classes, self.cfg["mupfl-features-per-class"], self.feature_dim)
+        init = self.cfg["mupfl-feature-init"]
+        extractor = None
+        if init == "extractor":
+            model = self.build_model()
+            model.load_state_dict(self.sent_arrays.to_torch_state_dict())
+            extractor = model.features.to(self.device)
+        info = dataset_info(self.cfg)
+        with torch_threads(self.device, self.cfg["torch-threads"]):
+            h = initial_features(init, shape, g, extractor, (info.channels, info.size, info.size), real_norm)
+        return h.to(self.device)
+
     # ------------------------------------------------------------------ downlink
     def match_classifier(self) -> torch.Tensor:
         """The classifier of the global model sent this round: clients take z_i^k at it, and the
@@ -151,7 +186,7 @@ class MuPFLStrategy(BaseStrategy):
     def broadcast(self, server_round: int) -> dict[str, Any]:
         """w_glo when clients start from w~_i (for `client-global-accuracy`); PKCF: the matching
         classifier, and the synthetic features of the classes seen so far."""
-        records: dict[str, Any] = {GLOBAL: self.sent_arrays} if self.cfg["mupfl-init"] == "personal" else {}
+        records: dict[str, Any] = {GLOBAL: self.sent_arrays} if self.cfg["mupfl-init"] != "global" else {}
         if not self.cfg["mupfl-pkcf"]:
             return records
         records[CLASSIFIER] = ArrayRecord({"weight": self.match_classifier()})
@@ -164,10 +199,17 @@ class MuPFLStrategy(BaseStrategy):
         return records
 
     def start_model(self, partition_id: int, arrays: ArrayRecord) -> dict[str, np.ndarray]:
-        """w~_i of a returning client (init 'personal'), else the global model."""
-        if self.cfg["mupfl-init"] == "personal" and partition_id in self.personal:
-            return self.personal[partition_id]
-        return arrays_to_numpy(arrays)
+        """A returning client's own start: its w~_i (init 'personal'), or its feature extractor from
+        w~_i with the global classifier (init 'cluster'); else (a first participation, init 'global')
+        the global model."""
+        init = self.cfg["mupfl-init"]
+        glo = arrays_to_numpy(arrays)
+        if init == "global" or partition_id not in self.personal:
+            return glo
+        own = self.personal[partition_id]
+        if init == "personal":
+            return own
+        return {k: glo[k] if k.startswith("classifier.") else own[k] for k in glo}
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -234,7 +276,7 @@ class MuPFLStrategy(BaseStrategy):
         else:
             labels, kappa, score = np.zeros(len(replies), dtype=int), 1, float("nan")
         personal = [self.unflat(v, w) for v, w in zip(cluster_update(bases, updates, labels), models, strict=True)]
-        if self.cfg["mupfl-init"] == "personal":  # the next start models (N models kept on the server)
+        if self.cfg["mupfl-init"] != "global":  # the next start models (N models kept on the server)
             self.personal.update(zip(pids, personal, strict=True))
         uniform = self.cfg["aggregation-weights"] == "uniform"
         weights = [1.0 if uniform else float(m.content["metrics"]["num-examples"]) for m in replies]
@@ -251,22 +293,32 @@ class MuPFLStrategy(BaseStrategy):
     def aggregate_extras(self, server_round: int, replies: list[Message]) -> dict[str, Any]:
         """PKCF server part (Eqs. 17-20) on `self.device`; ACMU and PKCF metrics."""
         metrics: dict[str, Any] = dict(self.acmu_metrics)
-        for key in ("start-accuracy", "bavd-seconds", "pkcf-client-seconds"):
+        for key in (
+            "start-accuracy",
+            "pkcf-accuracy",
+            "bavd-dropped-positions",
+            "bavd-dropped-mass",
+            "bavd-seconds",
+            "pkcf-client-seconds",
+        ):
             values = [float(m.content["metrics"][key]) for m in replies if key in m.content["metrics"]]
             if values:
                 metrics[key] = float(np.mean(values))
         grads = [float(m.content[TIMES]["grads-seconds"]) for m in replies if TIMES in m.content]
         if grads:
             metrics["pkcf-grads-seconds"] = float(np.mean(grads))
+        norms = [float(m.content[TIMES]["real-norm"]) for m in replies if TIMES in m.content]
+        real_norm = float(np.median(norms)) if norms else float("nan")  # the median: one client cannot set it
+        if norms:
+            metrics["pkcf-real-norm"] = real_norm
         if not self.cfg["mupfl-pkcf"]:
             return metrics
         t0 = time.perf_counter()
         targets = {k: z.to(self.device) for k, z in aggregate_class_gradients(class_uploads(replies, GRADS)).items()}
         if targets:
             if self.features is None:
-                g = torch.Generator().manual_seed(self.cfg["seed"])
-                shape = (self.num_classes, self.cfg["mupfl-features-per-class"], self.feature_dim)
-                self.features = torch.randn(shape, generator=g).to(self.device)
+                self.features = self.initial_features(real_norm)
+                metrics["pkcf-initial-norm"] = feature_norm(self.features)
             weight = self.match_classifier()
             with torch_threads(self.device, self.cfg["torch-threads"]):
                 self.features, losses = synthesize_features(
@@ -282,6 +334,7 @@ class MuPFLStrategy(BaseStrategy):
                 torch.cuda.synchronize(self.device)
             if losses:
                 metrics.update({"pkcf-match-loss-first": losses[0], "pkcf-match-loss-last": losses[-1]})
+            metrics["pkcf-synthetic-norm"] = feature_norm(self.features[sorted(self.seen)])
         metrics["pkcf-seconds"] = time.perf_counter() - t0
         metrics["pkcf-classes"] = len(targets)
         return metrics
