@@ -1,13 +1,14 @@
 """`fedskew` command line: argument parsing and printing; the work is in `fedskew.launcher`.
 
-fedskew run [--run-config 'k=v ...'] [--num-supernodes N] [--actors A] [--federation-config 'k=v']
-            [--resume RUN_DIR | --overwrite]
+fedskew run [--run-config 'k=v ...'] [--num-supernodes N] [--actors A | --ray-address HOST:PORT]
+            [--federation-config 'k=v'] [--resume RUN_DIR | --overwrite]
     Validate the config and the results folder (fails in about a second with one line: a folder
     holding an earlier run's results needs --resume or --overwrite), start a private SuperLink,
     submit the app with `flwr run`, stream its log, print the summary, stop what it started
     (also when interrupted), and exit non-zero when the run failed (`flwr run` itself exits 0
-    on failed runs). The simulation trains A clients at once (default: every core busy).
-fedskew experiment SUITE.yaml [--dry-run | --report | --export] [--rerun-changed]
+    on failed runs). The simulation trains A clients at once (default: every core busy); with
+    --ray-address it joins that running Ray cluster instead (`fedskew.cluster`): every node busy.
+fedskew experiment SUITE.yaml [--dry-run | --report | --export] [--rerun-changed] [--ray-address HOST:PORT]
     Run a suite of simulations (see `fedskew.experiments`); --dry-run checks every cell as a run would;
     --export writes its finished cells' numbers into results/<suite>.yaml (`fedskew.resultfile`).
 fedskew report [--check]
@@ -30,6 +31,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from fedskew.cluster import connect
 from fedskew.config import DATASETS, ConfigError, all_params
 from fedskew.data.download import DownloadError, get_dataset, list_datasets
 from fedskew.experiments import comparison, describe, labels, load_suite, plan_cells, run_suite, select, write_report
@@ -76,9 +78,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         overrides, resumed_clients = resume_overrides(Path(args.resume), overrides)
         clients = args.num_supernodes or resumed_clients
     cfg, overrides = prepare_config(app_dir, overrides, clients)
-    resources = resources_for(cfg, args.actors)
-    print(f"fedskew: {clients} clients, simulated with {resources.describe()}", flush=True)
-    summary = run_simulation(app_dir, overrides, clients, args.federation_config, resources=resources)
+    cluster = connect(args.ray_address) if args.ray_address else None
+    resources = resources_for(cfg, args.actors, cluster)
+    where = f" on the Ray cluster at {cluster.address}" if cluster else ""
+    print(f"fedskew: {clients} clients, simulated{where} with {resources.describe()}", flush=True)
+    if cluster and (note := cluster.check_room(resources)):
+        print(note, flush=True)
+    summary = run_simulation(app_dir, overrides, clients, args.federation_config, resources=resources, cluster=cluster)
     print(format_summary(summary), flush=True)
     return 0
 
@@ -87,8 +93,9 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     app_dir = find_app_dir(args.app)
     suite = load_suite(args.suite, app_defaults(app_dir))
     chosen = select(suite, labels(args.methods), labels(args.partitions), labels(args.seeds, int, "--seeds"))
+    cluster = connect(args.ray_address) if args.ray_address and not (args.export or args.report) else None
     if args.dry_run:  # every check a run makes, nothing started
-        plans = plan_cells(suite, app_dir, chosen, args.actors, args.rerun_changed)
+        plans = plan_cells(suite, app_dir, chosen, args.actors, args.rerun_changed, cluster)
         for p in plans:
             note = f" ({p.note})" if p.note else ""
             print(f"{p.cell.run_name} ({p.cell.num_supernodes} clients): {p.action}{note}: {p.cell.overrides}")
@@ -103,7 +110,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     if args.report:
         print(comparison(suite, write_report(suite)))
     else:
-        run_suite(suite, app_dir, args.stream, args.actors, chosen, args.rerun_changed)
+        run_suite(suite, app_dir, args.stream, args.actors, chosen, args.rerun_changed, cluster)
     return 0
 
 
@@ -136,6 +143,10 @@ ACTORS_HELP = (
     "clients trained at once (Ray actors of torch-threads threads each); default: every core busy, "
     "cores // torch-threads"
 )
+RAY_ADDRESS_HELP = (
+    "join the running Ray cluster whose head is at HOST:PORT (as `ray start --head` prints it) instead of "
+    "starting Ray here: each node runs its CPUs // torch-threads actors (docs/usage.md, 'Ray cluster')"
+)
 
 
 def _terminate(signum: int, frame: object) -> None:
@@ -157,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         help="start afresh in a run folder holding an earlier run's results (they move to its aside-<time> folder)",
     )
     run.add_argument("--actors", "-j", type=int, help=ACTORS_HELP)
+    run.add_argument("--ray-address", metavar="HOST:PORT", help=RAY_ADDRESS_HELP)
     run.add_argument(
         "--federation-config",
         action="append",
@@ -181,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
         help="run again the finished cells computed under another config (their earlier files are set aside)",
     )
     exp.add_argument("--actors", "-j", type=int, help=ACTORS_HELP)
+    exp.add_argument("--ray-address", metavar="HOST:PORT", help=RAY_ADDRESS_HELP)
     for flag, what in (("methods", "method labels"), ("partitions", "partition labels"), ("seeds", "seeds")):
         exp.add_argument(f"--{flag}", metavar="A,B", help=f"run only these {what} (default: all the suite's)")
     exp.set_defaults(fn=cmd_experiment)

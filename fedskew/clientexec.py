@@ -27,7 +27,8 @@ authentication) is the SuperNode's and is unchanged.
 simulation task in a fork with Flower's own `flwr-simulation` entry point (its arguments, log
 upload and exit), instead of the SuperExec starting a fresh `flwr-simulation` interpreter (about 2 s
 of imports on the path to round 1, and again for every cell of a suite). The ServerApp and the
-ClientApps are loaded from the run's FAB as before; the ClientApps still run in Ray's actors.
+ClientApps are loaded from the run's FAB as before; the ClientApps still run in Ray's actors,
+on fedskew's Ray backend (`fedskew.actor_pool`: an actor that died leaves the pool).
 `fedskew.launcher.PrivateSuperLink` starts it for every simulation.
 
 Started by hand, a mistake is one line on stderr and a non-zero exit, before anything is served:
@@ -54,7 +55,7 @@ from dataclasses import dataclass
 from typing import Any
 
 WARM_MODULES = ("torch", "flwr.supernode.runtime.run_clientapp", "fedskew.client_app.app")
-SIMULATION_MODULES = ("torch", "ray", "flwr.simulation.app", "fedskew.server_app.app")
+SIMULATION_MODULES = ("torch", "ray", "flwr.simulation.app", "fedskew.server_app.app", "fedskew.actor_pool")
 ADDRESS = re.compile(r"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(?P<port>[0-9]{1,5})")  # ASCII digits only
 
 
@@ -85,7 +86,12 @@ def preload(modules: Iterable[str], fresh_package: str = "fedskew") -> None:
     task imports those again from its run's FAB, as a fresh `flwr-clientapp` would."""
     for name in modules:
         importlib.import_module(name)
-    for name in [m for m in sys.modules if m == fresh_package or m.startswith(fresh_package + ".")]:
+    forget(fresh_package)
+
+
+def forget(package: str) -> None:
+    """Drop `package`'s modules from `sys.modules`, so that the next import reads them anew."""
+    for name in [m for m in sys.modules if m == package or m.startswith(package + ".")]:
         del sys.modules[name]
 
 
@@ -128,8 +134,14 @@ def run_clientapp_task(conn: Connection, token: str) -> int:
 
 def run_simulation_task(conn: Connection, token: str) -> int:
     """Flower's `flwr-simulation` command for one task (in a fork), with the arguments a SuperExec
-    gives it; its exit code."""
+    gives it, on fedskew's Ray backend (`fedskew.actor_pool`: an actor that died, e.g. on a lost
+    node of a Ray cluster, leaves the pool); its exit code."""
     from flwr.simulation.app import flwr_simulation
+
+    from fedskew import actor_pool
+
+    actor_pool.install()
+    forget("fedskew")  # the run's own fedskew comes from its FAB
 
     tls = ["--insecure"] if conn.insecure else ["--root-certificates", str(conn.root_certificates)]
     sys.argv = ["flwr-simulation", "--runtime-api-address", conn.address, "--token", token, *tls]

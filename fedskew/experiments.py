@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from fedskew.cluster import RayCluster
 from fedskew.config import ConfigError, folder_name_rule, validate
 from fedskew.data.clients import client_indices
 from fedskew.diagnostics import last_rounds_per_class
@@ -232,18 +233,23 @@ class CellPlan:
 
 
 def plan_cells(
-    suite: Suite, app_dir: Path, cells: list[Cell] | None = None, actors: int | None = None, rerun_changed: bool = False
+    suite: Suite,
+    app_dir: Path,
+    cells: list[Cell] | None = None,
+    actors: int | None = None,
+    rerun_changed: bool = False,
+    cluster: RayCluster | None = None,
 ) -> list[CellPlan]:
     """Check each cell (default: all the suite's) as its run would (`prepare_config`: config, data,
-    device, results folder, checkpoint; `resources_for`: actors) and decide its action from what
-    its folder holds. Raises ConfigError naming the first cell a run would refuse."""
+    device, results folder, checkpoint; `resources_for`: actors, here or on `cluster`) and decide its
+    action from what its folder holds. Raises ConfigError naming the first cell a run would refuse."""
     plans = []
     for cell in suite.cells if cells is None else cells:
         run_dir = suite.folder / cell.run_name
         over = {**cell.overrides, "out-dir": str(suite.folder), "run-name": cell.run_name}
         try:
             cfg, subm = prepare_config(app_dir, {**over, "overwrite": True}, cell.num_supernodes)
-            resources_for(cfg, actors)
+            resources_for(cfg, actors, cluster)
             plans.append(_plan(cell, run_dir, cfg, subm, app_dir, rerun_changed))
         except (ConfigError, PartitionError, FileNotFoundError) as e:
             raise ConfigError(f"suite {suite.name}: cell {cell.run_name}: {e}") from None
@@ -301,13 +307,15 @@ def run_suite(
     actors: int | None = None,
     cells: list[Cell] | None = None,
     rerun_changed: bool = False,
+    cluster: RayCluster | None = None,
 ) -> None:
     """Run every cell not done yet (of `cells`, default all the suite's), one after the other on one
-    private SuperLink and Ray head (started once), each with every core busy (or `actors` clients at
-    once), with progress and time left; then write the report of every finished cell. Every cell is
-    checked first (`plan_cells`), so a cell a run would refuse stops the suite before anything starts."""
+    private SuperLink and Ray head (started once) or on the nodes of `cluster`, each with every core
+    busy (or `actors` clients at once), with progress and time left; then write the report of every
+    finished cell. Every cell is checked first (`plan_cells`), so a cell a run would refuse stops the
+    suite before anything starts."""
     chosen = suite.cells if cells is None else cells
-    plans = plan_cells(suite, app_dir, chosen, actors, rerun_changed)
+    plans = plan_cells(suite, app_dir, chosen, actors, rerun_changed, cluster)
     suite.folder.mkdir(parents=True, exist_ok=True)
     todo = [p for p in plans if p.runs]
     done_before = len(chosen) - len(todo)
@@ -318,9 +326,15 @@ def run_suite(
     spent: list[float] = []
     failed = []
     defaults = app_defaults(app_dir)
-    planned = {resources_for(validate({**defaults, **p.cell.overrides}), actors) for p in todo}
+    planned = {resources_for(validate({**defaults, **p.cell.overrides}), actors, cluster) for p in todo}
+    if cluster:
+        for resources in sorted(planned, key=lambda r: r.threads):
+            print(f"suite {suite.name}: on the Ray cluster at {cluster.address}: {resources.describe()}", flush=True)
+            if note := cluster.check_room(resources):
+                print(note, flush=True)
     # one Ray head for the whole suite when every cell needs the same actors (the usual case)
-    with simulation_link(app_dir, planned.pop() if len(planned) == 1 else None) as link:
+    head = planned.pop() if len(planned) == 1 and not cluster else None
+    with simulation_link(app_dir, head, cluster) as link:
         for i, plan in enumerate(todo, start=1):
             cell = plan.cell
             t0 = time.perf_counter()
@@ -335,7 +349,7 @@ def run_suite(
                 )
             try:
                 cfg = validate({**defaults, **plan.overrides})
-                resources = resources_for(cfg, actors)
+                resources = resources_for(cfg, actors, cluster)
                 s = run_simulation(
                     app_dir, plan.overrides, cell.num_supernodes, stream=stream, resources=resources, link=link
                 )

@@ -26,9 +26,10 @@ from typing import IO, Any, TextIO
 
 import tomllib
 
+from fedskew.cluster import RayCluster
 from fedskew.config import ConfigError, all_params, parse_overrides, validate
 from fedskew.data import is_hf
-from fedskew.resources import SimResources, plan_resources
+from fedskew.resources import SimResources, plan_cluster, plan_resources
 
 STOP_GRACE = 1.5  # s between SIGTERM and SIGKILL when a SuperLink or Ray head is stopped
 FLWR_ENV = {
@@ -158,7 +159,7 @@ class PrivateSuperLink:
         self.exec_log_path = home / f"simexec-{self.port}.log"
         self.proc: subprocess.Popen | None = None
         self.exec_proc: subprocess.Popen | None = None  # the warm executor, if any
-        self.ray: RayHead | None = None  # the Ray head its simulations join, if any (`simulation_link`)
+        self.ray: RayHead | RayCluster | None = None  # the Ray its simulations join, if any (`simulation_link`)
 
     @property
     def _block(self) -> str:
@@ -398,10 +399,20 @@ def _flwr_json(args: list[str], env: dict[str, str]) -> dict[str, Any]:
         raise RunFailed(f"`flwr {' '.join(args)}` failed: {(res.stdout + res.stderr).strip()[-2000:]}") from None
 
 
-def resources_for(cfg: dict[str, Any], actors: int | None = None) -> SimResources:
+def resources_for(cfg: dict[str, Any], actors: int | None = None, cluster: RayCluster | None = None) -> SimResources:
     """The simulation's actors x threads (and GPU share) for a validated run config: every core
-    busy unless `actors` says otherwise (see `fedskew.resources`)."""
-    return plan_resources(cfg["torch-threads"], actors, use_gpu=cfg["device"] != "cpu")
+    busy unless `actors` says otherwise, on this machine or on each node of `cluster` (see
+    `fedskew.resources`; Flower sizes a cluster's actor pool from its nodes, so `actors` cannot
+    be chosen there)."""
+    use_gpu = cfg["device"] != "cpu"
+    if cluster is None:
+        return plan_resources(cfg["torch-threads"], actors, use_gpu=use_gpu)
+    if actors is not None:
+        raise ConfigError(
+            f"--actors {actors} is not allowed with --ray-address: on a Ray cluster each node runs its CPUs // "
+            "torch-threads actors (`ray start --num-cpus` on a node sets how many CPUs it offers)"
+        )
+    return plan_cluster(cluster.nodes, cfg["torch-threads"], use_gpu=use_gpu)
 
 
 _PAIR = re.compile(r"(\S+?)=('[^']*'|\"[^\"]*\"|\S+)")  # as `flwr run --federation-config` reads them
@@ -411,8 +422,8 @@ def federation_config(
     num_supernodes: int, resources: SimResources, extra: Sequence[str] = (), ray_head: bool = False
 ) -> str:
     """The `--federation-config` string: the clients, the resources (without Ray's `init-args-*`
-    when the run joins a `RayHead`), then `extra` 'k=v' items, which win (Flower refuses a key given
-    twice)."""
+    when the run joins a running Ray: a `RayHead` or a cluster), then `extra` 'k=v' items, which win
+    (Flower refuses a key given twice)."""
     fed = {"num-supernodes": str(num_supernodes), **resources.federation_config()}
     if ray_head:
         fed = {k: v for k, v in fed.items() if not k.startswith("init-args-")}
@@ -422,19 +433,23 @@ def federation_config(
 
 
 @contextlib.contextmanager
-def simulation_link(app_dir: Path, resources: SimResources | None = None) -> Iterator[PrivateSuperLink]:
+def simulation_link(
+    app_dir: Path, resources: SimResources | None = None, cluster: RayCluster | None = None
+) -> Iterator[PrivateSuperLink]:
     """A private simulation SuperLink for one or several runs (a suite submits all its cells to one)
-    and, with `resources`, a Ray head started beside it that all those runs join (`RayHead`)."""
+    whose runs join `cluster` (a running Ray cluster) or, with `resources`, a Ray head started beside
+    it (`RayHead`); else each run starts Ray itself."""
     env = flower_env(app_dir)
     home = Path(env["FLWR_HOME"])
     with contextlib.ExitStack() as stack:
-        head = stack.enter_context(RayHead(resources, home, env)) if resources else None
-        if head:
-            env["RAY_ADDRESS"] = head.address  # flwr-simulation's ray.init joins it
+        head = stack.enter_context(RayHead(resources, home, env)) if resources and not cluster else None
+        ray = cluster or head
+        if ray:
+            env["RAY_ADDRESS"] = ray.address  # flwr-simulation's ray.init joins it
         link = stack.enter_context(PrivateSuperLink(home, env))
         if head:
             head.wait_ready()
-            link.ray = head
+        link.ray = ray
         yield link
 
 
@@ -446,16 +461,19 @@ def run_simulation(
     stream: bool = True,
     resources: SimResources | None = None,
     link: PrivateSuperLink | None = None,
+    cluster: RayCluster | None = None,
 ) -> dict[str, Any]:
     """Run one simulation to its end (on `link`, else on a private SuperLink and Ray head of its
-    own); return the summary or raise RunFailed. `resources` default: every core busy
-    (`resources_for`). With Flower settings in `federation_config_items`, Flower starts Ray."""
+    own, or joining `cluster`); return the summary or raise RunFailed. `resources` default: every
+    core busy (`resources_for`). With Flower settings in `federation_config_items` and no
+    `cluster`, Flower starts Ray."""
     if resources is None:
-        resources = resources_for(validate({**app_defaults(app_dir), **overrides}))
+        resources = resources_for(validate({**app_defaults(app_dir), **overrides}), cluster=cluster)
     if link is None:
-        with simulation_link(app_dir, None if federation_config_items else resources) as own:
+        head = None if federation_config_items else resources
+        with simulation_link(app_dir, head, cluster) as own:
             return run_simulation(app_dir, overrides, num_supernodes, federation_config_items, stream, resources, own)
-    if link.ray and link.ray.resources != resources:
+    if isinstance(link.ray, RayHead) and link.ray.resources != resources:
         raise RunFailed(f"the run needs {resources.describe()}, the Ray head has {link.ray.resources.describe()}")
     fed = federation_config(num_supernodes, resources, federation_config_items, ray_head=link.ray is not None)
     return submit(app_dir, link, overrides, ["--federation-config", fed], stream)

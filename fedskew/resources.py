@@ -14,6 +14,15 @@ with `threads` threads, and Ray starts a worker process per CPU it is told of, s
 cores still allows more actors than cores (docs/benchmarks.md runs 4 actors on 2 cores) and a
 `torch-threads` above the cores (to reproduce a run made on a larger machine).
 
+On a Ray cluster that fedskew joins (`--ray-address`, `plan_cluster`) the same rule holds per node:
+each node runs `CPUs // threads` actors of the CPUs its `ray start` announced (by default all its
+cores), which is the count Flower's Ray backend derives from the same `client-resources-num-cpus`
+(`pool_size_from_resources` in `flwr/simulation/ray_transport/ray_actor.py`, node by node). Where
+every such node has GPUs each actor also reserves a share, the smallest of `GPUs / actors` over the
+nodes, so that it fits on each; a cluster in which only some nodes have GPUs runs CPU actors (Flower
+gives a GPU-reserving actor no place on a node without a GPU, so the CPU nodes would idle). Ray told
+the cluster its CPUs, so the `OVERSUBSCRIPTION` bound (this machine's process table) does not apply.
+
 Results do not depend on the number of actors: clients are seeded by (seed, partition, round) and
 the server sorts replies by partition. They do depend on `torch-threads` (float sums split across
 threads round differently), which is why that, not the actor count, is a run-config key.
@@ -24,6 +33,7 @@ from __future__ import annotations
 import math
 import os
 import shutil
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +54,7 @@ class SimResources:
     gpus_per_actor: float = 0.0
     cores: int = 0
     gpus: int = 0
+    nodes: tuple[tuple[str, int], ...] = ()  # on a Ray cluster: (node address, its actors)
 
     def federation_config(self) -> dict[str, str]:
         """The `flwr run --federation-config` keys that make Ray start exactly `actors` actors."""
@@ -59,6 +70,10 @@ class SimResources:
     def describe(self) -> str:
         gpu = f", {self.gpus_per_actor:g} of a GPU each ({self.gpus} GPU)" if self.gpus_per_actor else ", CPU only"
         thread = "thread" if self.threads == 1 else "threads"
+        if self.nodes:
+            spread = ", ".join(f"{address}: {n}" for address, n in self.nodes)
+            where = f"{len(self.nodes)} Ray nodes, actors per node {spread}; {self.cores} CPUs"
+            return f"{self.actors} actors x {self.threads} torch {thread} ({where}{gpu})"
         return f"{self.actors} actors x {self.threads} torch {thread} ({self.cores} cores{gpu})"
 
 
@@ -112,6 +127,58 @@ def plan_resources(
     if use_gpu and gpus > 0:
         share = min(1.0, math.floor(gpus / actors * _GPU_SHARE_UNIT) / _GPU_SHARE_UNIT)
     return SimResources(actors=actors, threads=threads, gpus_per_actor=share, cores=cores, gpus=gpus if share else 0)
+
+
+@dataclass(frozen=True)
+class RayNode:
+    """A live node of a Ray cluster as its GCS reports it: its address, and its CPUs and GPUs in all
+    and free now (others' actors hold the rest)."""
+
+    address: str
+    cpus: float
+    gpus: float = 0.0
+    free_cpus: float = 0.0
+    free_gpus: float = 0.0
+
+
+def plan_cluster(nodes: Sequence[RayNode], torch_threads: int, use_gpu: bool = True) -> SimResources:
+    """Actors on a Ray cluster's `nodes`: `cpus // threads` on each (see the module docstring).
+
+    `torch_threads` 0 (torch's default, every core) reserves the smallest node's CPUs per actor.
+    Raises ConfigError when no node has the CPUs for one actor."""
+    most = max((int(n.cpus) for n in nodes), default=0)
+    if most < 1:
+        raise ConfigError(f"the Ray cluster has no node with a CPU for an actor ({len(nodes)} live nodes)")
+    threads = torch_threads if torch_threads > 0 else min(int(n.cpus) for n in nodes if n.cpus >= 1)
+    if threads > most:
+        raise ConfigError(
+            f"torch-threads={torch_threads} is not allowed on this Ray cluster: must be at most {most}, "
+            "the CPUs of its largest node"
+        )
+    per_node = [(n, int(n.cpus // threads)) for n in nodes]
+    hosting = [(n, k) for n, k in per_node if k > 0]
+    share = 0.0
+    if use_gpu and all(n.gpus > 0 for n, _ in hosting):
+        share = min(1.0, min(math.floor(n.gpus / k * _GPU_SHARE_UNIT) / _GPU_SHARE_UNIT for n, k in hosting))
+    return SimResources(
+        actors=sum(k for _, k in hosting),
+        threads=threads,
+        gpus_per_actor=share,
+        cores=int(sum(n.cpus for n in nodes)),
+        gpus=int(sum(n.gpus for n in nodes)) if share else 0,
+        nodes=tuple((n.address, k) for n, k in per_node),
+    )
+
+
+def free_actors(nodes: Sequence[RayNode], resources: SimResources) -> int:
+    """How many of `resources`' actors the `nodes`' free CPUs (and GPUs) can start now."""
+    free = 0
+    for n in nodes:
+        k = int(n.free_cpus // resources.threads)
+        if resources.gpus_per_actor:
+            k = min(k, int(n.free_gpus / resources.gpus_per_actor))
+        free += k
+    return free
 
 
 def lean_ray_head(ray_params: Any, head: bool) -> None:

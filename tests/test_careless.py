@@ -340,7 +340,7 @@ def fake_run_writing_config(calls: list):
 def test_an_edited_suite_names_the_finished_cells_it_reuses_and_reruns_them_when_asked(
     tmp_path, capsys, monkeypatch
 ) -> None:
-    monkeypatch.setattr(experiments, "simulation_link", lambda app_dir, head: contextlib.nullcontext("link"))
+    monkeypatch.setattr(experiments, "simulation_link", lambda app_dir, head, cluster: contextlib.nullcontext("link"))
     calls: list = []
     monkeypatch.setattr(experiments, "run_simulation", fake_run_writing_config(calls))
     path = write_suite(tmp_path, partitions="{iid: {}, c2: {partition: iid}}")
@@ -367,7 +367,7 @@ def test_an_edited_suite_names_the_finished_cells_it_reuses_and_reruns_them_when
 
 
 def test_a_stopped_cell_that_cannot_resume_runs_afresh_and_keeps_its_files(tmp_path, monkeypatch, capsys) -> None:
-    monkeypatch.setattr(experiments, "simulation_link", lambda app_dir, head: contextlib.nullcontext("link"))
+    monkeypatch.setattr(experiments, "simulation_link", lambda app_dir, head, cluster: contextlib.nullcontext("link"))
     calls: list = []
     monkeypatch.setattr(experiments, "run_simulation", fake_run_writing_config(calls))
     path = write_suite(tmp_path)

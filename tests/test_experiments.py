@@ -65,7 +65,7 @@ def test_suite_runs_resumes_and_reports(tmp_path, monkeypatch, capsys) -> None:
     monkeypatch.setattr(
         experiments,
         "simulation_link",
-        lambda app_dir, head: heads.append(head) or contextlib.nullcontext("one link for the suite"),
+        lambda app_dir, head, cluster: heads.append(head) or contextlib.nullcontext("one link for the suite"),
     )
     monkeypatch.setattr(experiments, "run_simulation", fake_simulation(calls, crash_at=3))
     with pytest.raises(KeyboardInterrupt):
@@ -151,7 +151,7 @@ def test_a_cell_stopped_part_way_resumes_from_its_checkpoint(tmp_path, monkeypat
 
     seen: dict = {}
     monkeypatch.setattr(
-        experiments, "simulation_link", lambda app_dir, head: contextlib.nullcontext("one link for the suite")
+        experiments, "simulation_link", lambda app_dir, head, cluster: contextlib.nullcontext("one link for the suite")
     )
 
     def resume_only_the_stopped_cell(app_dir, overrides, n, **kwargs):
@@ -172,7 +172,7 @@ def test_the_cli_runs_only_the_chosen_cells_and_reports_every_finished_one(tmp_p
     path = write(tmp_path, SUITE.format(out=tmp_path / "out"))
     calls: list = []
     monkeypatch.setattr(
-        experiments, "simulation_link", lambda app_dir, head: contextlib.nullcontext("one link for the suite")
+        experiments, "simulation_link", lambda app_dir, head, cluster: contextlib.nullcontext("one link for the suite")
     )
     monkeypatch.setattr(experiments, "run_simulation", fake_simulation(calls))
     assert cli.main(["experiment", str(path), "--methods", "rs", "--partitions", "c2", "--seeds", "1"]) == 0

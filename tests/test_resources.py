@@ -9,9 +9,9 @@ import pytest
 from flwr.common.config import parse_config_args
 from flwr.supercore.utils import simulation_config_from_json
 
-from fedskew.config import validate
+from fedskew.config import ConfigError, validate
 from fedskew.launcher import federation_config, free_ports, resources_for
-from fedskew.resources import SimResources, plan_resources
+from fedskew.resources import RayNode, SimResources, free_actors, plan_cluster, plan_resources
 
 
 def ray_pool_size(fed: dict[str, float]) -> int:
@@ -115,3 +115,56 @@ def test_log_stream_to_a_file_or_pipe_is_plain_text(capsys: pytest.CaptureFixtur
     captured = capsys.readouterr()
     assert captured.out == "INFO :      round   1/2 | global acc 0.5000\n" * 2
     assert captured.err == "INFO :      round   1/2 | global acc 0.5000\n"
+
+
+def flower_pool_size(nodes: list[RayNode], res: SimResources, monkeypatch: pytest.MonkeyPatch) -> int:
+    """The actor count Flower's Ray backend derives for `res` on a cluster of `nodes` (its own
+    `pool_size_from_resources`, reading the nodes as `ray.nodes()` reports them)."""
+    from flwr.simulation.ray_transport import ray_actor
+
+    listed = [{"Resources": {"CPU": n.cpus, **({"GPU": n.gpus} if n.gpus else {})}} for n in nodes]
+    monkeypatch.setattr(ray_actor.ray, "nodes", lambda: listed)
+    fed = res.federation_config()
+    wanted = {"num_cpus": int(fed["client-resources-num-cpus"]), "num_gpus": float(fed["client-resources-num-gpus"])}
+    return ray_actor.pool_size_from_resources(wanted)
+
+
+@pytest.mark.parametrize(
+    ("cpus_gpus", "threads", "expected"),
+    [
+        ([(2, 0), (2, 0)], 1, ([2, 2], 1, 0.0)),  # the test's two hosts
+        ([(16, 0), (4, 0), (3, 0)], 2, ([8, 2, 1], 2, 0.0)),  # cores // threads on each node
+        ([(8, 1), (16, 2)], 1, ([8, 16], 1, 0.125)),  # the smallest share, so it fits on every node
+        ([(8, 1), (8, 0)], 1, ([8, 8], 1, 0.0)),  # GPUs on some nodes only: CPU actors everywhere
+        ([(4, 0), (12, 0)], 0, ([1, 3], 4, 0.0)),  # torch-threads 0: the smallest node's CPUs
+        ([(2, 0), (8, 0)], 4, ([0, 2], 4, 0.0)),  # a node too small for one actor hosts none
+        ([(4, 8), (4, 8)], 1, ([4, 4], 1, 1.0)),  # at most one whole GPU per actor
+    ],
+)
+def test_a_cluster_runs_cores_over_threads_actors_on_each_node(cpus_gpus, threads, expected, monkeypatch) -> None:
+    nodes = [RayNode(f"10.0.0.{i}", c, g, c, g) for i, (c, g) in enumerate(cpus_gpus, start=1)]
+    res = plan_cluster(nodes, threads)
+    assert ([k for _, k in res.nodes], res.threads, res.gpus_per_actor) == expected
+    assert [address for address, _ in res.nodes] == [n.address for n in nodes]
+    assert res.actors == sum(expected[0]) == flower_pool_size(nodes, res, monkeypatch)
+    assert free_actors(nodes, res) == res.actors  # an idle cluster starts every one
+    assert f"{len(nodes)} Ray nodes, actors per node 10.0.0.1: {expected[0][0]}," in res.describe()
+
+
+def test_a_cluster_plan_refuses_what_no_node_can_host() -> None:
+    with pytest.raises(ConfigError, match="torch-threads=8 is not allowed on this Ray cluster: must be at most 4"):
+        plan_cluster([RayNode("a", 4), RayNode("b", 2)], 8)
+    with pytest.raises(ConfigError, match="no node with a CPU"):
+        plan_cluster([RayNode("a", 0, 1)], 1)
+    with pytest.raises(ConfigError, match="no node with a CPU"):
+        plan_cluster([], 1)
+    assert plan_cluster([RayNode("a", 4, 2)], 1, use_gpu=False).gpus_per_actor == 0.0  # device="cpu"
+
+
+def test_free_actors_count_what_other_jobs_leave() -> None:
+    nodes = [RayNode("a", 4, 0, free_cpus=1), RayNode("b", 4, 0, free_cpus=3.5)]
+    res = plan_cluster(nodes, 1)
+    assert (res.actors, free_actors(nodes, res)) == (8, 4)
+    assert free_actors(nodes, plan_cluster(nodes, 2)) == 1  # 1 and 3.5 free CPUs: one 2-CPU actor
+    gpu = [RayNode("a", 4, 1, free_cpus=4, free_gpus=0.5)]
+    assert free_actors(gpu, plan_cluster(gpu, 1)) == 2  # 4 CPUs free, but GPU for 2 shares of 1/4

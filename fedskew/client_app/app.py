@@ -15,6 +15,8 @@ before (`most_trainings`); a record of another form counts as lost and the count
 from __future__ import annotations
 
 import logging
+import socket
+import sys
 from typing import Any
 
 import torch
@@ -50,6 +52,16 @@ def make_state(context: Context, cfg: dict[str, Any], partition_id: int) -> Clie
     return ClientState(context.state, cfg["state-max-mb"], partition_id, directory)
 
 
+def this_machine() -> str:
+    """Where this client runs, for the reason the server logs when it fails: its Ray node's address
+    in a simulation (on a Ray cluster, each node reads the data set from its own disk), else the
+    host's name (a SuperNode)."""
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        return f"Ray node {ray.util.get_node_ip_address()}"
+    return f"host {socket.gethostname()}"
+
+
 @app.query("info")
 def info(msg: Message, context: Context) -> Message:
     """Tell the server which partition this node serves (node IDs are random per run)."""
@@ -60,7 +72,10 @@ def info(msg: Message, context: Context) -> Message:
 @app.train()
 def train(msg: Message, context: Context) -> Message:
     cfg = validate(dict(context.run_config))
-    spec, data = load_node_data(cfg, context.node_config)
+    try:
+        spec, data = load_node_data(cfg, context.node_config)
+    except FileNotFoundError as e:  # the data set is not on this machine: say which one (first: reasons are cut)
+        raise type(e)(f"on {this_machine()}: {e}") from None
     pid = spec.partition_id
     check_config(msg.content.get(CONFIG), round_config(cfg), CONFIG)  # before the round seeds anything
     server_round = msg.content[CONFIG]["server-round"]
