@@ -229,7 +229,7 @@ def sync(args: argparse.Namespace) -> None:
     params, buffers = ({k: t.detach() for k, t in part.items()} for part in stack_module_state(models))
     augment = Augmentation(2, True, (0.0,))
     generators = [torch.Generator().manual_seed(k) for k in range(len(sizes))]
-    steps = [client_steps(n, 1, 64, g, augment) for n, g in zip(sizes, generators, strict=True)]
+    steps = [client_steps(n, steps_per_round(n, 1, 64), 64, g, augment) for n, g in zip(sizes, generators, strict=True)]
     order = sorted(range(len(sizes)), key=lambda k: -len(steps[k]))
     offsets = [sum(sizes[j] for j in order[:i]) for i in range(len(order))]
     schedule = stack_schedules([steps[k] for k in order], offsets, 64).to(device)

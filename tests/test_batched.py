@@ -28,7 +28,7 @@ from fedskew.config import validate
 from fedskew.data.augment import Augmentation
 from fedskew.models import build_model
 from fedskew.registry import get_method
-from fedskew.training import clip_before_step, sgd, train_epochs
+from fedskew.training import clip_before_step, sgd, train_steps
 from fedskew.wire import CENTRAL_EVAL_METRICS
 from tests.conftest import read_metrics
 from tests.harness import ROOT, app_defaults, run_in_process
@@ -97,7 +97,8 @@ def test_sgd_settings_refuses_what_the_stacked_step_does_not_do() -> None:
 
 
 def test_client_steps_are_the_batches_the_per_client_loop_draws() -> None:
-    """With crop and flip: the drawn steps give the very batches `train_epochs` trains on."""
+    """With crop and flip, 2 passes and a part of a third: the drawn steps give the very batches
+    `train_steps` trains on (the cycling loader)."""
     x, y = torch.randn(23, 3, 8, 8), torch.arange(23) % 10
     augment = Augmentation(2, True, (0.5, -0.5, 0.0))
     seen: list[torch.Tensor] = []
@@ -108,9 +109,9 @@ def test_client_steps_are_the_batches_the_per_client_loop_draws() -> None:
 
     model = torch.nn.Linear(3 * 64, 1)
     g = torch.Generator().manual_seed(7)
-    train_epochs(model, x, y, spy, torch.optim.SGD(model.parameters(), lr=0.0), 2, 5, g, torch.device("cpu"), augment)
-    steps = client_steps(23, 2, 5, torch.Generator().manual_seed(7), augment)
-    assert [len(idx) for idx, _ in steps] == [5, 5, 5, 5, 3] * 2
+    train_steps(model, x, y, spy, torch.optim.SGD(model.parameters(), lr=0.0), 12, 5, g, torch.device("cpu"), augment)
+    steps = client_steps(23, 12, 5, torch.Generator().manual_seed(7), augment)
+    assert [len(idx) for idx, _ in steps] == [5, 5, 5, 5, 3] * 2 + [5, 5]
     assert len(seen) == len(steps)
     for xb, (idx, draw) in zip(seen, steps, strict=True):
         assert draw is not None

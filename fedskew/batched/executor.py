@@ -7,10 +7,11 @@ training raises, is answered with an `Error` as Flower answers a ClientApp that 
 server logs and counts it the same way. Other messages (`query.info`) go to the ClientApp itself.
 
 For a method whose trainer opts in (`BaseTrainer.stacked_refusal` is None) each client runs its
-`begin` (records checked, model built, global model loaded and evaluated), draws its local steps
-from its own generator (`fedskew.batched.stacked.client_steps`), and the round's clients then train
-as stacked models (`train_stacked`) in chunks; each client's trained weights go back into its own
-model and its trainer's `finish` writes its reply (personalized evaluation, upload, extras). Any
+`begin` (records checked, model built, global model loaded and evaluated), draws its trainer's
+`local_steps` steps from its own generator (`fedskew.batched.stacked.client_steps`), and the
+round's clients then train as stacked models (`train_stacked`) in chunks; each client's trained
+weights go back into its own model and its trainer's `finish` writes its reply (personalized
+evaluation, upload, extras). Any
 other method runs `fit` per client, its ordinary trainer: never stacked unless it says it can be.
 
 Chunks: `batched-chunk` clients per stacked model, or (0) on a CPU every client of the round, on a
@@ -162,8 +163,8 @@ class BatchedExecutor:
                     replies[i] = train_reply(trainer, msg, trainer.fit(msg.content))
                     continue
                 started = trainer.begin(msg.content)
-                n, cfg = len(trainer.data.y_train), trainer.cfg
-                steps = client_steps(n, cfg["local-epochs"], cfg["batch-size"], trainer.ctx.generator, trainer.augment)
+                n, batch = len(trainer.data.y_train), trainer.cfg["batch-size"]
+                steps = client_steps(n, trainer.local_steps(), batch, trainer.ctx.generator, trainer.augment)
                 stacked.append(Client(i, msg, trainer, started, steps))
             except Exception as e:  # what the runtime does with a ClientApp exception
                 replies[i] = error_reply(msg, e)

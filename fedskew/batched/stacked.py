@@ -6,13 +6,14 @@ all of them is one call of `vmap(grad_and_value(loss))`, the loss running the ne
 `torch.func.functional_call` on client k's slice: the kernels of K small models become the kernels
 of one K times wider model (a grouped convolution, a batched matrix product).
 
-Each client's step is exactly the step of the per-client path (`fedskew.training.train_epochs` with
+Each client's step is exactly the step of the per-client path (`fedskew.training.train_steps` with
 `fedskew.training.sgd`):
 
-- its mini-batches are the ones it would draw (`client_steps`): per epoch a permutation of its
-  examples from its own generator, cut into batches of B, each batch's augmentation drawn from the
-  same generator right after (`fedskew.data.augment.Augmentation.draw`), all drawn before training;
-- the last, smaller batch of an epoch (b < B examples) is padded to B with weight 0, the b real
+- its mini-batches are the ones it would draw (`client_steps`): a permutation of its examples from
+  its own generator, cut into batches of B, a fresh permutation once one is used up, each batch's
+  augmentation drawn from the same generator right after (`fedskew.data.augment.Augmentation.draw`),
+  all drawn before training;
+- the last, smaller batch of a permutation (b < B examples) is padded to B with weight 0, the b real
   examples weighted 1/b: sum_i w_i loss_i is then the batch mean that the per-client loss takes;
 - torch.optim.SGD's update (dampening 0, no Nesterov), per client (`StackedSGD`):
 
@@ -35,6 +36,7 @@ batch (padding would enter its statistics), dropout draws from the global random
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -141,16 +143,19 @@ Step = tuple[torch.Tensor, Draw | None]  # one local step: the batch's example i
 
 
 def client_steps(
-    n: int, epochs: int, batch_size: int, generator: torch.Generator, augment: Augmentation | None
+    n: int, steps: int, batch_size: int, generator: torch.Generator, augment: Augmentation | None
 ) -> list[Step]:
-    """A client's local steps as `fedskew.training.train_epochs` draws them from `generator`: per
-    epoch a permutation of range(n) cut into batches of `batch_size`, each batch's augmentation drawn
-    right after its indices are used (the same stream positions)."""
-    steps: list[Step] = []
-    for _ in range(epochs):
-        for idx in minibatches(n, batch_size, generator, torch.device("cpu")):
-            steps.append((idx, augment.draw(len(idx), generator) if augment is not None else None))
-    return steps
+    """A client's `steps` local steps as `fedskew.training.train_steps` draws them from `generator`:
+    the batches of `batch_size` of a permutation of range(n), a fresh permutation drawn only when the
+    previous one is used up (a cycling loader), each batch's augmentation drawn right after its
+    indices are used (the same stream positions)."""
+    if n == 0 or steps <= 0:
+        return []
+    passes = (minibatches(n, batch_size, generator, torch.device("cpu")) for _ in itertools.count())
+    return [
+        (idx, augment.draw(len(idx), generator) if augment is not None else None)
+        for idx in itertools.islice(itertools.chain.from_iterable(passes), steps)
+    ]
 
 
 @dataclass
