@@ -155,6 +155,8 @@ class CpuSampler(threading.Thread):
     def busy_fraction(self, start: float, end: float, cores: int) -> float:
         """CPU seconds used between two epoch instants over what `cores` could give."""
         inside = [(t, c) for t, c in self.samples if start <= t <= end]
+        if len(inside) < 2:  # a window shorter than the sampling interval
+            return float("nan")
         (t0, c0), (t1, c1) = inside[0], inside[-1]
         return (c1 - c0) / ((t1 - t0) * cores)
 
@@ -207,6 +209,7 @@ def measured_simulation(overrides: dict[str, Any], num_clients: int, actors: int
         "busy": cpu.busy_fraction(start, end, available_cores()),
         "gpu busy": gpu.busy(start, end),
         "startup": wall - sum(t["seconds"] for t in timings),
+        "timings": timings,
         "metrics": metrics,
     }
 

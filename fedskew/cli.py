@@ -1,13 +1,15 @@
 """`fedskew` command line: argument parsing and printing; the work is in `fedskew.launcher`.
 
 fedskew run [--run-config 'k=v ...'] [--num-supernodes N] [--actors A | --ray-address HOST:PORT]
-            [--federation-config 'k=v'] [--resume RUN_DIR | --overwrite]
+            [--federation-config 'k=v'] [--resume RUN_DIR | --overwrite] [--engine flower|batched]
     Validate the config and the results folder (fails in about a second with one line: a folder
     holding an earlier run's results needs --resume or --overwrite), start a private SuperLink,
     submit the app with `flwr run`, stream its log, print the summary, stop what it started
     (also when interrupted), and exit non-zero when the run failed (`flwr run` itself exits 0
     on failed runs). The simulation trains A clients at once (default: every core busy); with
     --ray-address it joins that running Ray cluster instead (`fedskew.cluster`): every node busy.
+    --engine batched (run-config key `engine`) runs the ServerApp and the clients in this process
+    instead (`fedskew.batched`), and says whether the method's clients train as one stacked model.
 fedskew experiment SUITE.yaml [--dry-run | --report | --export] [--rerun-changed] [--ray-address HOST:PORT]
     Run a suite of simulations (see `fedskew.experiments`); --dry-run checks every cell as a run would;
     --export writes its finished cells' numbers into results/<suite>.yaml (`fedskew.resultfile`).
@@ -32,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from fedskew.cluster import connect
-from fedskew.config import DATASETS, ConfigError, all_params
+from fedskew.config import COMMON, DATASETS, ConfigError, all_params
 from fedskew.data.download import DownloadError, get_dataset, list_datasets
 from fedskew.experiments import comparison, describe, labels, load_suite, plan_cells, run_suite, select, write_report
 from fedskew.launcher import (
@@ -77,7 +79,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.resume:
         overrides, resumed_clients = resume_overrides(Path(args.resume), overrides)
         clients = args.num_supernodes or resumed_clients
+    if args.engine:
+        overrides["engine"] = args.engine
     cfg, overrides = prepare_config(app_dir, overrides, clients)
+    if cfg["engine"] == "batched":
+        return run_batched_cli(app_dir, cfg, overrides, clients, args)
     cluster = connect(args.ray_address) if args.ray_address else None
     resources = resources_for(cfg, args.actors, cluster)
     where = f" on the Ray cluster at {cluster.address}" if cluster else ""
@@ -85,6 +91,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     if cluster and (note := cluster.check_room(resources)):
         print(note, flush=True)
     summary = run_simulation(app_dir, overrides, clients, args.federation_config, resources=resources, cluster=cluster)
+    print(format_summary(summary), flush=True)
+    return 0
+
+
+def run_batched_cli(
+    app_dir: Path, cfg: dict[str, Any], overrides: dict[str, Any], clients: int, args: argparse.Namespace
+) -> int:
+    """`fedskew run` with engine='batched': the run in this process (`fedskew.batched.grid.run_batched`)."""
+    from fedskew.batched.executor import describe_engine
+    from fedskew.batched.grid import run_batched
+
+    for flag, given in (("--actors", args.actors), ("--federation-config", args.federation_config)):
+        if given:
+            raise ConfigError(f"{flag} is not allowed with engine='batched': it sets up Flower's simulation")
+    if args.ray_address:
+        raise ConfigError("--ray-address is not allowed with engine='batched': the batched engine runs in this process")
+    print(f"fedskew: {clients} clients, {describe_engine(cfg)}", flush=True)
+    summary = run_batched({**app_defaults(app_dir), **overrides}, clients)
     print(format_summary(summary), flush=True)
     return 0
 
@@ -169,6 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     run.add_argument("--actors", "-j", type=int, help=ACTORS_HELP)
     run.add_argument("--ray-address", metavar="HOST:PORT", help=RAY_ADDRESS_HELP)
+    run.add_argument("--engine", choices=COMMON["engine"].choices, help="the run-config key `engine` (default flower)")
     run.add_argument(
         "--federation-config",
         action="append",

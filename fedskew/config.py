@@ -25,7 +25,7 @@ from typing import Any
 
 DATASETS = ("fashion-mnist", "mnist", "cifar10", "cifar100", "svhn")
 AUGMENTATIONS = ("auto", "none", "crop", "crop-flip")
-MODELS = ("lenet", "map-lenet", "mupfl-cnn", "mlp", "tfcnn", "vgg11", "resnet8", "resnet18")
+MODELS = ("lenet", "map-lenet", "mupfl-cnn", "pfl-cnn", "mlp", "tfcnn", "vgg11", "resnet8", "resnet18")
 PARTITIONS = ("iid", "dirichlet", "classes-per-client", "long-tail", "map-random")
 
 
@@ -222,6 +222,20 @@ COMMON: dict[str, Param] = {
         "torch CPU threads per ClientApp (0 = torch default; at most 1024, in a simulation 4 x the cores)",
         low=0,
         high=1024,
+    ),
+    "engine": Param(
+        str,
+        "flower",
+        "how `fedskew run` and suites run the clients: 'flower' (a Flower simulation, one ClientApp call per "
+        "message) or 'batched' (one process; the sampled clients of the methods that allow it trained as one "
+        "stacked model: docs/usage.md, 'Batched engine')",
+        choices=("flower", "batched"),
+    ),
+    "batched-chunk": Param(
+        int,
+        0,
+        "batched engine: clients per stacked model (0 = a round's clients on a CPU, as many as fit on a GPU)",
+        low=0,
     ),
     "min-nodes": Param(int, 1, "the server waits for this many connected nodes before round 1", low=1),
     "num-partitions": Param(

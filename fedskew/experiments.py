@@ -29,8 +29,10 @@ checked as its run would check it (`plan_cells`; `--dry-run` stops there) and gi
   again, its earlier files set aside (never deleted);
 - run: nothing there yet.
 
-`--methods`, `--partitions` and `--seeds` run only the cells with those labels (`select`). At the
-end (and with `--report`) the suite folder gets `results.md`, `results.csv`, and per partition
+`--methods`, `--partitions` and `--seeds` run only the cells with those labels (`select`). A cell
+whose config sets `engine: batched` runs in this process (`fedskew.batched.grid.run_batched`); the
+others share one private SuperLink (and Ray head), started only if there are any. At the end (and
+with `--report`) the suite folder gets `results.md`, `results.csv`, and per partition
 `accuracy-<partition>.png` and `per-class-<partition>.png`, over every finished cell.
 """
 
@@ -42,6 +44,7 @@ import json
 import math
 import time
 import warnings
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -326,7 +329,9 @@ def run_suite(
     spent: list[float] = []
     failed = []
     defaults = app_defaults(app_dir)
-    planned = {resources_for(validate({**defaults, **p.cell.overrides}), actors, cluster) for p in todo}
+    batched = {p.cell.run_name for p in todo if validate({**defaults, **p.overrides})["engine"] == "batched"}
+    flower = [p for p in todo if p.cell.run_name not in batched]  # a SuperLink only for these
+    planned = {resources_for(validate({**defaults, **p.cell.overrides}), actors, cluster) for p in flower}
     if cluster:
         for resources in sorted(planned, key=lambda r: r.threads):
             print(f"suite {suite.name}: on the Ray cluster at {cluster.address}: {resources.describe()}", flush=True)
@@ -334,7 +339,7 @@ def run_suite(
                 print(note, flush=True)
     # one Ray head for the whole suite when every cell needs the same actors (the usual case)
     head = planned.pop() if len(planned) == 1 and not cluster else None
-    with simulation_link(app_dir, head, cluster) as link:
+    with simulation_link(app_dir, head, cluster) if flower else nullcontext() as link:
         for i, plan in enumerate(todo, start=1):
             cell = plan.cell
             t0 = time.perf_counter()
@@ -349,10 +354,15 @@ def run_suite(
                 )
             try:
                 cfg = validate({**defaults, **plan.overrides})
-                resources = resources_for(cfg, actors, cluster)
-                s = run_simulation(
-                    app_dir, plan.overrides, cell.num_supernodes, stream=stream, resources=resources, link=link
-                )
+                if cell.run_name in batched:
+                    from fedskew.batched.grid import run_batched  # torch: not for a suite's dry run
+
+                    s = run_batched({**defaults, **plan.overrides}, cell.num_supernodes, quiet=not stream)
+                else:
+                    resources = resources_for(cfg, actors, cluster)
+                    s = run_simulation(
+                        app_dir, plan.overrides, cell.num_supernodes, stream=stream, resources=resources, link=link
+                    )
                 result = "last 10 rounds: " + ", ".join(
                     f"{name} {s[key]:.4f}" if s.get(key) is not None else f"{name} n/a"
                     for name, key in (

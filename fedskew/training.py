@@ -124,10 +124,16 @@ def sgd(params: Any, cfg: dict[str, Any]) -> torch.optim.SGD:
     return opt
 
 
+CLIP_NORMS = "fedskew_clip_norms"  # the optimiser's attribute listing the norms `clip_before_step` clips to
+
+
 def clip_before_step(optimizer: torch.optim.Optimizer, max_norm: float) -> None:
-    """Clip the gradient norm of the optimiser's parameters before every `step()`."""
+    """Clip the gradient norm of the optimiser's parameters before every `step()`. The norm is also
+    listed in the optimiser's `CLIP_NORMS` attribute, in the order the hooks run, so that the batched
+    engine (`fedskew.batched.stacked.sgd_settings`) clips as this optimiser does."""
     if max_norm <= 0:
         return
+    setattr(optimizer, CLIP_NORMS, (*getattr(optimizer, CLIP_NORMS, ()), max_norm))
     params = [p for g in optimizer.param_groups for p in g["params"]]
 
     def hook(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:

@@ -33,6 +33,7 @@ def run_benchmark(script: str, *args: str) -> subprocess.CompletedProcess[str]:
         ("fedgela_etf.py", ["cos class mean / classifier", "ratio adapted / plain-ETF evaluation", "no adaptation"]),
         ("cuda_paths.py", ["fedavg   lenet     cpu     global acc", "finite True", "runs failed: 0"]),
         ("class_metrics.py", ["on + personalized-central-eval", "extra per round", "ratio (round + central test set"]),
+        ("batched.py", ["batched          clients/s", "ratio to per-client   1.00", "load average after"]),
     ],
 )
 def test_benchmark_prints_its_ratios(script: str, expected: list[str]) -> None:

@@ -23,7 +23,7 @@ import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedskew.client_app.base import TrainerContext
+from fedskew.client_app.base import BaseTrainer, TrainerContext
 from fedskew.client_app.state import ClientState, ListOf, most_trainings
 from fedskew.config import validate
 from fedskew.data.clients import load_test_set
@@ -69,8 +69,11 @@ def info(msg: Message, context: Context) -> Message:
     return Message(RecordDict({"info": ConfigRecord({"partition-id": pid, "num-partitions": num})}), reply_to=msg)
 
 
-@app.train()
-def train(msg: Message, context: Context) -> Message:
+def client_trainer(msg: Message, context: Context, set_threads: bool = True) -> BaseTrainer:
+    """The method's trainer for a train message, after the checks and the seeding of the round: the
+    run config, the node's data, the round config (before the round seeds anything), the round's lr,
+    `seed_everything(seed, partition, round)` (its generator orders the mini-batches) and, with
+    `set_threads`, `torch-threads` (the batched engine keeps its own)."""
     cfg = validate(dict(context.run_config))
     try:
         spec, data = load_node_data(cfg, context.node_config)
@@ -81,7 +84,7 @@ def train(msg: Message, context: Context) -> Message:
     server_round = msg.content[CONFIG]["server-round"]
     cfg["lr"] = round_lr(cfg, server_round)  # every method's local lr
     generator = seed_everything(cfg["seed"], pid, server_round)
-    if cfg["torch-threads"] > 0:
+    if set_threads and cfg["torch-threads"] > 0:
         torch.set_num_threads(cfg["torch-threads"])
     device = pick_device(str(context.node_config.get("device", cfg["device"])))
     ctx = TrainerContext(
@@ -94,12 +97,23 @@ def train(msg: Message, context: Context) -> Message:
         generator=generator,
         central_test=load_test_set(cfg, spec.data_root) if cfg["personalized-central-eval"] else None,
     )
-    trainer = get_method(cfg["method"]).trainer_class()(ctx)
-    reply = trainer.fit(msg.content)
-    most = most_trainings(cfg, server_round) - 1  # before this round's training
-    seen = ctx.state.load_values(PARTICIPATION, {"rounds": ListOf(Number(int, 1, server_round), most)})
+    return get_method(cfg["method"]).trainer_class()(ctx)
+
+
+def train_reply(trainer: BaseTrainer, msg: Message, content: RecordDict) -> Message:
+    """The reply to `msg` with the trained `content`, after counting this round among the client's
+    participations (`participations`, module docstring)."""
+    ctx = trainer.ctx
+    most = most_trainings(ctx.cfg, ctx.server_round) - 1  # before this round's training
+    seen = ctx.state.load_values(PARTICIPATION, {"rounds": ListOf(Number(int, 1, ctx.server_round), most)})
     seen = seen or {"rounds": []}
-    seen["rounds"] = [*seen.get("rounds", []), server_round]
+    seen["rounds"] = [*seen.get("rounds", []), ctx.server_round]
     ctx.state.save_values(PARTICIPATION, seen)
-    reply["metrics"]["participations"] = len(seen["rounds"])
-    return Message(reply, reply_to=msg)
+    content["metrics"]["participations"] = len(seen["rounds"])
+    return Message(content, reply_to=msg)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    trainer = client_trainer(msg, context)
+    return train_reply(trainer, msg, trainer.fit(msg.content))

@@ -27,6 +27,22 @@ and overrides only the hooks that differ (FL-bench style):
     personalized_model  what "personalized accuracy" measures (default: the trained model)
     upload           the ArrayRecord sent back (default: the whole state dict)
     extra_records    the method's uplink records (prototypes, counts, gradients ...)
+    train_metrics    metrics of the local training beside the loop's loss and steps (FedRS's observed
+                     classes), after `local_train`
+
+The batched engine (`fedskew.batched`) trains a round's clients as one stacked model when the
+method's trainer class opts in by setting `batched = True` in its own body (never inherited: a
+subclass changes the local step and opts in for itself). Opting in states that the class keeps the
+base `local_train` (`run_epochs` on `loss` with `optimizer`, a torch SGD), prepares its per-client
+tensors before training (`receive`, `load_global`) and expresses `loss` functionally:
+
+    batch_extras      this client's own tensors that the loss reads (FedRS's scale, FedLC's offsets,
+                      FedProx's anchor), stacked over the round's clients by the engine
+    functional_loss   `loss` on explicit parameters and buffers, with per-example weights (0 on the
+                      padding of a short batch), reading per-client values from the extras only
+    stacked_refusal   why this method's clients are trained one by one instead (None: stacked)
+
+`tests/test_batched.py` holds each opted-in method to the per-client path's uploads.
 
 `parameter_state` / `save_parameter_state` keep a client state shaped like the trainable parameters
 (control variates, gradient state, drift) across rounds, zeros where the client has none.
@@ -46,9 +62,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from torch import nn
 
+from fedskew.batched.stacked import functional_forward, module_refusal, weighted_sum
 from fedskew.client_app.state import ClientState
 from fedskew.data import dataset_info
 from fedskew.data.augment import augmentation
@@ -84,6 +102,17 @@ def as_tensors(arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
 
 
 @dataclass
+class Started:
+    """A round up to its local training (`BaseTrainer.begin`): the model holding the received global
+    model, when the round started and the received global model's (loss, accuracy) on the local test
+    split (None: no global model reaches the client)."""
+
+    model: nn.Module
+    t0: float
+    global_eval: tuple[float, float] | None
+
+
+@dataclass
 class TrainerContext:
     """Everything a trainer needs for one round on one client."""
 
@@ -101,6 +130,7 @@ class BaseTrainer:
     """A fedskew method's client side; subclasses set `wire` and override the hooks that differ."""
 
     wire: ClassVar[Wire] = BASE  # the method's records beyond the model (`fedskew.wire`)
+    batched: ClassVar[bool] = False  # read from the class's own body only (`stacked_refusal`)
 
     def __init__(self, ctx: TrainerContext) -> None:
         self.ctx = ctx
@@ -152,6 +182,42 @@ class BaseTrainer:
 
     def extra_records(self, model: nn.Module) -> dict[str, Any]:
         return {}
+
+    def train_metrics(self) -> dict[str, float]:
+        return {}
+
+    # ------------------------------------------------------------------ batched engine
+    @classmethod
+    def stacked_refusal(cls, cfg: dict[str, Any]) -> str | None:
+        """Why the batched engine trains this method's clients one by one, each with its own trainer
+        as the ClientApp does (None: as one stacked model): the class does not opt in itself
+        (`batched` in its own body), or the network keeps running statistics or draws random numbers
+        in training (BatchNorm, dropout: `fedskew.batched.stacked.module_refusal`)."""
+        if not cls.__dict__.get("batched", False):
+            return f"{cls.__name__} does not express its local step functionally"
+        return module_refusal(build_model(cfg["model"], dataset_info(cfg)))
+
+    def batch_extras(self) -> dict[str, torch.Tensor]:
+        """This client's own tensors that `functional_loss` reads, on the device (default: none)."""
+        return {}
+
+    def functional_loss(
+        self,
+        model: nn.Module,
+        params: dict[str, torch.Tensor],
+        buffers: dict[str, torch.Tensor],
+        x: torch.Tensor,
+        y: torch.Tensor,
+        weight: torch.Tensor,
+        extras: dict[str, torch.Tensor],
+    ) -> torch.Tensor:
+        """`loss` of one client on one mini-batch in functional form: `model`'s forward on `params` and
+        `buffers` (`torch.func.functional_call`), sum_i weight_i loss_i with weight_i = 1/b on the b
+        examples of the batch and 0 on the padding of a short batch (the batch mean), reading this
+        client's own values only from `extras` (`batch_extras`): the engine calls it under `vmap` on
+        one trainer for all the clients of a round (default: cross-entropy, as `loss`)."""
+        logits = functional_forward(model, params, buffers, x)
+        return weighted_sum(F.cross_entropy(logits, y, reduction="none"), weight)
 
     # ------------------------------------------------------------------ state
     def parameter_state(self, name: str, model: nn.Module) -> list[torch.Tensor]:
@@ -248,16 +314,22 @@ class BaseTrainer:
         }
         return {k: v for k, v in values.items() if v is not None}
 
-    def fit(self, content: RecordDict) -> RecordDict:
-        """One round: returns the reply content (arrays, metrics and any extra records)."""
+    def begin(self, content: RecordDict) -> Started:
+        """The round up to its local training: check the server's records, build the model, load the
+        global model and evaluate it on the local test split."""
         t0 = time.perf_counter()
         self.received = self.receive(content)
         model = self.build_model()
         self.load_global(model, content)
         received = self.received_global_model(model)
-        g_loss, g_acc = self.evaluate_local(received) if received is not None else (None, None)
-        stats = self.local_train(model, content)
-        train_seconds = time.perf_counter() - t0
+        return Started(model, t0, self.evaluate_local(received) if received is not None else None)
+
+    def finish(self, started: Started, stats: dict[str, float]) -> RecordDict:
+        """The reply content after the local training (`stats`: its loss and steps): the metrics, the
+        personalized model's evaluation, the upload and the method's uplink records."""
+        model = started.model
+        train_seconds = time.perf_counter() - started.t0
+        stats = {**stats, **self.train_metrics()}
         personal = self.personalized_model(model)
         p_loss, p_acc = self.evaluate_local(personal)
         metrics = {
@@ -270,6 +342,12 @@ class BaseTrainer:
         }
         if len(self.data.y_test):
             metrics.update({"personal-accuracy": p_acc, "personal-loss": p_loss})
-            if received is not None:
+            if started.global_eval is not None:
+                g_loss, g_acc = started.global_eval
                 metrics.update({"client-global-accuracy": g_acc, "client-global-loss": g_loss})
         return RecordDict({"arrays": self.upload(model), "metrics": MetricRecord(metrics), **self.extra_records(model)})
+
+    def fit(self, content: RecordDict) -> RecordDict:
+        """One round: returns the reply content (arrays, metrics and any extra records)."""
+        started = self.begin(content)
+        return self.finish(started, self.local_train(started.model, content))

@@ -11,7 +11,9 @@ draws of 32, each through its augmentation; here through the configured `augment
 
 Then FedAvg's local training from theta^t, and the reply adds the gradients (`creff-grads`).
 `client-global-accuracy` measures CReFF's global model, theta^t's backbone with W^t (what the server
-evaluated a round earlier); `personal-accuracy` the locally trained model. No client state.
+evaluated a round earlier); `personal-accuracy` the locally trained model. No client state. The
+batched engine stacks its clients (FedAvg's functional loss; the gradients are drawn in `begin`,
+before the local steps, as here).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class CReFFTrainer(BaseTrainer):
     """FedAvg's local training; class gradients of the received model at the re-trained classifier."""
 
     wire = wire.CREFF
+    batched = True
 
     def load_global(self, model: nn.Module, content: RecordDict) -> None:
         super().load_global(model, content)

@@ -2,7 +2,8 @@
 SGD on cross-entropy from the global model, whose result is uploaded. The personalized model is the
 locally trained model ("FedAvg-FT" in reports). Server side: `fedskew/strategies/fedavg.py`.
 
-All of it is the base trainer's default (`fedskew/client_app/base.py`).
+All of it is the base trainer's default (`fedskew/client_app/base.py`), its functional loss too: the
+batched engine trains its clients as one stacked model.
 """
 
 from fedskew.client_app.base import BaseTrainer
@@ -10,3 +11,5 @@ from fedskew.client_app.base import BaseTrainer
 
 class FedAvgTrainer(BaseTrainer):
     """Trains the global model with cross-entropy; the personalized model is the trained model."""
+
+    batched = True

@@ -12,6 +12,9 @@ training (no extra fine-tuning: the paper records PA during training); the recei
 (`client-global-accuracy`, the paper's PA of a global model) is the received backbone with the
 plain, unadapted ETF.
 The gradient norm is clipped to `fedgela-clip` (authors' code: 20; 0 turns it off).
+The batched engine stacks the clients of the paper's head (FedAvg's functional loss: the ETF and
+phi are buffers, each client's own), not those of the authors' head, whose BatchNorm1d keeps
+running statistics (`stacked_refusal`).
 """
 
 from __future__ import annotations
@@ -23,9 +26,10 @@ from flwr.app import ConfigRecord, RecordDict
 from torch import nn
 
 from fedskew import wire
+from fedskew.batched.stacked import module_refusal
 from fedskew.client_app.base import BaseTrainer
 from fedskew.data import dataset_info
-from fedskew.losses.fedgela import ETFNet, etf_checksum, etf_net, is_simplex_etf, local_phi
+from fedskew.losses.fedgela import ETFNet, etf_checksum, etf_net, feature_head, is_simplex_etf, local_phi
 from fedskew.models import build_model
 from fedskew.records import Rejected
 from fedskew.training import clip_before_step
@@ -53,6 +57,13 @@ class FedGELATrainer(BaseTrainer):
     """Backbone-only training against the client's adapted simplex ETF."""
 
     wire = wire.FEDGELA
+    batched = True
+
+    @classmethod
+    def stacked_refusal(cls, cfg: dict[str, Any]) -> str | None:
+        """The backbone's head too (`fedgela-head`): the authors' ends in a BatchNorm1d."""
+        head = feature_head(1, cfg["fedgela-head"])
+        return super().stacked_refusal(cfg) or module_refusal(head)
 
     def receive(self, content: RecordDict) -> dict[str, Any]:
         received = super().receive(content)

@@ -2,16 +2,21 @@
 Calibration", ICML'22): local training on the cross-entropy of the calibrated logits
 f_y(x) - tau * n_{k,y}^{-1/4} (`fedskew/losses/fedlc.py`, with the decisions on the denominator, the
 missing classes and tau), n_{k,y} this client's training counts, computed once per round from the
-whole local training set; they never leave the client. Upload, aggregation, evaluation and the
-personalized model (the trained model, raw logits) are FedAvg's: the server is `FedAvgStrategy`.
+whole local training set when the server's message is received; they never leave the client.
+Upload, aggregation, evaluation and the personalized model (the trained model, raw logits) are
+FedAvg's: the server is `FedAvgStrategy`. The batched engine stacks its clients, each with its own
+offsets (`batch_extras`).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from flwr.app import RecordDict
 from torch import nn
 
+from fedskew.batched.stacked import functional_forward, weighted_sum
 from fedskew.client_app.base import BaseTrainer
 from fedskew.losses.fedlc import calibrated_cross_entropy, calibration
 
@@ -19,10 +24,29 @@ from fedskew.losses.fedlc import calibrated_cross_entropy, calibration
 class FedLCTrainer(BaseTrainer):
     """Cross-entropy on logits shifted by tau * n_y^{-1/4} per class."""
 
-    def local_train(self, model: nn.Module, content: RecordDict) -> dict[str, float]:
+    batched = True
+
+    def receive(self, content: RecordDict) -> dict[str, Any]:
+        received = super().receive(content)
         counts = torch.from_numpy(self.data.train_counts)
         self.offsets = calibration(counts, self.cfg["fedlc-tau"]).to(self.device)
-        return super().local_train(model, content)
+        return received
 
     def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return calibrated_cross_entropy(model(x), y, self.offsets)
+
+    def batch_extras(self) -> dict[str, torch.Tensor]:
+        return {"offsets": self.offsets}
+
+    def functional_loss(
+        self,
+        model: nn.Module,
+        params: dict[str, torch.Tensor],
+        buffers: dict[str, torch.Tensor],
+        x: torch.Tensor,
+        y: torch.Tensor,
+        weight: torch.Tensor,
+        extras: dict[str, torch.Tensor],
+    ) -> torch.Tensor:
+        logits = functional_forward(model, params, buffers, x)
+        return weighted_sum(calibrated_cross_entropy(logits, y, extras["offsets"], "none"), weight)

@@ -2,17 +2,21 @@
 
 Each missing class's logit is scaled by `fedrs-alpha` (binary rule of the paper by default;
 `fedrs-scale="count"` gives the authors' count-proportional code rule). The scale comes from the
-client's whole local training set once per round (never per batch: the A7 compounding bug) and
-never leaves the client. Upload, aggregation and evaluation are FedAvg's.
+client's whole local training set once per round, when the server's message is received (never per
+batch: the A7 compounding bug) and never leaves the client. Upload, aggregation and evaluation are
+FedAvg's. The batched engine stacks its clients, each with its own scale (`batch_extras`).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 from flwr.app import RecordDict
 from torch import nn
 
 from fedskew import wire
+from fedskew.batched.stacked import functional_forward, weighted_sum
 from fedskew.client_app.base import BaseTrainer
 from fedskew.losses import fedrs_scale, restricted_softmax_cross_entropy
 
@@ -26,13 +30,34 @@ class FedRSTrainer(BaseTrainer):
 
     wire = wire.FEDRS
     rs_prefix = "fedrs"
+    batched = True
 
-    def local_train(self, model: nn.Module, content: RecordDict) -> dict[str, float]:
-        p, tau = self.rs_prefix, self.cfg[f"{self.rs_prefix}-tau"]
-        self.scale = fedrs_scale(self.data.train_counts, self.cfg[f"{p}-alpha"], tau, self.cfg[f"{p}-scale"])
-        self.scale = self.scale.to(self.device)
-        stats = super().local_train(model, content)
-        return {**stats, "observed-classes": float((self.data.train_counts >= tau).sum())}
+    def receive(self, content: RecordDict) -> dict[str, Any]:
+        received = super().receive(content)
+        p, counts = self.rs_prefix, self.data.train_counts
+        scale = fedrs_scale(counts, self.cfg[f"{p}-alpha"], self.cfg[f"{p}-tau"], self.cfg[f"{p}-scale"])
+        self.scale = scale.to(self.device)
+        return received
+
+    def train_metrics(self) -> dict[str, float]:
+        observed = (self.data.train_counts >= self.cfg[f"{self.rs_prefix}-tau"]).sum()
+        return {**super().train_metrics(), "observed-classes": float(observed)}
 
     def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return restricted_softmax_cross_entropy(model(x), y, self.scale)
+
+    def batch_extras(self) -> dict[str, torch.Tensor]:
+        return {"scale": self.scale}
+
+    def functional_loss(
+        self,
+        model: nn.Module,
+        params: dict[str, torch.Tensor],
+        buffers: dict[str, torch.Tensor],
+        x: torch.Tensor,
+        y: torch.Tensor,
+        weight: torch.Tensor,
+        extras: dict[str, torch.Tensor],
+    ) -> torch.Tensor:
+        logits = functional_forward(model, params, buffers, x)
+        return weighted_sum(restricted_softmax_cross_entropy(logits, y, extras["scale"], "none"), weight)

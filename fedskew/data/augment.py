@@ -31,6 +31,15 @@ AUTO = {"cifar10": "crop-flip", "cifar100": "crop-flip", "svhn": "crop"}
 
 
 @dataclass(frozen=True)
+class Draw:
+    """One batch's random choices (CPU tensors): which images are flipped `[b]` (None: no flip) and
+    the crop offsets `[2, b]`, rows then columns, in [0, 2 pad] (None: no crop)."""
+
+    flip: torch.Tensor | None
+    shift: torch.Tensor | None
+
+
+@dataclass(frozen=True)
 class Augmentation:
     """Random crop after padding each side by `pad` (0 = no crop) and, with `flip`, a horizontal flip
     with probability 1/2; `fill` is the per-channel value of the padding."""
@@ -41,18 +50,34 @@ class Augmentation:
 
     def __call__(self, x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
         """Augment a batch `[B, C, H, W]`; the draws come from `generator` (a CPU generator)."""
+        return self.apply(x, self.draw(x.shape[0], generator))
+
+    def draw(self, b: int, generator: torch.Generator) -> Draw:
+        """The random choices for a batch of `b` images, drawn from `generator` (flips, then offsets):
+        drawn apart from `apply` so that the batched engine can draw every step of a round first, in
+        the order `__call__` draws them (`fedskew.batched.stacked.client_steps`)."""
+        flip = torch.rand(b, generator=generator) < 0.5 if self.flip else None
+        shift = torch.randint(0, 2 * self.pad + 1, (2, b), generator=generator) if self.pad else None
+        return Draw(flip, shift)
+
+    def fill_value(self, x: torch.Tensor) -> torch.Tensor:
+        """The padding's value `[1, C, 1, 1]`, on `x`'s device."""
+        return torch.tensor(self.fill, dtype=x.dtype, device=x.device).view(1, len(self.fill), 1, 1)
+
+    def apply(self, x: torch.Tensor, draw: Draw, fill: torch.Tensor | None = None) -> torch.Tensor:
+        """Augment a batch `[B, C, H, W]` with the choices `draw` (on any device); `fill`: the padding's
+        `fill_value` when the caller keeps it on the device (no copy from the host for each batch)."""
         b, c, h, w = x.shape
         dev, p = x.device, self.pad
         rows = torch.arange(h, device=dev).expand(b, h)
         cols = torch.arange(w, device=dev).expand(b, w)
-        if self.flip:
-            flipped = (torch.rand(b, generator=generator) < 0.5).to(dev)
+        if draw.flip is not None:
+            flipped = draw.flip.to(dev)
             cols = torch.where(flipped[:, None], w - 1 - cols, cols)
-        if p:
-            shift = torch.randint(0, 2 * p + 1, (2, b), generator=generator).to(dev)
+        if draw.shift is not None:
+            shift = draw.shift.to(dev)
             rows, cols = rows + shift[0, :, None], cols + shift[1, :, None]
-            fill = torch.tensor(self.fill, dtype=x.dtype, device=dev).view(1, c, 1, 1)
-            padded = fill.repeat(b, 1, h + 2 * p, w + 2 * p)
+            padded = (self.fill_value(x) if fill is None else fill).repeat(b, 1, h + 2 * p, w + 2 * p)
             padded[:, :, p : p + h, p : p + w] = x
             x = padded
         # output pixel (i, j) of image k is x[k, :, rows[k, i], cols[k, j]]: one gather on flat indices

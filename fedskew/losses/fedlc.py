@@ -39,6 +39,9 @@ def calibration(counts: torch.Tensor, tau: float) -> torch.Tensor:
     return tau * counts.to(torch.float64).clamp(min=COUNT_FLOOR).pow(-0.25)
 
 
-def calibrated_cross_entropy(logits: torch.Tensor, y: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
-    """Batch-mean cross-entropy of the calibrated logits f - offsets (`calibration`)."""
-    return F.cross_entropy(logits - offsets.to(logits), y)
+def calibrated_cross_entropy(
+    logits: torch.Tensor, y: torch.Tensor, offsets: torch.Tensor, reduction: str = "mean"
+) -> torch.Tensor:
+    """Cross-entropy of the calibrated logits f - offsets (`calibration`), the batch mean or
+    (`reduction="none"`) one value per example."""
+    return F.cross_entropy(logits - offsets.to(logits), y, reduction=reduction)

@@ -43,6 +43,9 @@ def fedrs_scale(counts: np.ndarray | torch.Tensor, alpha: float, tau: int = 1, m
     raise ValueError(f"mode={mode!r} must be 'binary', 'count' or 'fraction'")
 
 
-def restricted_softmax_cross_entropy(logits: torch.Tensor, target: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """Batch-mean cross-entropy on `logits * scale` (logits = h W^T, bias-free; scale `[C]`)."""
-    return F.cross_entropy(logits * scale.to(logits.device).unsqueeze(0), target)
+def restricted_softmax_cross_entropy(
+    logits: torch.Tensor, target: torch.Tensor, scale: torch.Tensor, reduction: str = "mean"
+) -> torch.Tensor:
+    """Cross-entropy on `logits * scale` (logits = h W^T, bias-free; scale `[C]`), the batch mean or
+    (`reduction="none"`) one value per example."""
+    return F.cross_entropy(logits * scale.to(logits.device).unsqueeze(0), target, reduction=reduction)

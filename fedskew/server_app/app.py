@@ -25,6 +25,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 from flwr.serverapp import Grid, ServerApp
 
+from fedskew.batched.grid import BatchedGrid
 from fedskew.config import ConfigError, validate
 from fedskew.data import dataset_info
 from fedskew.data.clients import client_class_counts, load_test_set
@@ -262,6 +263,7 @@ class RoundFailedError(RuntimeError):
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     t_start, started_at = time.perf_counter(), time.time()
+    batched_engine = isinstance(grid, BatchedGrid)
     if hasattr(grid, "push_messages"):  # Flower's Grids (the tests' in-process one has no push/pull)
         grid = PromptGrid(grid)
     try:  # the config and the results folder: refused with one line before anything starts
@@ -272,6 +274,8 @@ def main(grid: Grid, context: Context) -> None:
     except ConfigError as e:
         log.error("fedskew: config error: %s", e)
         raise
+    if cfg["engine"] == "batched" and not batched_engine:
+        log.warning("fedskew: engine='batched' is for `fedskew run` and suites: these clients run on Flower's runtime")
     # the test set loads while the strategy is built and the nodes are discovered (their ClientApps
     # are starting meanwhile), the partition's picture is drawn while round 1 trains
     background = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedskew-start")

@@ -1,0 +1,266 @@
+"""The batched engine's client side: a round's messages in, their replies out, in one process.
+
+Each train message gets the method's trainer exactly as the ClientApp builds it
+(`fedskew.client_app.app.client_trainer`: the same checks, seeding and lr) and the same reply
+(`train_reply`: participations counted in the node's state); a message whose checks fail, or whose
+training raises, is answered with an `Error` as Flower answers a ClientApp that raised, so the
+server logs and counts it the same way. Other messages (`query.info`) go to the ClientApp itself.
+
+For a method whose trainer opts in (`BaseTrainer.stacked_refusal` is None) each client runs its
+`begin` (records checked, model built, global model loaded and evaluated), draws its trainer's
+`local_steps` steps from its own generator (`fedskew.batched.stacked.client_steps`), and the
+round's clients then train as stacked models (`train_stacked`) in chunks; each client's trained
+weights go back into its own model and its trainer's `finish` writes its reply (personalized
+evaluation, upload, extras). Any
+other method runs `fit` per client, its ordinary trainer: never stacked unless it says it can be.
+
+Chunks: `batched-chunk` clients per stacked model, or (0) on a CPU every client of the round, on a
+GPU as many as fit: one step of two clients (their copies) is run first and its peak memory taken as
+what a client costs beside its data, and clients are added to a chunk while those costs stay within
+`MEMORY_SHARE` of the memory the device has free (`fitting_chunks`). A chunk that still runs out of
+memory is split in two and run again (nothing is written back before a chunk ends).
+
+Data resident on the device: each partition's training tensors are copied to a GPU once and kept
+there across rounds (`ResidentData`, at most `RESIDENT_SHARE` of the GPU's memory, least recently
+used dropped first); the data of a partition is fixed for a run, so its partition id names it.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import logging
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from flwr.app import Context, Error, Message, MessageType
+from flwr.common.constant import ErrorCode
+from torch.func import stack_module_state
+
+from fedskew.batched.stacked import (
+    NotStackable,
+    Step,
+    client_steps,
+    module_refusal,
+    sgd_settings,
+    stack_schedules,
+    train_stacked,
+)
+from fedskew.client_app.app import app as client_app
+from fedskew.client_app.app import client_trainer, train_reply
+from fedskew.client_app.base import BaseTrainer, Started
+from fedskew.config import validate
+from fedskew.data.clients import ClientData
+from fedskew.registry import get_method
+from fedskew.training import pick_device
+
+log = logging.getLogger("fedskew.client")
+MEMORY_SHARE = 0.8  # of the GPU memory free before a chunk, what its stacked steps may take
+RESIDENT_SHARE = 0.25  # of the GPU's memory, what the clients' resident data may take
+
+
+def stacked_refusal(run_config: Mapping[str, Any]) -> str | None:
+    """Why the batched engine trains the configured method's clients one by one (None: stacked)."""
+    cfg = validate(dict(run_config))
+    return get_method(cfg["method"]).trainer_class().stacked_refusal(cfg)
+
+
+def describe_engine(run_config: Mapping[str, Any]) -> str:
+    """One line for `fedskew run`: the engine's device and the path the configured method takes."""
+    cfg = validate(dict(run_config))
+    device = pick_device(cfg["device"])
+    where = f"batched engine in one process on {device}"
+    if device.type == "cpu":
+        from fedskew.resources import available_cores
+
+        where += f" ({available_cores()} torch threads)"
+    refusal = stacked_refusal(cfg)
+    if refusal is None:
+        return f"{where}: {cfg['method']} trains each round's clients as one stacked model"
+    return f"{where}: {cfg['method']} trains its clients one by one, as the ClientApp does ({refusal})"
+
+
+def error_reply(msg: Message, e: Exception) -> Message:
+    """The reply Flower sends for a ClientApp that raised `e` (`<class 'T'>:<'message'>`)."""
+    return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(e)}:<'{e}'>"), reply_to=msg)
+
+
+def fitting_chunks(step_bytes: float, data_bytes: list[int], budget: float) -> list[int]:
+    """Sizes of consecutive chunks of clients whose costs (`step_bytes` each plus its data) stay
+    within `budget` bytes; a client that does not fit alone gets a chunk of its own."""
+    sizes, used, count = [], 0.0, 0
+    for data in data_bytes:
+        cost = step_bytes + data
+        if count and used + cost > budget:
+            sizes.append(count)
+            used, count = 0.0, 0
+        used, count = used + cost, count + 1
+    return [*sizes, count] if count else sizes
+
+
+class ResidentData:
+    """Clients' training tensors on the device, kept across rounds by partition id (on a GPU; on a
+    CPU they already are where training reads them), within `limit` bytes."""
+
+    def __init__(self, device: torch.device, limit: int) -> None:
+        self.device, self.limit = device, limit
+        self.kept: OrderedDict[int, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
+
+    def get(self, partition: int, data: ClientData) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.device.type == "cpu":
+            return data.x_train, data.y_train
+        if partition in self.kept:
+            self.kept.move_to_end(partition)
+            return self.kept[partition]
+        pair = (data.x_train.to(self.device), data.y_train.to(self.device))
+        self.kept[partition] = pair
+        while len(self.kept) > 1 and sum(x.nbytes + y.nbytes for x, y in self.kept.values()) > self.limit:
+            self.kept.popitem(last=False)
+        return pair
+
+
+@dataclass
+class Client:
+    """One train message on its way through the engine."""
+
+    index: int  # its position among the round's messages
+    msg: Message
+    trainer: BaseTrainer
+    started: Started
+    steps: list[Step]
+
+    @property
+    def data_bytes(self) -> int:
+        return self.trainer.data.x_train.nbytes + self.trainer.data.y_train.nbytes
+
+
+class BatchedExecutor:
+    """Answers a round's messages for the nodes' contexts (module docstring)."""
+
+    def __init__(self, run_config: Mapping[str, Any]) -> None:
+        self.cfg = validate(dict(run_config))
+        self.refusal = stacked_refusal(run_config)
+        self.device = pick_device(self.cfg["device"])
+        total = torch.cuda.get_device_properties(self.device).total_memory if self.device.type == "cuda" else 0
+        self.resident = ResidentData(self.device, int(RESIDENT_SHARE * total))
+        self.step_bytes: float | None = None  # a client's stacked step on the GPU, measured once
+
+    def run(self, messages: list[Message], contexts: Mapping[int, Context]) -> list[Message]:
+        """The replies to `messages` (in their order), each node's state kept in its context."""
+        replies: dict[int, Message] = {}
+        stacked: list[Client] = []
+        for i, msg in enumerate(messages):
+            context = contexts[msg.metadata.dst_node_id]
+            try:
+                if msg.metadata.message_type != MessageType.TRAIN:
+                    replies[i] = client_app(msg, context)
+                    continue
+                trainer = client_trainer(msg, context, set_threads=False)
+                if self.refusal is not None:
+                    replies[i] = train_reply(trainer, msg, trainer.fit(msg.content))
+                    continue
+                started = trainer.begin(msg.content)
+                n, batch = len(trainer.data.y_train), trainer.cfg["batch-size"]
+                steps = client_steps(n, trainer.local_steps(), batch, trainer.ctx.generator, trainer.augment)
+                stacked.append(Client(i, msg, trainer, started, steps))
+            except Exception as e:  # what the runtime does with a ClientApp exception
+                replies[i] = error_reply(msg, e)
+        stacked.sort(key=lambda c: -len(c.steps))  # stable: the clients still training are a prefix
+        start = 0
+        for size in self.chunk_sizes(stacked):
+            replies.update(self.train(stacked[start : start + size]))
+            start += size
+        return [replies[i] for i in sorted(replies)]
+
+    def train(self, chunk: list[Client]) -> dict[int, Message]:
+        """Train `chunk` as one stacked model and write its replies (halved on running out of memory)."""
+        try:
+            stats = self.train_chunk(chunk)
+        except torch.OutOfMemoryError:
+            if len(chunk) == 1:
+                raise
+            torch.cuda.empty_cache()
+            half = len(chunk) // 2
+            log.warning("batched engine: %d clients did not fit at once: %d, then the rest", len(chunk), half)
+            return {**self.train(chunk[:half]), **self.train(chunk[half:])}
+        except Exception as e:
+            return {c.index: error_reply(c.msg, e) for c in chunk}
+        replies = {}
+        for c, s in zip(chunk, stats, strict=True):
+            try:
+                replies[c.index] = train_reply(c.trainer, c.msg, c.trainer.finish(c.started, s))
+            except Exception as e:
+                replies[c.index] = error_reply(c.msg, e)
+        return replies
+
+    def train_chunk(self, chunk: list[Client], probe: bool = False) -> list[dict[str, float]]:
+        """Each client's training stats after training `chunk` (ordered by decreasing steps) stacked
+        and writing each client's weights back into its model; `probe`: one step, nothing written back."""
+        models = [c.started.model for c in chunk]
+        settings = set()
+        for c, model in zip(chunk, models, strict=True):
+            if type(c.trainer).local_train is not BaseTrainer.local_train:
+                raise NotStackable(f"{type(c.trainer).__name__} overrides local_train")
+            if (reason := module_refusal(model)) is not None:
+                raise NotStackable(reason)
+            settings.add(sgd_settings(c.trainer.optimizer(model), list(model.parameters())))
+        if len(settings) != 1:
+            raise NotStackable(f"the clients' optimisers differ: {settings}")
+        params, buffers = (
+            {k: t.detach() for k, t in part.items()}
+            for part in stack_module_state(models)  # type: ignore[arg-type]
+        )
+        each = [c.trainer.batch_extras() for c in chunk]
+        extras = {k: torch.stack([e[k] for e in each]) for k in each[0]}
+        data = [self.resident.get(c.trainer.ctx.partition_id, c.trainer.data) for c in chunk]
+        offsets = [0]
+        for x_k, _ in data[:-1]:
+            offsets.append(offsets[-1] + len(x_k))
+        x, y = torch.cat([d[0] for d in data]), torch.cat([d[1] for d in data])
+        schedule = stack_schedules([c.steps for c in chunk], offsets, self.cfg["batch-size"])
+        schedule = (schedule.first(1) if probe else schedule).to(self.device)
+        template = copy.deepcopy(models[0]).to("meta").train()
+        first = chunk[0].trainer
+        loss = functools.partial(first.functional_loss, template)
+        totals = train_stacked(loss, params, buffers, extras, x, y, schedule, settings.pop(), first.augment)
+        if probe:
+            return []
+        with torch.no_grad():
+            for k, model in enumerate(models):
+                for name, p in model.named_parameters():
+                    p.copy_(params[name][k])
+        sums = totals.tolist()
+        return [
+            {"train-loss": sums[k] / max(len(c.steps), 1), "train-steps": float(len(c.steps))}
+            for k, c in enumerate(chunk)
+        ]
+
+    def chunk_sizes(self, clients: list[Client]) -> list[int]:
+        """How many clients each stacked model holds, in order (module docstring)."""
+        if not clients:
+            return []
+        if self.cfg["batched-chunk"]:
+            size = self.cfg["batched-chunk"]
+            return [min(size, len(clients) - i) for i in range(0, len(clients), size)]
+        if self.device.type != "cuda":
+            return [len(clients)]
+        if self.step_bytes is None:
+            self.step_bytes = self.measure_step(clients[:2])
+            log.info("batched engine: a client's stacked step takes %.1f MB of GPU memory", self.step_bytes / 2**20)
+        free, _ = torch.cuda.mem_get_info(self.device)
+        free += torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
+        return fitting_chunks(self.step_bytes, [c.data_bytes for c in clients], MEMORY_SHARE * free)
+
+    def measure_step(self, sample: list[Client]) -> float:
+        """GPU bytes one client's stacked step takes beside its data: the peak of one step of
+        `sample` (copies of its clients' weights), less their data, per client."""
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        before = torch.cuda.memory_allocated(self.device)
+        self.train_chunk(sample, probe=True)
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device) - before
+        return max(peak - sum(c.data_bytes for c in sample), 0) / len(sample)

@@ -1,0 +1,256 @@
+"""Local SGD of many clients at once, as one stacked model (pure torch: no Flower, no trainers).
+
+The K clients of a round train the same network, each from its own weights on its own data. Their
+parameters are stacked along a new first dimension (`torch.func.stack_module_state`) and one step of
+all of them is one call of `vmap(grad_and_value(loss))`, the loss running the network through
+`torch.func.functional_call` on client k's slice: the kernels of K small models become the kernels
+of one K times wider model (a grouped convolution, a batched matrix product).
+
+Each client's step is exactly the step of the per-client path (`fedskew.training.train_steps` with
+`fedskew.training.sgd`):
+
+- its mini-batches are the ones it would draw (`client_steps`): a permutation of its examples from
+  its own generator, cut into batches of B, a fresh permutation once one is used up, each batch's
+  augmentation drawn from the same generator right after (`fedskew.data.augment.Augmentation.draw`),
+  all drawn before training;
+- the last, smaller batch of a permutation (b < B examples) is padded to B with weight 0, the b real
+  examples weighted 1/b: sum_i w_i loss_i is then the batch mean that the per-client loss takes;
+- torch.optim.SGD's update (dampening 0, no Nesterov), per client (`StackedSGD`):
+
+      g_k <- g_k * min(1, c / (||g_k|| + 1e-6))        for each clip norm c, in order (clip_grad_norm_)
+      d_k = g_k + wd theta_k,   b_k <- mu b_k + d_k,   theta_k <- theta_k - lr b_k
+
+  with the momentum buffer b_k starting at zero (SGD's first step sets b = d: the same value);
+- clients are ordered by decreasing number of steps, so the clients still training at step s are
+  the first a_s of the stack: a step computes and updates that prefix only (views, no copy), and a
+  client that is done is left as it is (masked) without costing compute.
+
+The loop holds no host synchronisation: the schedule (`Schedule`: rows, weights, augmentation draws)
+is built on the host and moved to the device once, the number of active clients per step is known
+in advance, and the losses are summed on the device.
+
+A network whose training step is not a pure function of its parameters, buffers and batch cannot be
+stacked this way (`module_refusal`): BatchNorm updates running statistics and normalises over the
+batch (padding would enter its statistics), dropout draws from the global random stream.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.func import functional_call, grad_and_value, vmap
+
+from fedskew.data.augment import Augmentation, Draw
+from fedskew.training import CLIP_NORMS, minibatches
+
+# (params, buffers, x [B, ...], y [B], weight [B], extras) -> one client's scalar loss
+Tensors = dict[str, torch.Tensor]
+StackedLoss = Callable[[Tensors, Tensors, torch.Tensor, torch.Tensor, torch.Tensor, Tensors], torch.Tensor]
+
+
+def functional_forward(
+    model: nn.Module, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], x: torch.Tensor
+) -> torch.Tensor:
+    """`model(x)` computed with `params` and `buffers` in place of the module's own tensors."""
+    return functional_call(model, (params, buffers), (x,))
+
+
+def weighted_sum(losses: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """sum_i weight_i losses_i: the batch mean when the weights are 1/b on b examples (0 on padding)."""
+    return (losses * weight).sum()
+
+
+def module_refusal(model: nn.Module) -> str | None:
+    """Why `model` cannot be trained stacked (None: it can): a normalisation layer with running
+    statistics (BatchNorm: per-client buffers updated in training, statistics over the padded batch)
+    or dropout (random draws outside the clients' generators)."""
+    for name, m in model.named_modules():
+        if isinstance(m, nn.modules.batchnorm._NormBase):
+            return f"its {type(m).__name__} ({name}) keeps running statistics of each client's batches"
+        if isinstance(m, nn.modules.dropout._DropoutNd):
+            return f"its {type(m).__name__} ({name}) draws random numbers in training"
+    return None
+
+
+class NotStackable(ValueError):
+    """An opted-in trainer whose optimiser is not one the stacked update reproduces (a bug: never
+    trained silently otherwise)."""
+
+
+@dataclass(frozen=True)
+class SGDSettings:
+    """What a torch.optim.SGD does in a step: lr, momentum, weight decay and the gradient-norm clips
+    run before it (in order)."""
+
+    lr: float
+    momentum: float
+    weight_decay: float
+    clip_norms: tuple[float, ...] = ()
+
+
+def sgd_settings(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> SGDSettings:
+    """The settings of `optimizer`, a plain torch SGD over exactly `params` (in order) whose only step
+    hooks are `fedskew.training.clip_before_step`'s; raises `NotStackable` naming what differs."""
+    if type(optimizer) is not torch.optim.SGD or len(optimizer.param_groups) != 1:
+        raise NotStackable(f"the optimiser is {type(optimizer).__name__} with {len(optimizer.param_groups)} groups")
+    group = optimizer.param_groups[0]
+    if group["nesterov"] or group["dampening"] or group["maximize"]:
+        raise NotStackable("the optimiser uses Nesterov, dampening or maximize")
+    if len(group["params"]) != len(params) or any(a is not b for a, b in zip(group["params"], params, strict=False)):
+        raise NotStackable("the optimiser does not train exactly the model's parameters")
+    clips = tuple(getattr(optimizer, CLIP_NORMS, ()))
+    # the hook lists are torch's own (private) names: an unknown hook would change the step silently
+    if len(optimizer._optimizer_step_pre_hooks) != len(clips) or optimizer._optimizer_step_post_hooks:
+        raise NotStackable("the optimiser has step hooks beyond gradient clipping")
+    return SGDSettings(float(group["lr"]), float(group["momentum"]), float(group["weight_decay"]), clips)
+
+
+def clip_per_client(grads: dict[str, torch.Tensor], max_norm: float) -> None:
+    """`torch.nn.utils.clip_grad_norm_` for each client (row) of the stacked gradients, in place:
+    g <- g * min(1, max_norm / (||g|| + 1e-6)), ||g|| the 2-norm over all of the client's tensors."""
+    norms = torch.stack([torch.linalg.vector_norm(g.flatten(1), dim=1) for g in grads.values()], dim=1)
+    coef = (max_norm / (torch.linalg.vector_norm(norms, dim=1) + 1e-6)).clamp(max=1.0)
+    for g in grads.values():
+        g.mul_(coef.view(-1, *([1] * (g.dim() - 1))))
+
+
+class StackedSGD:
+    """torch.optim.SGD's step (module docstring) on stacked parameters `[K, ...]`, updated in place;
+    `step(grads, a)` moves the first `a` clients only."""
+
+    def __init__(self, params: dict[str, torch.Tensor], settings: SGDSettings) -> None:
+        self.params, self.s = params, settings
+        self.buffers = {k: torch.zeros_like(p) for k, p in params.items()} if settings.momentum else {}
+
+    @torch.no_grad()
+    def step(self, grads: dict[str, torch.Tensor], a: int) -> None:
+        for max_norm in self.s.clip_norms:
+            clip_per_client(grads, max_norm)
+        for k, g in grads.items():
+            p = self.params[k][:a]
+            if self.s.weight_decay:
+                g = g.add(p, alpha=self.s.weight_decay)
+            if self.s.momentum:
+                g = self.buffers[k][:a].mul_(self.s.momentum).add_(g)
+            p.add_(g, alpha=-self.s.lr)
+
+
+Step = tuple[torch.Tensor, Draw | None]  # one local step: the batch's example indices and its augmentation draw
+
+
+def client_steps(
+    n: int, steps: int, batch_size: int, generator: torch.Generator, augment: Augmentation | None
+) -> list[Step]:
+    """A client's `steps` local steps as `fedskew.training.train_steps` draws them from `generator`:
+    the batches of `batch_size` of a permutation of range(n), a fresh permutation drawn only when the
+    previous one is used up (a cycling loader), each batch's augmentation drawn right after its
+    indices are used (the same stream positions)."""
+    if n == 0 or steps <= 0:
+        return []
+    passes = (minibatches(n, batch_size, generator, torch.device("cpu")) for _ in itertools.count())
+    return [
+        (idx, augment.draw(len(idx), generator) if augment is not None else None)
+        for idx in itertools.islice(itertools.chain.from_iterable(passes), steps)
+    ]
+
+
+@dataclass
+class Schedule:
+    """The stacked steps of K clients, ordered by decreasing number of steps: at step s the first
+    `active[s]` clients train on rows `rows[:a, s]` of the stacked data, with weights
+    `weight[:a, s]` (1/b on the b real examples, 0 on padding) and, with augmentation, flips
+    `[K, S, B]` and offsets `[K, S, 2, B]`."""
+
+    rows: torch.Tensor
+    weight: torch.Tensor
+    flip: torch.Tensor | None
+    shift: torch.Tensor | None
+    active: list[int]
+
+    def to(self, device: torch.device) -> Schedule:
+        move = (None if t is None else t.to(device) for t in (self.rows, self.weight, self.flip, self.shift))
+        return Schedule(*move, self.active)
+
+    def first(self, steps: int) -> Schedule:
+        """The schedule cut after `steps` steps (the memory probe's)."""
+        cut = (None if t is None else t[:, :steps] for t in (self.rows, self.weight, self.flip, self.shift))
+        return Schedule(*cut, self.active[:steps])
+
+    def draw(self, s: int) -> Draw | None:
+        """Step `s`'s augmentation draws of its active clients, as one batch of a_s * B images."""
+        a = self.active[s]
+        if self.flip is None and self.shift is None:
+            return None
+        flip = None if self.flip is None else self.flip[:a, s].reshape(-1)
+        shift = None if self.shift is None else self.shift[:a, s].transpose(0, 1).reshape(2, -1)
+        return Draw(flip, shift)
+
+
+def stack_schedules(clients: list[list[Step]], offsets: list[int], batch_size: int) -> Schedule:
+    """The `Schedule` of clients whose steps are `clients` (ordered by decreasing number of steps),
+    client k's examples being rows offsets[k] + i of the stacked data; padding repeats the client's
+    first row."""
+    lengths = [len(c) for c in clients]
+    if lengths != sorted(lengths, reverse=True):
+        raise ValueError("clients must come in decreasing number of steps")
+    k, s = len(clients), max(lengths, default=0)
+    rows = torch.zeros(k, s, batch_size, dtype=torch.long)
+    weight = torch.zeros(k, s, batch_size)
+    draws = [d for c in clients for _, d in c if d is not None]
+    flip = torch.zeros(k, s, batch_size, dtype=torch.bool) if any(d.flip is not None for d in draws) else None
+    shift = torch.zeros(k, s, 2, batch_size, dtype=torch.long) if any(d.shift is not None for d in draws) else None
+    for i, (steps, offset) in enumerate(zip(clients, offsets, strict=True)):
+        rows[i] += offset
+        for j, (idx, draw) in enumerate(steps):
+            b = len(idx)
+            rows[i, j, :b] += idx
+            weight[i, j, :b] = 1.0 / b
+            if draw is not None and draw.flip is not None and flip is not None:
+                flip[i, j, :b] = draw.flip
+            if draw is not None and draw.shift is not None and shift is not None:
+                shift[i, j, :, :b] = draw.shift
+    active = [sum(n > j for n in lengths) for j in range(s)]
+    return Schedule(rows, weight, flip, shift, active)
+
+
+def train_stacked(
+    loss: StackedLoss,
+    params: dict[str, torch.Tensor],
+    buffers: dict[str, torch.Tensor],
+    extras: dict[str, torch.Tensor],
+    x: torch.Tensor,
+    y: torch.Tensor,
+    schedule: Schedule,
+    settings: SGDSettings,
+    augment: Augmentation | None = None,
+) -> torch.Tensor:
+    """Run `schedule` (on the device of `x`) on the stacked `params` `[K, ...]`, updated in place;
+    `buffers` and `extras` are stacked `[K, ...]` too, `x`, `y` the clients' data stacked by rows.
+    Returns each client's sum of its batch losses `[K]`, on the device."""
+    optimizer = StackedSGD(params, settings)
+    step = vmap(grad_and_value(loss))
+    fill = augment.fill_value(x) if augment is not None and augment.pad else None
+    k = next(iter(params.values())).shape[0]
+    totals = torch.zeros(k, device=x.device)
+    for s, a in enumerate(schedule.active):
+        rows = schedule.rows[:a, s]  # [a, B]
+        xb = x[rows]
+        draw = schedule.draw(s)
+        if augment is not None and draw is not None:
+            xb = augment.apply(xb.flatten(0, 1), draw, fill).unflatten(0, rows.shape)
+        prefix = {name: t[:a] for name, t in params.items()}
+        grads, values = step(
+            prefix,
+            {name: t[:a] for name, t in buffers.items()},
+            xb,
+            y[rows],
+            schedule.weight[:a, s],
+            {name: t[:a] for name, t in extras.items()},
+        )
+        optimizer.step(grads, a)
+        totals[:a] += values.detach()
+    return totals

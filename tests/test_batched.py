@@ -1,0 +1,319 @@
+"""The batched engine (`fedskew.batched`): the stacked SGD against torch's, each client's batches
+against the per-client loop's, every opted-in method's uploads against the per-client path's after
+one round from the same start, the methods that run per client, failures, and whole runs (the
+records of the Flower path's in-process grid, determinism, `fedskew run --engine batched`)."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+
+from fedskew.batched.executor import fitting_chunks, stacked_refusal
+from fedskew.batched.grid import BatchedGrid, run_batched
+from fedskew.batched.stacked import (
+    SGDSettings,
+    StackedSGD,
+    client_steps,
+    module_refusal,
+    sgd_settings,
+    stack_schedules,
+)
+from fedskew.client_app.app import app as client_app
+from fedskew.config import validate
+from fedskew.data.augment import Augmentation
+from fedskew.models import build_model
+from fedskew.registry import get_method
+from fedskew.training import clip_before_step, sgd, train_steps
+from fedskew.wire import CENTRAL_EVAL_METRICS
+from tests.conftest import read_metrics
+from tests.harness import ROOT, app_defaults, run_in_process
+
+STACKED = ["fedavg", "fedprox", "fedrs", "fedlc", "fedgela", "fednova", "creff"]
+NODES = 40  # 4 of them sampled (fraction-train 0.1): ~1,200 examples each, different sizes (Dirichlet)
+ROUND = {"model": "mlp", "partition": "dirichlet", "fraction-train": 0.1, "local-epochs": 2, "batch-size": 32}
+
+
+@pytest.fixture(autouse=True)
+def _one_thread(task_identity: None) -> Any:
+    """Both paths with one torch thread (float sums split across threads round differently)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+# ---------------------------------------------------------------------------------------- the maths
+def test_stacked_sgd_is_torch_sgd_per_client_and_leaves_finished_clients_alone() -> None:
+    """Three clients of 3, 2 and 1 steps with momentum, weight decay and two clips (the second one
+    binding), read from the optimiser a trainer builds: each client equals its own torch SGD; a
+    client that is done does not move."""
+    g = torch.Generator().manual_seed(0)
+    shapes = {"w": (4, 3), "b": (4,)}
+    start = [{k: torch.randn(s, generator=g) for k, s in shapes.items()} for _ in range(3)]
+    steps = [3, 2, 1]
+    grads = [[{k: 5 * torch.randn(s, generator=g) for k, s in shapes.items()} for _ in range(n)] for n in steps]
+    references = []
+    for k in range(3):
+        params = [start[k][name].clone().requires_grad_() for name in shapes]
+        opt = sgd(params, {"lr": 0.1, "momentum": 0.9, "weight-decay": 0.01, "grad-clip": 50.0})
+        clip_before_step(opt, 3.0)  # as FedGELA adds its own
+        settings = sgd_settings(opt, params)
+        for grad in grads[k]:
+            for p, name in zip(params, shapes, strict=True):
+                p.grad = grad[name].clone()
+            opt.step()
+        references.append([p.detach() for p in params])
+    assert settings == SGDSettings(0.1, 0.9, 0.01, (50.0, 3.0))
+    stacked = {name: torch.stack([s[name] for s in start]) for name in shapes}
+    optimizer = StackedSGD(stacked, settings)
+    for j in range(3):
+        active = sum(n > j for n in steps)
+        before = {name: t[active:].clone() for name, t in stacked.items()}
+        optimizer.step({name: torch.stack([grads[k][j][name] for k in range(active)]) for name in shapes}, active)
+        assert all(torch.equal(stacked[name][active:], before[name]) for name in shapes)
+    for k in range(3):
+        for name, ref in zip(shapes, references[k], strict=True):
+            torch.testing.assert_close(stacked[name][k], ref, rtol=1e-6, atol=1e-6)
+            assert not torch.allclose(stacked[name][k], start[k][name], atol=1e-2)
+
+
+def test_sgd_settings_refuses_what_the_stacked_step_does_not_do() -> None:
+    params = [torch.zeros(2, requires_grad=True)]
+    with pytest.raises(ValueError, match="Adam"):
+        sgd_settings(torch.optim.Adam(params), params)
+    with pytest.raises(ValueError, match="Nesterov"):
+        sgd_settings(torch.optim.SGD(params, lr=0.1, momentum=0.9, nesterov=True), params)
+    opt = torch.optim.SGD(params, lr=0.1)
+    opt.register_step_post_hook(lambda *a: None)  # e.g. SCAFFOLD's correction
+    with pytest.raises(ValueError, match="hooks"):
+        sgd_settings(opt, params)
+    with pytest.raises(ValueError, match="exactly"):
+        sgd_settings(torch.optim.SGD(params, lr=0.1), [torch.zeros(2, requires_grad=True)])
+
+
+def test_client_steps_are_the_batches_the_per_client_loop_draws() -> None:
+    """With crop and flip, 2 passes and a part of a third: the drawn steps give the very batches
+    `train_steps` trains on (the cycling loader)."""
+    x, y = torch.randn(23, 3, 8, 8), torch.arange(23) % 10
+    augment = Augmentation(2, True, (0.5, -0.5, 0.0))
+    seen: list[torch.Tensor] = []
+
+    def spy(model: torch.nn.Module, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
+        seen.append(xb)
+        return model(xb.flatten(1)).sum()
+
+    model = torch.nn.Linear(3 * 64, 1)
+    g = torch.Generator().manual_seed(7)
+    train_steps(model, x, y, spy, torch.optim.SGD(model.parameters(), lr=0.0), 12, 5, g, torch.device("cpu"), augment)
+    steps = client_steps(23, 12, 5, torch.Generator().manual_seed(7), augment)
+    assert [len(idx) for idx, _ in steps] == [5, 5, 5, 5, 3] * 2 + [5, 5]
+    assert len(seen) == len(steps)
+    for xb, (idx, draw) in zip(seen, steps, strict=True):
+        assert draw is not None
+        assert torch.equal(xb, augment.apply(x[idx], draw))
+
+
+def test_stack_schedules_pads_short_batches_with_zero_weight() -> None:
+    a = [(torch.tensor([4, 0]), None), (torch.tensor([1, 3]), None), (torch.tensor([2]), None)]
+    b = [(torch.tensor([1, 0]), None)]
+    s = stack_schedules([a, b], [0, 5], 2)
+    assert s.active == [2, 1, 1]
+    assert s.rows[0].tolist() == [[4, 0], [1, 3], [2, 0]]
+    assert s.rows[1, 0].tolist() == [6, 5]
+    assert s.weight[0].tolist() == [[0.5, 0.5], [0.5, 0.5], [1.0, 0.0]]
+    assert s.weight[1, 0].tolist() == [0.5, 0.5]
+    assert s.flip is None and s.shift is None
+    with pytest.raises(ValueError, match="decreasing"):
+        stack_schedules([b, a], [0, 2], 2)
+
+
+def test_fitting_chunks_fill_the_budget() -> None:
+    assert fitting_chunks(10.0, [0, 0, 0, 0, 0], 30.0) == [3, 2]
+    assert fitting_chunks(10.0, [5, 5, 50, 5], 30.0) == [2, 1, 1]  # a client too big alone: by itself
+    assert fitting_chunks(10.0, [], 30.0) == []
+
+
+def test_which_methods_and_models_are_stacked() -> None:
+    defaults = app_defaults()
+    for method in STACKED:
+        assert stacked_refusal({**defaults, "method": method}) is None, method
+    # subclasses of opted-in trainers (MAP and SCAFFOLD-RS reuse FedRS's loss) do not inherit it
+    for method in ("map", "scaffold-rs", "fedmr", "moon", "ditto"):
+        assert "does not express its local step" in stacked_refusal({**defaults, "method": method})
+    assert "BatchNorm2d" in stacked_refusal({**defaults, "model": "resnet8"})
+    assert "BatchNorm1d" in stacked_refusal({**defaults, "method": "fedgela", "fedgela-head": "code"})
+    assert module_refusal(build_model("pfl-cnn", "fashion-mnist")) is None
+    assert "Dropout" in module_refusal(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout()))
+
+
+# ---------------------------------------------------------------------------------------- one round
+def first_round(method: str, **overrides: Any) -> tuple[BatchedGrid, list[Message]]:
+    """A batched grid of `NODES` nodes and the server's round-1 train messages of `method`."""
+    cfg = {**app_defaults(), **ROUND, "method": method, "num-partitions": NODES, **overrides}
+    grid = BatchedGrid(NODES, cfg)
+    strategy = get_method(method).strategy_class()(validate(cfg))
+    config = ConfigRecord({"attempt": 0})
+    return grid, list(strategy.configure_train(1, strategy.initial_arrays(), config, grid))
+
+
+def per_client(grid: BatchedGrid, messages: list[Message]) -> list[Message]:
+    """The ClientApp's replies (the Flower path's code), on fresh nodes serving the same partitions."""
+    replies = []
+    for msg in messages:
+        node = grid.contexts[msg.metadata.dst_node_id]
+        context = Context(1, node.node_id, dict(node.node_config), RecordDict(), dict(node.run_config))
+        replies.append(client_app(msg, context))
+    return replies
+
+
+def uploads(reply: Message) -> dict[str, torch.Tensor]:
+    assert not reply.has_error(), reply.error.reason
+    return reply.content["arrays"].to_torch_state_dict()
+
+
+@pytest.mark.parametrize(
+    "method, overrides",
+    [pytest.param(m, {}, id=m) for m in STACKED]
+    + [pytest.param("fedavg", {"augment": "crop-flip"}, id="fedavg-crop-flip")]
+    + [pytest.param("fedrs", {"batched-chunk": 1}, id="fedrs-chunks-of-1")]
+    + [pytest.param("fedrs", {"personalized-central-eval": True}, id="fedrs-central-eval")],
+)
+def test_each_client_uploads_what_the_per_client_path_uploads(method: str, overrides: dict[str, Any]) -> None:
+    grid, messages = first_round(method, **overrides)
+    batched = list(grid.send_and_receive(messages))
+    reference = per_client(grid, messages)
+    steps = [r.content["metrics"]["train-steps"] for r in reference]
+    sizes = [r.content["metrics"]["num-examples"] for r in reference]
+    assert len(set(steps)) > 1 and any(n % ROUND["batch-size"] for n in sizes)  # unequal, short last batches
+    start = messages[0].content["arrays"].to_torch_state_dict()
+    for got, want in zip(batched, reference, strict=True):
+        a, b = uploads(got), uploads(want)
+        assert a.keys() == b.keys()
+        for k in a:
+            torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5)
+        assert max(float((b[k] - start[k]).abs().max()) for k in b if k in start) > 1e-2  # training moved it
+        m, n = got.content["metrics"], want.content["metrics"]
+        assert m.keys() == n.keys()
+        for key in ("num-examples", "partition-id", "train-steps", "participations", "observed-classes"):
+            assert m.get(key) == n.get(key), key
+        assert m["train-loss"] == pytest.approx(n["train-loss"], rel=1e-5)
+        for key in ("personal-accuracy", *CENTRAL_EVAL_METRICS):  # the central ones with personalized-central-eval
+            if key in n:
+                assert m[key] == pytest.approx(n[key], abs=0.01), key
+        assert ("personal-central-accuracy" in n) == bool(overrides.get("personalized-central-eval"))
+        assert got.content.keys() == want.content.keys()  # the same uplink records (CReFF's gradients)
+
+
+def test_a_method_that_does_not_opt_in_trains_per_client_with_its_own_trainer() -> None:
+    grid, messages = first_round("scaffold")
+    for got, want in zip(grid.send_and_receive(messages), per_client(grid, messages), strict=True):
+        a, b = uploads(got), uploads(want)
+        assert all(torch.equal(a[k], b[k]) for k in b)
+
+
+def test_a_client_that_fails_gets_flower_s_error_reply_and_the_others_train() -> None:
+    grid, messages = first_round("fedavg")
+    bad = RecordDict({"arrays": messages[1].content["arrays"], "config": ConfigRecord({"server-round": 0})})
+    messages[1] = Message(bad, dst_node_id=messages[1].metadata.dst_node_id, message_type=MessageType.TRAIN)
+    replies = list(grid.send_and_receive(messages))
+    assert [r.has_error() for r in replies] == [False, True, False, False]
+    assert "fedskew.records.Rejected" in replies[1].error.reason and "server-round" in replies[1].error.reason
+    assert replies[1].metadata.reply_to_message_id == messages[1].metadata.message_id
+
+
+# ---------------------------------------------------------------------------------------- whole runs
+RUN = {**ROUND, "num-server-rounds": 2, "local-epochs": 1, "checkpoint-every": 1, "num-partitions": NODES}
+
+
+def batched_run(out: Path, name: str, **overrides: Any) -> Path:
+    run_batched({**app_defaults(), **RUN, **overrides, "out-dir": str(out), "run-name": name}, NODES, quiet=True)
+    return out / name
+
+
+def test_a_batched_run_writes_the_flower_path_s_records_deterministically(tmp_path: Path) -> None:
+    """Two batched runs: the same metrics.jsonl; against the per-client in-process grid (the
+    Flower path's code): the same records and replies, accuracies within float noise."""
+    first, second = (batched_run(tmp_path, name) for name in ("b1", "b2"))
+    assert (first / "metrics.jsonl").read_text() == (second / "metrics.jsonl").read_text()
+    run_in_process({**RUN, "out-dir": str(tmp_path), "run-name": "ref"}, NODES)
+    rows, ref = read_metrics(first), read_metrics(tmp_path / "ref")
+    assert [r.keys() for r in rows] == [r.keys() for r in ref]
+    for r, s in zip(rows, ref, strict=True):
+        assert r["replies"] == s["replies"] and not r.get("failures")
+        assert r["global-accuracy"] == pytest.approx(s["global-accuracy"], abs=2e-3)
+        # the server's per-class diagnostics, from the same sampled clients and global model
+        assert r["partitions"] == s["partitions"] and r["class-holders"] == s["class-holders"]
+        assert r["global-per-class-accuracy"] == pytest.approx(s["global-per-class-accuracy"], abs=5e-3)
+    names = {p.name for p in first.iterdir()}
+    assert {"metrics.jsonl", "summary.json", "checkpoint.pt", "model.pt", "partition.json"} <= names
+
+
+def test_fedskew_run_engine_batched_says_which_path_the_method_takes(tmp_path: Path, capsys) -> None:
+    from fedskew.cli import main
+
+    config = f'num-server-rounds=1 model="mlp" fraction-train=0.1 out-dir="{tmp_path}" run-name="r"'
+    assert main(["run", "--engine", "batched", "-n", "20", "--run-config", config]) == 0
+    out = capsys.readouterr().out
+    assert "batched engine in one process on cpu" in out and "fedavg trains each round's clients as one stacked" in out
+    assert (tmp_path / "r" / "summary.json").is_file()
+    config += ' method="moon" run-name="m"'
+    assert main(["run", "--engine", "batched", "-n", "20", "--run-config", config]) == 0
+    assert "moon trains its clients one by one" in capsys.readouterr().out
+
+
+FLOWER_FLAGS = [["--actors", "2"], ["--ray-address", "127.0.0.1:6379"], ["--federation-config", "x=1"]]
+
+
+@pytest.mark.parametrize("flag", FLOWER_FLAGS)
+def test_fedskew_run_engine_batched_refuses_the_flower_path_s_settings(tmp_path: Path, capsys, flag) -> None:
+    from fedskew.cli import main
+
+    config = f'num-server-rounds=1 model="mlp" out-dir="{tmp_path}" run-name="r"'
+    assert main(["run", "--engine", "batched", "-n", "20", *flag, "--run-config", config]) == 2
+    err = capsys.readouterr().err
+    assert f"{flag[0]} is not allowed with engine='batched'" in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_suite_runs_batched_cells_here_and_a_superlink_only_for_the_others(tmp_path: Path, monkeypatch) -> None:
+    from fedskew import experiments
+    from fedskew.experiments import load_suite, run_suite
+
+    text = f"""
+name: b
+num-supernodes: 20
+seeds: [0]
+out-dir: {tmp_path}
+base: {{num-server-rounds: 1, model: mlp, fraction-train: 0.1, engine: batched}}
+methods:
+  fedavg: {{}}
+  fedrs: {{method: fedrs, engine: flower}}
+partitions:
+  c2: {{}}
+"""
+    (tmp_path / "suite.yaml").write_text(text)
+    links: list[str] = []
+    flower: list[str] = []
+
+    def link(app_dir: Path, head: Any, cluster: Any = None) -> Any:
+        links.append("started")
+        return contextlib.nullcontext("link")
+
+    def simulation(app_dir: Path, overrides: dict[str, Any], n: int, **kwargs: Any) -> dict[str, Any]:
+        assert kwargs["link"] == "link"
+        flower.append(overrides["run-name"])
+        return {}
+
+    monkeypatch.setattr(experiments, "simulation_link", link)
+    monkeypatch.setattr(experiments, "run_simulation", simulation)
+    suite = load_suite(tmp_path / "suite.yaml", app_defaults())
+    run_suite(suite, ROOT)
+    assert links == ["started"] and flower == ["c2--fedrs--s0"]
+    assert (suite.folder / "c2--fedavg--s0" / "summary.json").is_file()  # the batched cell, run here
+    run_suite(load_suite(tmp_path / "suite.yaml", app_defaults()), ROOT, cells=[suite.cells[0]])  # done: skipped
+    assert links == ["started"]  # no Flower cell to run: no SuperLink
