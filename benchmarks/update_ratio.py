@@ -6,7 +6,9 @@ refused for their update size. A run's bound is its config's `max-update-ratio` 
 
     .venv/bin/python benchmarks/update_ratio.py outputs/suites/paper-fedrs outputs/suites/paper-map ...
 
-The figures for the project's paper-protocol runs are in `docs/notes/update-ratio.md`.
+With --write NOTE the table also replaces the part of NOTE between its `<!-- update-ratio begin -->`
+and `<!-- update-ratio end -->` lines (so `docs/notes/update-ratio.md` holds this script's output,
+not numbers typed by hand).
 """
 
 from __future__ import annotations
@@ -36,9 +38,10 @@ def run_rows(run: Path) -> tuple[float, int, int, float] | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("suites", nargs="+", type=Path, help="suite folders (outputs/suites/<name>)")
+    parser.add_argument("--write", type=Path, help="a Markdown file whose update-ratio block gets the table")
     args = parser.parse_args()
-    print("| suite | partition | method | runs | largest update ratio (round) | refused for size | bound |")
-    print("|---|---|---|---|---|---|---|")
+    lines = ["| suite | partition | method | runs | largest update ratio (round) | refused for size | bound |"]
+    lines.append("|---|---|---|---|---|---|---|")
     overall = 0.0
     for suite in args.suites:
         cells: dict[tuple[str, str], list[tuple[float, int, int, float]]] = {}
@@ -51,8 +54,21 @@ def main() -> None:
             refused = sum(r[2] for r in runs)
             overall = max(overall, largest)
             cell = f"| {suite.name} | {partition} | {method} | {len(runs)} |"
-            print(f"{cell} {largest:.3f} ({at}) | {refused} | {bound:g} |")
-    print(f"\nlargest ratio over every run: {overall:.3f}")
+            lines.append(f"{cell} {largest:.3f} ({at}) | {refused} | {bound:g} |")
+    lines += ["", f"largest ratio over every run: {overall:.3f}"]
+    print("\n".join(lines))
+    if args.write:
+        write_block(args.write, lines)
+
+
+def write_block(note: Path, lines: list[str]) -> None:
+    """Replace the lines between the note's update-ratio markers with `lines`."""
+    text = note.read_text()
+    begin, end = "<!-- update-ratio begin -->\n", "<!-- update-ratio end -->"
+    if begin not in text or end not in text:
+        raise SystemExit(f"{note}: no {begin.strip()} ... {end} block to write into")
+    head, rest = text.split(begin, 1)
+    note.write_text(head + begin + "\n".join(lines) + "\n" + end + rest.split(end, 1)[1])
 
 
 if __name__ == "__main__":

@@ -122,3 +122,29 @@ def test_suite_in_process_runs_the_chosen_cells_at_once_and_stops_them_at_the_de
     assert 0 < len(done) < 500 and f"| {run_name('default', 'fedavg', 1)} | {len(done)} | " in late.stdout
     bad = run_benchmark("suite_in_process.py", str(suite), "--methods", "fedprox")
     assert bad.returncode != 0 and "no method 'fedprox'" in bad.stderr, bad.stderr
+
+
+def test_update_ratio_reports_each_cell_s_largest_ratio_and_refusals_and_fills_the_note(
+    tmp_path: Path,
+) -> None:
+    suite = tmp_path / "paper-x"
+    for seed, ratios, refused in ((0, [0.5, 2.5, 1.0], 0), (1, [0.4, 0.9, 3.25], 2)):
+        run = suite / f"p--fedavg--s{seed}"
+        run.mkdir(parents=True)
+        rows = [{"round": r + 1, "update-ratio-max": v} for r, v in enumerate(ratios)]
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        reason = "its update is 1e+38 times the norm of the model sent (max-update-ratio=10)"
+        failures = [{"round": 2, "node": 1, "partition": seed, "reason": reason}] * refused
+        (run / "failures.jsonl").write_text("".join(json.dumps(f) + "\n" for f in failures))
+        (run / "config.json").write_text(json.dumps({"max-update-ratio": 10.0}))
+        (run / "summary.json").write_text("{}")
+    (suite / "p--fedavg--s2").mkdir()  # unfinished: no summary.json, left out
+    note = tmp_path / "note.md"
+    note.write_text("intro\n<!-- update-ratio begin -->\nold\n<!-- update-ratio end -->\nafter\n")
+    res = run_benchmark("update_ratio.py", str(suite), "--write", str(note))
+    assert res.returncode == 0, res.stderr[-3000:]
+    row = "| paper-x | p | fedavg | 2 | 3.250 (3) | 2 | 10 |"
+    assert row in res.stdout and "largest ratio over every run: 3.250" in res.stdout, res.stdout
+    text = note.read_text()
+    assert text.startswith("intro\n<!-- update-ratio begin -->\n| suite |") and "old" not in text
+    assert row in text and text.endswith("<!-- update-ratio end -->\nafter\n")
