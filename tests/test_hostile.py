@@ -800,6 +800,6 @@ def test_a_client_refuses_a_bad_server_payload_before_training(monkeypatch, task
     def no_training(*a, **k):
         raise AssertionError("the client trained on a bad server payload")
 
-    monkeypatch.setattr(trainer_base, "train_epochs", no_training)
+    monkeypatch.setattr(trainer_base, "train_steps", no_training)
     with pytest.raises(ValueError):
         train(msg, grid.contexts[msg.metadata.dst_node_id])
