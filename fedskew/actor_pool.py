@@ -6,8 +6,12 @@ process was killed, or the node it ran on left the cluster (a machine of a Ray c
 A dead actor then answers every later message at once with the same `ActorDiedError`, so it takes
 the next message and the next: one lost node would fail most clients of every later round.
 
-`SurvivingRayBackend` drops an actor that died (`ray.exceptions.ActorDiedError`) from the pool: the
-message it held fails with `ActorLost`, naming the node, which the server logs like any lost reply
+`SurvivingRayBackend` drops an actor that died (`ray.exceptions.ActorDiedError`) from the pool, and
+one Ray reports unavailable (`ActorUnavailableError`: its node stopped answering health checks,
+which is how a lost machine first shows; Ray may also raise it for a passing network fault, after
+which the actor would be usable again, but fedskew's actors are never restarted, so a retired live
+actor costs capacity for the rest of the run, never a result): the message it held fails with
+`ActorLost`, naming the node, which the server logs like any lost reply
 (`failures.jsonl`), and later messages go to the actors still alive. Flower runs one worker thread
 per actor it started, so with fewer actors left a thread waits for an idle one
 (`SurvivingActorPool.submit`) instead of popping from an empty list; with none left, a message
@@ -37,11 +41,13 @@ class ActorLost(RuntimeError):
     """The Ray actor that ran a client died before it replied (its process or its node)."""
 
 
-def lost_reason(error: BaseException, partition_id: object) -> str:
-    """One line for `failures.jsonl`: which client, on which node, and Ray's last word on why."""
+def lost_reason(error: BaseException, partition_id: object, node_ip: str | None = None) -> str:
+    """One line for `failures.jsonl`: which client, on which node (from Ray's text, else `node_ip`),
+    and Ray's last word on why."""
     text = str(error)
     node = _NODE.search(text)
-    where = f" on node {node[1]}" if node else ""
+    ip = node[1] if node else node_ip
+    where = f" on node {ip}" if ip else ""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     why = lines[-1] if lines else type(error).__name__
     return f"the Ray actor running partition {partition_id}{where} died before it replied: {why}"
@@ -72,12 +78,24 @@ class SurvivingActorPool(BasicActorPool):
             super().add_actor_back_to_pool(future)
             self.idle.notify()
 
-    def retire(self, future: Any) -> None:
-        """Forget the actor that ran `future`: it died."""
+    def retire(self, future: Any) -> Any:
+        """Forget the actor that ran `future` (it died); that actor's handle."""
         with self.idle:
-            self._future_to_actor.pop(future)
+            actor = self._future_to_actor.pop(future)
             self.num_actors -= 1
             self.idle.notify_all()  # a thread waiting while none is left must see it
+        return actor
+
+
+def actor_node_ip(actor: Any) -> str | None:
+    """The address of the node Ray placed `actor` on, from the cluster's actor table (None when Ray
+    does not say: an unavailable actor's error text names no node)."""
+    try:
+        from ray._private.state import actors
+
+        return actors(actor._actor_id.hex())["Address"]["IPAddress"] or None
+    except Exception:  # a private API: a failure to name the node must not hide the loss
+        return None
 
 
 class SurvivingRayBackend(raybackend.RayBackend):
@@ -103,9 +121,9 @@ class SurvivingRayBackend(raybackend.RayBackend):
         )
         try:
             _, reply, updated = ray.get(future)
-        except ray.exceptions.ActorDiedError as e:
-            self.pool.retire(future)
-            raise ActorLost(lost_reason(e, partition_id)) from None
+        except (ray.exceptions.ActorDiedError, ray.exceptions.ActorUnavailableError) as e:
+            actor = self.pool.retire(future)
+            raise ActorLost(lost_reason(e, partition_id, actor_node_ip(actor))) from None
         except BaseException:
             self.pool.add_actor_back_to_pool(future)
             raise

@@ -31,6 +31,17 @@ class MethodSpec:
     def trainer_class(self) -> Any:
         return _load(self.trainer)
 
+    def config_keys(self) -> set[str]:
+        """The method keys a run of this method can read: its own and those of every registered
+        method whose strategy or trainer class its own inherit from (MAP's trainer is FedRS's, so the
+        fedrs- keys count for MAP); the common keys are not included."""
+        classes = {*self.strategy_class().__mro__, *self.trainer_class().__mro__}
+        keys = set(self.params)
+        for other in METHODS.values():
+            if other.strategy_class() in classes or other.trainer_class() in classes:
+                keys |= set(other.params)
+        return keys
+
 
 def _load(path: str) -> Any:
     module, _, attr = path.partition(":")

@@ -25,8 +25,8 @@ def client_app():
     return app
 
 
-def send(backend, partition_id: int) -> int | str:
-    """One train message through `backend`: the partition id it answers, or the error's type."""
+def message_and_context(partition_id: int):
+    """A train message to the node of `partition_id`, and that node's context."""
     from flwr.app import Context, Message, RecordDict
 
     msg = Message(RecordDict(), dst_node_id=partition_id + 1, message_type="train")
@@ -38,8 +38,13 @@ def send(backend, partition_id: int) -> int | str:
         state=RecordDict(),
         run_config={},
     )
+    return msg, ctx
+
+
+def send(backend, partition_id: int) -> int | str:
+    """One train message through `backend`: the partition id it answers, or the error's type."""
     try:
-        reply, _ = backend.process_message(msg, ctx)
+        reply, _ = backend.process_message(*message_and_context(partition_id))
     except Exception as e:
         return type(e).__name__
     return int(reply.content["metrics"]["partition-id"])
@@ -100,3 +105,35 @@ def test_a_pool_with_no_actor_left_fails_at_once(local_ray, task_identity) -> No
     ray.kill(backend.pool.pool[0], no_restart=True)
     assert [send(backend, pid) for pid in range(3)] == ["ActorLost", "ActorLost", "ActorLost"]
     assert backend.pool.num_actors == 0
+
+
+def test_an_actor_ray_reports_unavailable_leaves_the_pool_named_by_its_node(
+    local_ray, task_identity, monkeypatch
+) -> None:
+    """A lost machine first shows as ActorUnavailableError (its node stopped answering): the actor
+    is retired at once, the client's failure names the node from Ray's actor table."""
+    import ray
+
+    from fedskew import actor_pool
+    from fedskew.actor_pool import SurvivingRayBackend
+
+    init = {"num_cpus": 2, "_temp_dir": local_ray}
+    backend = SurvivingRayBackend({"client_resources": {"num_cpus": 1, "num_gpus": 0.0}, "init_args": init})
+    backend.build(client_app)
+    real_get, calls = ray.get, []
+
+    def unavailable_once(future):
+        calls.append(future)
+        if len(calls) == 1:
+            raise ray.exceptions.ActorUnavailableError("RpcError: Socket closed rpc_code: 14", None)
+        return real_get(future)
+
+    monkeypatch.setattr(actor_pool.ray, "get", unavailable_once)
+    lost = backend.pool.pool[-1]
+    real_get(lost.__ray_ready__.remote())  # placed on its node, as an actor that ran a client is
+    node = actor_pool.actor_node_ip(lost)
+    assert node
+    with pytest.raises(actor_pool.ActorLost, match=f"partition 0 on node {node} died before it replied"):
+        backend.process_message(*message_and_context(0))
+    assert backend.pool.num_actors == 1 and lost not in backend.pool.pool
+    assert [send(backend, pid) for pid in range(1, 4)] == [1, 2, 3]

@@ -379,3 +379,22 @@ def test_the_trackers_keys_change_no_result_but_the_per_class_record_does() -> N
     assert config_changes(quiet, cfg) == []
     assert config_sha256(quiet) == config_sha256(saved_config(cfg))
     assert config_changes(saved_config({**cfg, "class-metrics": False}), cfg) == ["class-metrics"]
+
+
+def test_only_the_keys_a_method_reads_make_its_run_one_of_another_config() -> None:
+    """A FedRoD run saved when MAP's aggregation default was another is the same computation; MAP's
+    own key changes a MAP run, and FedRS's keys change a MAP run too (MAP's trainer is FedRS's)."""
+    from fedskew.config import validate
+    from fedskew.registry import METHODS
+    from fedskew.server_app.results import config_changes, saved_config
+    from tests.harness import app_defaults
+
+    fedrod = validate({**app_defaults(), "method": "fedrod"})
+    assert config_changes(saved_config({**fedrod, "map-uniform-aggregation": True}), fedrod) == []
+    assert config_changes(saved_config({**fedrod, "fedrod-gamma": 0.5}), fedrod) == ["fedrod-gamma"]
+    mapcfg = validate({**app_defaults(), "method": "map"})
+    assert config_changes(saved_config({**mapcfg, "map-uniform-aggregation": True}), mapcfg) == [
+        "map-uniform-aggregation"
+    ]
+    assert "fedrs-alpha" in METHODS["map"].config_keys() and "fedrs-alpha" not in METHODS["fedrod"].config_keys()
+    assert config_changes(saved_config({**mapcfg, "fedrs-alpha": 0.1}), mapcfg) == ["fedrs-alpha"]

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedskew.config import ConfigError, all_params
+from fedskew.config import COMMON, ConfigError, all_params
 from fedskew.data import dataset_slug
 from fedskew.diagnostics import last_rounds_per_class, worst_class
 from fedskew.files import atomic_write, check_folder
@@ -205,8 +205,20 @@ def config_changes(saved: Mapping[str, Any], cfg: Mapping[str, Any]) -> list[str
     as its default."""
     now = saved_config(cfg)
     defaults = saved_config({k: p.default for k, p in all_params().items()})
-    skip = (*PLACE_KEYS, *OUTPUT_KEYS, *START_KEYS)
+    skip = {*PLACE_KEYS, *OUTPUT_KEYS, *START_KEYS, *foreign_keys(cfg.get("method"))}
     return sorted(k for k, v in now.items() if k not in skip and saved.get(k, defaults.get(k)) != v)
+
+
+def foreign_keys(method: Any) -> set[str]:
+    """Other methods' keys, which a run of `method` never reads (`MethodSpec.config_keys`): a changed
+    default of MAP's does not make a FedRoD run one computed under another config. None for a method
+    that is not registered."""
+    from fedskew.registry import METHODS
+
+    spec = METHODS.get(method) if isinstance(method, str) else None
+    if spec is None:
+        return set()
+    return set(all_params()) - set(COMMON) - spec.config_keys()
 
 
 def _results(run_dir: Path) -> list[str]:
