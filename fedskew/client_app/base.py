@@ -215,9 +215,14 @@ class BaseTrainer:
         `buffers` (`torch.func.functional_call`), sum_i weight_i loss_i with weight_i = 1/b on the b
         examples of the batch and 0 on the padding of a short batch (the batch mean), reading this
         client's own values only from `extras` (`batch_extras`): the engine calls it under `vmap` on
-        one trainer for all the clients of a round (default: cross-entropy, as `loss`)."""
+        one trainer for all the clients of a round (default: `example_losses` of the logits)."""
         logits = functional_forward(model, params, buffers, x)
-        return weighted_sum(F.cross_entropy(logits, y, reduction="none"), weight)
+        return weighted_sum(self.example_losses(logits, y, extras), weight)
+
+    def example_losses(self, logits: torch.Tensor, y: torch.Tensor, extras: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The per-example loss of a batch's logits that `functional_loss` weighs, as `loss` computes
+        it (default: cross-entropy); a method whose loss only changes the logits' loss overrides this."""
+        return F.cross_entropy(logits, y, reduction="none")
 
     # ------------------------------------------------------------------ state
     def parameter_state(self, name: str, model: nn.Module) -> list[torch.Tensor]:

@@ -16,7 +16,6 @@ import torch
 from flwr.app import RecordDict
 from torch import nn
 
-from fedskew.batched.stacked import functional_forward, weighted_sum
 from fedskew.client_app.base import BaseTrainer
 from fedskew.losses.fedlc import calibrated_cross_entropy, calibration
 
@@ -38,15 +37,5 @@ class FedLCTrainer(BaseTrainer):
     def batch_extras(self) -> dict[str, torch.Tensor]:
         return {"offsets": self.offsets}
 
-    def functional_loss(
-        self,
-        model: nn.Module,
-        params: dict[str, torch.Tensor],
-        buffers: dict[str, torch.Tensor],
-        x: torch.Tensor,
-        y: torch.Tensor,
-        weight: torch.Tensor,
-        extras: dict[str, torch.Tensor],
-    ) -> torch.Tensor:
-        logits = functional_forward(model, params, buffers, x)
-        return weighted_sum(calibrated_cross_entropy(logits, y, extras["offsets"], "none"), weight)
+    def example_losses(self, logits: torch.Tensor, y: torch.Tensor, extras: dict[str, torch.Tensor]) -> torch.Tensor:
+        return calibrated_cross_entropy(logits, y, extras["offsets"], "none")

@@ -16,7 +16,6 @@ from flwr.app import RecordDict
 from torch import nn
 
 from fedskew import wire
-from fedskew.batched.stacked import functional_forward, weighted_sum
 from fedskew.client_app.base import BaseTrainer
 from fedskew.losses import fedrs_scale, restricted_softmax_cross_entropy
 
@@ -49,15 +48,5 @@ class FedRSTrainer(BaseTrainer):
     def batch_extras(self) -> dict[str, torch.Tensor]:
         return {"scale": self.scale}
 
-    def functional_loss(
-        self,
-        model: nn.Module,
-        params: dict[str, torch.Tensor],
-        buffers: dict[str, torch.Tensor],
-        x: torch.Tensor,
-        y: torch.Tensor,
-        weight: torch.Tensor,
-        extras: dict[str, torch.Tensor],
-    ) -> torch.Tensor:
-        logits = functional_forward(model, params, buffers, x)
-        return weighted_sum(restricted_softmax_cross_entropy(logits, y, extras["scale"], "none"), weight)
+    def example_losses(self, logits: torch.Tensor, y: torch.Tensor, extras: dict[str, torch.Tensor]) -> torch.Tensor:
+        return restricted_softmax_cross_entropy(logits, y, extras["scale"], "none")
