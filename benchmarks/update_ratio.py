@@ -6,9 +6,10 @@ refused for their update size. A run's bound is its config's `max-update-ratio` 
 
     .venv/bin/python benchmarks/update_ratio.py outputs/suites/paper-fedrs outputs/suites/paper-map ...
 
-With --write NOTE the table also replaces the part of NOTE between its `<!-- update-ratio begin -->`
-and `<!-- update-ratio end -->` lines (so `docs/notes/update-ratio.md` holds this script's output,
-not numbers typed by hand).
+With --write NOTE the table also replaces the part of NOTE between its
+`<!-- report:update-ratio begin -->` and `<!-- report:update-ratio end -->` lines
+(`fedskew.report.replace_block`), so `docs/notes/update-ratio.md` holds this script's output, not
+numbers typed by hand.
 """
 
 from __future__ import annotations
@@ -18,6 +19,9 @@ import json
 from pathlib import Path
 
 from _common import read_jsonl
+
+from fedskew.config import ConfigError
+from fedskew.report import replace_block
 
 REFUSED = "times the norm of the model sent"  # the reason `BaseStrategy.check_reply` gives
 
@@ -62,13 +66,11 @@ def main() -> None:
 
 
 def write_block(note: Path, lines: list[str]) -> None:
-    """Replace the lines between the note's update-ratio markers with `lines`."""
-    text = note.read_text()
-    begin, end = "<!-- update-ratio begin -->\n", "<!-- update-ratio end -->"
-    if begin not in text or end not in text:
-        raise SystemExit(f"{note}: no {begin.strip()} ... {end} block to write into")
-    head, rest = text.split(begin, 1)
-    note.write_text(head + begin + "\n".join(lines) + "\n" + end + rest.split(end, 1)[1])
+    """Replace the lines of `note` between its update-ratio markers with `lines`."""
+    try:
+        note.write_text(replace_block(note.read_text(), "update-ratio", lines, str(note)))
+    except ConfigError as e:
+        raise SystemExit(str(e)) from None
 
 
 if __name__ == "__main__":

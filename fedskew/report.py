@@ -601,11 +601,12 @@ def _header_comment(path: Path) -> list[str]:
 # ---------------------------------------------------------------------------------------------- README blocks
 
 
-def replace_block(text: str, name: str, body: list[str]) -> str:
-    """`text` with the lines between `<!-- report:<name> begin -->` and its end marker set to `body`."""
+def replace_block(text: str, name: str, body: list[str], file: str = "README.md") -> str:
+    """`text` (of `file`) with the lines between `<!-- report:<name> begin -->` and its end marker set
+    to `body`."""
     begin, end = f"<!-- report:{name} begin -->", f"<!-- report:{name} end -->"
     if begin not in text or end not in text:
-        raise ConfigError(f"README.md: no {begin} ... {end} block")
+        raise ConfigError(f"{file}: no {begin} ... {end} block")
     head, rest = text.split(begin, 1)
     _, tail = rest.split(end, 1)
     return head + begin + "\n" + "\n".join(body) + "\n" + end + tail

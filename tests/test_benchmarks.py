@@ -140,11 +140,11 @@ def test_update_ratio_reports_each_cell_s_largest_ratio_and_refusals_and_fills_t
         (run / "summary.json").write_text("{}")
     (suite / "p--fedavg--s2").mkdir()  # unfinished: no summary.json, left out
     note = tmp_path / "note.md"
-    note.write_text("intro\n<!-- update-ratio begin -->\nold\n<!-- update-ratio end -->\nafter\n")
+    note.write_text("intro\n<!-- report:update-ratio begin -->\nold\n<!-- report:update-ratio end -->\nafter\n")
     res = run_benchmark("update_ratio.py", str(suite), "--write", str(note))
     assert res.returncode == 0, res.stderr[-3000:]
     row = "| paper-x | p | fedavg | 2 | 3.250 (3) | 2 | 10 |"
     assert row in res.stdout and "largest ratio over every run: 3.250" in res.stdout, res.stdout
     text = note.read_text()
-    assert text.startswith("intro\n<!-- update-ratio begin -->\n| suite |") and "old" not in text
-    assert row in text and text.endswith("<!-- update-ratio end -->\nafter\n")
+    assert text.startswith("intro\n<!-- report:update-ratio begin -->\n| suite |") and "old" not in text
+    assert row in text and text.endswith("<!-- report:update-ratio end -->\nafter\n")
