@@ -12,10 +12,9 @@ Only training is calibrated; the model is evaluated, uploaded and aggregated wit
 Decisions (the authors released no code):
 - Denominator: the paper's loss writes the sum over y' != y. That form is unbounded below (scaling
   the classifier drives f~_y - max_{y' != y} f~_{y'} and the loss to -inf) and is -inf outright for a
-  client holding one class; FL-bench's maintainer reports that training with it collapsed
-  (KarhouTam/FL-bench, issue 5). FL-bench (06e658b, `src/client/fedlc.py`), FedDecorr's FedLC
-  (bytedance/FedDecorr, `approach/fedlogitcal.py`) and Flower's FedLC baseline all use the full
-  softmax, as here.
+  client holding one class, so training on it collapses. FL-bench (06e658b, `src/client/fedlc.py`),
+  FedDecorr's FedLC (bytedance/FedDecorr, `approach/fedlogitcal.py`) and Flower's FedLC baseline all
+  use the full softmax, as here.
 - Missing classes: n^{-1/4} is infinite for n = 0, whose limit removes the class from the softmax.
   The counts are floored at 1e-8 as FL-bench does (offset 100 tau: exp(-100) for tau = 1, a removal
   in effect), which keeps tau = 0 exactly FedAvg (FedDecorr's 0^{-1/4} = inf gives NaN there).
