@@ -176,7 +176,7 @@ def end_to_end(pid: int, num: int, rounds: int, warm: bool) -> list[dict[str, fl
 
 def message_parts(t: dict, stamps: Stamped, watch: ChildWatch, warm: bool) -> dict[str, float]:
     """One round's message: its send-to-reply time, and its parts from the SuperNode's log lines
-    and the ClientApp process's lifetime (rounds carry `started-at` since issue 14)."""
+    and the ClientApp process's lifetime (a round of an older run, without `started-at`, has only the first)."""
     parts = {"send to reply (ServerApp)": t["clients-seconds"]}
     if "started-at" not in t:
         return parts
