@@ -103,6 +103,17 @@ def trainer_context(
     )
 
 
+def mean_node_state(
+    grid: InProcessGrid, name: str, like: dict[str, torch.Tensor], server_round: int, num_partitions: int
+) -> tuple[dict[str, torch.Tensor], int]:
+    """The mean over `num_partitions` of the tensors each of `grid`'s nodes keeps under `name`
+    (`ClientState.load_round_tensors`; a partition without them counts as 0, as a server state
+    initialised at 0 counts it), and how many nodes keep them."""
+    states = [ClientState(c.state, 64, 0).load_round_tensors(name, like, server_round) for c in grid.contexts.values()]
+    held = [s for s in states if s is not None]
+    return {k: sum(s[k] for s in held) / num_partitions for k in like}, len(held)
+
+
 def run_in_process(
     overrides: dict[str, Any],
     num_nodes: int,

@@ -25,7 +25,7 @@ from fedskew.models import build_model
 from fedskew.registry import get_method
 from fedskew.strategies.aggregate import scaffold_control_deltas, scaffold_control_update, server_step
 from fedskew.strategies.scaffold import ScaffoldStrategy
-from tests.harness import cut_and_resume
+from tests.harness import cut_and_resume, mean_node_state
 from tests.test_trainers import global_content, make_data, make_trainer
 
 NAMES = [k for k, _ in build_model("mlp", "fashion-mnist").named_parameters()]
@@ -221,11 +221,7 @@ def test_in_process_run_keeps_c_the_mean_of_the_clients_c_i_and_resumes_exactly(
     assert rows[-1]["control-norm"] > 0 and rows[-1]["correction-norm"] > 0
 
     c = torch.load(full / "checkpoint.pt", weights_only=True)["strategy"]
-    states = [
-        ClientState(ctx.state, 64, 0).load_round_tensors(CLIENT_CONTROL, controls(0), 3)
-        for ctx in grid.contexts.values()
-    ]
+    mean, held = mean_node_state(grid, CLIENT_CONTROL, controls(0), 3, 50)
     for k in NAMES:  # partitions without a node never trained: their c_i is 0
-        mean = sum(s[k] for s in states if s is not None) / 50
-        assert torch.allclose(c[f"control/{k}"], mean, atol=1e-6), k
-    assert sum(s is not None for s in states) >= 2
+        assert torch.allclose(c[f"control/{k}"], mean[k], atol=1e-6), k
+    assert held >= 2
