@@ -79,22 +79,30 @@ class RoundState:
     the state round r started from, so that a retried round (`round-retries`), whose discarded
     attempt was aggregated too, starts again from the same state instead of counting twice."""
 
-    def __init__(self, value: dict[str, np.ndarray]) -> None:
+    def __init__(self, prefix: str, value: dict[str, np.ndarray]) -> None:
+        self.prefix = prefix  # its keys in the strategy's checkpoint: `<prefix>/<name>`
         self.value = value
         self._round: int | None = None
         self._before = value
+
+    @classmethod
+    def zeros(cls, prefix: str, dims: Dims) -> RoundState:
+        """A float32 zero for each trainable parameter (the papers' initial c and h)."""
+        return cls(prefix, {k: np.zeros(f.shape, np.float32) for k, f in dims.params.items()})
 
     def before(self, server_round: int) -> dict[str, np.ndarray]:
         if server_round != self._round:
             self._round, self._before = server_round, self.value
         return self._before
 
-    def tensors(self) -> dict[str, torch.Tensor]:
-        return {k: torch.from_numpy(np.array(v, order="C")) for k, v in self.value.items()}
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {f"{self.prefix}/{k}": torch.from_numpy(np.array(v, order="C")) for k, v in self.value.items()}
 
-    def load(self, state: dict[str, Any]) -> None:
-        """The state from `tensors` (a checkpoint); the next round starts from it."""
-        self.value = {k: state[k].numpy().astype(v.dtype).reshape(v.shape) for k, v in self.value.items()}
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The state from `state_dict` (a checkpoint); the next round starts from it."""
+        self.value = {
+            k: state[f"{self.prefix}/{k}"].numpy().astype(v.dtype).reshape(v.shape) for k, v in self.value.items()
+        }
         self._round, self._before = None, self.value
 
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 from flwr.app import ArrayRecord, Message
 
@@ -43,13 +42,13 @@ class FedDynStrategy(BaseStrategy):
 
     def __init__(self, cfg: dict[str, Any], device: torch.device | None = None) -> None:
         super().__init__(cfg, device)
-        self.h = RoundState({k: np.zeros(f.shape, np.float32) for k, f in self.dims.params.items()})
+        self.h = RoundState.zeros("h", self.dims)
 
     def state_dict(self) -> dict[str, Any]:
-        return {f"h/{k}": v for k, v in self.h.tensors().items()}
+        return self.h.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.h.load({k.removeprefix("h/"): v for k, v in state.items() if k.startswith("h/")})
+        self.h.load_state_dict(state)
 
     def aggregate_arrays(self, server_round: int, replies: list[Message]) -> ArrayRecord:
         average = arrays_to_numpy(super().aggregate_arrays(server_round, replies))

@@ -50,13 +50,13 @@ class ScaffoldStrategy(BaseStrategy):
 
     def __init__(self, cfg: dict[str, Any], device: torch.device | None = None) -> None:
         super().__init__(cfg, device)
-        self.control = RoundState({k: np.zeros(f.shape, np.float32) for k, f in self.dims.params.items()})
+        self.control = RoundState.zeros("control", self.dims)
 
     def state_dict(self) -> dict[str, Any]:
-        return {f"control/{k}": v for k, v in self.control.tensors().items()}
+        return self.control.state_dict()
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.control.load({k.removeprefix("control/"): v for k, v in state.items() if k.startswith("control/")})
+        self.control.load_state_dict(state)
 
     def broadcast(self, server_round: int) -> dict[str, Any]:
         return {CONTROL: numpy_to_arrays(self.control.before(server_round))}
