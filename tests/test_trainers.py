@@ -1,4 +1,4 @@
-"""Client trainers on synthetic data, without Flower's runtime (FedRS spec §9 items 9-14, 16)."""
+"""Client trainers on synthetic data, without Flower's runtime."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
-from fedskew.client_app.base import BaseTrainer, TrainerContext
+from fedskew.client_app.base import BaseTrainer
 from fedskew.client_app.fedavg import FedAvgTrainer
 from fedskew.client_app.fedprox import FedProxTrainer
 from fedskew.client_app.fedrs import FedRSTrainer
-from fedskew.client_app.state import ClientState
 from fedskew.config import validate
 from fedskew.data.clients import ClientData
 from fedskew.models import build_model
 from fedskew.training import seed_everything
+from tests.harness import trainer_context
 
 OBSERVED = (1, 4, 7)
 
@@ -34,16 +34,7 @@ def make_trainer(
 ) -> BaseTrainer:
     """A trainer of round `server_round` whose client state lives in `state` (fresh by default)."""
     cfg = validate({"model": "mlp", "batch-size": 16, "local-epochs": 2, **overrides})
-    ctx = TrainerContext(
-        cfg=cfg,
-        data=data,
-        device=torch.device("cpu"),
-        state=ClientState(RecordDict() if state is None else state, 64, 0),
-        partition_id=0,
-        server_round=server_round,
-        generator=seed_everything(cfg["seed"], 0, server_round),
-    )
-    return cls(ctx)
+    return cls(trainer_context(cfg, data, state, 0, server_round, seed_everything(cfg["seed"], 0, server_round)))
 
 
 def global_content(seed: int = 0, server_round: int = 1, **records) -> RecordDict:
