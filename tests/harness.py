@@ -82,6 +82,18 @@ class InProcessGrid:
         return replies
 
 
+def labelled_images(
+    classes: tuple[int, ...], n: int, n_test: int, noise: float = 0.5, shift: float = 0.2, seed: int = 0
+) -> ClientData:
+    """A client's data of 1x28x28 images: `n` examples cycling through `classes`, each Gaussian noise
+    (std `noise`) plus `shift` times its label, the last `n_test` held out as its test split."""
+    g = torch.Generator().manual_seed(seed)
+    y = torch.tensor(list(classes) * (n // len(classes)))
+    x = noise * torch.randn(len(y), 1, 28, 28, generator=g) + shift * y.view(-1, 1, 1, 1).float()
+    k = len(y) - n_test
+    return ClientData(x[:k], y[:k], x[k:], y[k:], 10)
+
+
 def trainer_context(
     cfg: dict[str, Any],
     data: ClientData,

@@ -20,7 +20,7 @@ from fedskew.data.clients import ClientData
 from fedskew.losses import hpm_momentum, mmd_multi_gaussian
 from fedskew.strategies.fedavg import FedAvgStrategy
 from fedskew.strategies.fedphp import FedPHPStrategy
-from tests.harness import cut_and_resume, trainer_context
+from tests.harness import cut_and_resume, labelled_images, trainer_context
 
 
 def generate_mu(cnt: int, c_ratio: float, max_round: int) -> float:
@@ -30,10 +30,7 @@ def generate_mu(cnt: int, c_ratio: float, max_round: int) -> float:
 
 
 def _data(n: int = 60, seed: int = 0) -> ClientData:
-    g = torch.Generator().manual_seed(seed)
-    y = torch.tensor([1, 4, 7] * (n // 3))
-    x = 0.5 * torch.randn(n, 1, 28, 28, generator=g) + 0.2 * y.view(-1, 1, 1, 1).float()
-    return ClientData(x[: n - 12], y[: n - 12], x[n - 12 :], y[n - 12 :], 10)
+    return labelled_images((1, 4, 7), n, 12, seed=seed)
 
 
 def _cfg(**over) -> dict:

@@ -21,7 +21,7 @@ from fedskew.records import Rejected, check_content
 from fedskew.strategies.fedavg import FedAvgStrategy
 from fedskew.strategies.fedproto import FedProtoStrategy
 from fedskew.wire import FEDPROTO_PROTOTYPES as PROTOS
-from tests.harness import cut_and_resume, trainer_context
+from tests.harness import cut_and_resume, labelled_images, trainer_context
 
 
 # ---------------------------------------------------------------------- maths
@@ -73,10 +73,7 @@ def test_prototype_inference_picks_the_nearest_valid_prototype() -> None:
 
 # ---------------------------------------------------------------------- the client
 def _data(n: int = 48, seed: int = 0) -> ClientData:
-    g = torch.Generator().manual_seed(seed)
-    y = torch.tensor([0, 3, 5] * (n // 3))
-    x = 0.5 * torch.randn(n, 1, 28, 28, generator=g) + 0.2 * y.view(-1, 1, 1, 1).float()
-    return ClientData(x[: n - 12], y[: n - 12], x[n - 12 :], y[n - 12 :], 10)
+    return labelled_images((0, 3, 5), n, 12, seed=seed)
 
 
 def _cfg(**over) -> dict:

@@ -32,7 +32,7 @@ from fedskew.models import build_model
 from fedskew.strategies.map import MAPStrategy
 from fedskew.training import sgd
 from tests.conftest import read_metrics
-from tests.harness import run_in_process
+from tests.harness import labelled_images, run_in_process
 
 # The authors' code (`lxcnju/MAP` `algorithms/fedap.py`, commit 42b1478) on the points it differs
 # from the paper: as `suites/paper-map.yaml`'s `map-authors-code`.
@@ -126,10 +126,7 @@ def test_personalization_loss_without_hpm_is_ce() -> None:
 
 # ---------------------------------------------------------------------- the two-stage client
 def _data(seed: int = 0) -> ClientData:
-    g = torch.Generator().manual_seed(seed)
-    y = torch.tensor([0, 3] * 40)
-    x = torch.randn(80, 1, 28, 28, generator=g) + y.view(-1, 1, 1, 1).float()
-    return ClientData(x[:64], y[:64], x[64:], y[64:], 10)
+    return labelled_images((0, 3), 80, 16, noise=1.0, shift=1.0, seed=seed)
 
 
 def _cfg(**over) -> dict:
