@@ -111,10 +111,11 @@ def main() -> None:
                 for device, r in runs.items():
                     if device == "cpu":
                         continue
-                    diff = 100 * (r["last"]["global-accuracy"] - runs["cpu"]["last"]["global-accuracy"])
+                    pair = [x["last"].get("global-accuracy") for x in (r, runs["cpu"])]
+                    diff = "    -" if None in pair else f"{100 * (pair[0] - pair[1]):+5.2f}"  # none: no global model
                     speed = runs["cpu"]["wall"] / r["wall"]
                     tag = f"{method:8s} {model:9s} {device}"
-                    print(f"  {tag} - cpu global acc {diff:+5.2f}  ratio cpu / {device} wall {speed:5.2f}")
+                    print(f"  {tag} - cpu global acc {diff}  ratio cpu / {device} wall {speed:5.2f}")
     print(f"runs failed: {failed}")
     raise SystemExit(1 if failed else 0)
 

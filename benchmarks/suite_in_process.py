@@ -9,6 +9,9 @@ seconds the cells still running are stopped and keep the rounds they finished. P
 `--every` seconds; at the end, per cell: rounds done, wall, seconds a round, the suite's last-k-round
 mean of the global accuracy (over the rounds done), and the final round's. A cell folder that holds
 an earlier run's results is refused (nothing is deleted): use another `--tag`, or `--set overwrite=true`.
+`--export NAME` runs nothing and writes the finished cells of that folder into `results/NAME.yaml`,
+checked against the suite's config plus the `--set` overrides, which the file records (e.g.
+`device: cuda`), so GPU rows stand beside the suite's own CPU rows under another name.
 
 The in-process grid serves the same partitions and samples the same clients as `flwr run`'s
 simulation, so for a seed it writes the same metrics to the last digit (`tests/test_end_to_end.py`)
@@ -36,6 +39,7 @@ from _common import ROOT, in_process_setup
 from fedskew.config import ConfigError
 from fedskew.experiments import Cell, labels, load_suite, select
 from fedskew.launcher import app_defaults
+from fedskew.resultfile import export_suite
 from fedskew.server_app.results import read_jsonl, round_statistics
 
 
@@ -111,6 +115,12 @@ def main() -> None:
     ap.add_argument("--tag", default="in-process", help="the output folder is <out-dir>/<suite>-<tag>")
     ap.add_argument("--out-dir", help="default: the suite's out-dir")
     ap.add_argument("--every", type=float, default=30.0, help="progress every this many s")
+    ap.add_argument(
+        "--export",
+        metavar="NAME",
+        help="run nothing: write the finished cells of <out-dir>/<suite>-<tag> into results/NAME.yaml, "
+        "their config the suite's plus --set (recorded as the file's overrides)",
+    )
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
@@ -124,6 +134,21 @@ def main() -> None:
     except ConfigError as e:
         raise SystemExit(f"suite_in_process.py: {e}") from None
     folder = Path(args.out_dir or suite.out_dir).absolute() / f"{suite.name}-{args.tag}"
+    if args.export:
+        command = f"`benchmarks/suite_in_process.py {args.suite} --set {' '.join(args.set)}`"
+        defaults, results = app_defaults(ROOT), ROOT / "results"
+        path = export_suite(
+            suite,
+            args.suite,
+            defaults,
+            results,
+            runs=folder,
+            overrides=sets,
+            name=args.export,
+            source=command,
+        )
+        print(f"wrote {path}")
+        return
     print(f"{len(cells)} cells of {suite.name}, {args.jobs} at once, overrides {sets} -> {folder}", flush=True)
     t0 = time.perf_counter()
     todo = list(cells)
@@ -136,6 +161,7 @@ def main() -> None:
             while todo and len(running) < args.jobs:
                 cell = todo.pop(0)
                 cfg = {**cell.overrides, **sets, "out-dir": str(folder), "run-name": cell.run_name}
+                cfg["num-partitions"] = cell.num_supernodes  # as `fedskew run` saves it
                 running[cell.run_name] = (start(cell, cfg, folder), time.perf_counter())
             time.sleep(1.0)
             now = time.perf_counter() - t0

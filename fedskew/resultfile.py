@@ -331,26 +331,44 @@ def cell_stats(runs: list[dict[str, Any]], seeds: list[int], last: int) -> dict[
     return stats
 
 
-def export_suite(suite: Any, suite_file: str, app_defaults: dict[str, Any], folder: str | Path) -> Path:
-    """Write the finished cells of `suite` (a `fedskew.experiments.Suite`) into `<folder>/<suite>.yaml`
-    from their runs' `metrics.jsonl`, replacing those cells there and keeping the file's others. A
-    run computed under another config than the suite's cell now (`saved_changes`) is left out, with
-    a warning; a cell with no finished run is not written."""
+def export_suite(
+    suite: Any,
+    suite_file: str,
+    app_defaults: dict[str, Any],
+    folder: str | Path,
+    *,
+    runs: str | Path | None = None,
+    overrides: dict[str, Any] | None = None,
+    name: str = "",
+    source: str = "",
+) -> Path:
+    """Write the finished cells of `suite` (a `fedskew.experiments.Suite`) into `<folder>/<name>.yaml`
+    (`name` defaults to the suite's) from their runs' `metrics.jsonl`, replacing those cells there and
+    keeping the file's others. The runs are in `runs` (default: the suite's folder), computed with the
+    suite's config plus `overrides` (recorded in the file, e.g. `device: cuda`). A run computed under
+    another config than that (`saved_changes`) is left out, with a warning; a cell with no finished
+    run is not written. `source` says which command made the runs (default `fedskew experiment`)."""
     from fedskew.experiments import saved_changes
     from fedskew.server_app.results import read_jsonl, round_statistics
 
-    path = Path(folder) / f"{suite.name}.yaml"
-    old = load_results(path) if path.is_file() else ResultSet(suite.name, suite.name, suite_file, [])
+    overrides = dict(overrides or {})
+    name = name or suite.name
+    run_folder = Path(runs) if runs is not None else suite.folder
+    source = source or f"`fedskew experiment {suite_file} --export`"
+    path = Path(folder) / f"{name}.yaml"
+    old = load_results(path) if path.is_file() else ResultSet(name, suite.name, suite_file, [], overrides)
     fresh: list[CellResult] = []
     for p in suite.partition_labels:
         for m in suite.method_labels:
             runs, seeds, hashes, rounds, config = [], [], set(), 0, None
             for c in (c for c in suite.cells if c.partition == p and c.method == m):
-                run_dir = suite.folder / c.run_name
+                run_dir = run_folder / c.run_name
                 if not (run_dir / "summary.json").is_file():
                     continue
                 # as the run saved it: `fedskew run` sets num-partitions to the simulated clients
-                cfg = validate({**app_defaults, **c.overrides, "num-partitions": c.num_supernodes})
+                cfg = validate({**app_defaults, **c.overrides, **overrides, "num-partitions": c.num_supernodes})
+                if json.loads((run_dir / "config.json").read_text()).get("num-partitions") == 0:
+                    cfg["num-partitions"] = 0  # in-process (`tests.harness`): the nodes' count, the same split
                 if changes := saved_changes(run_dir, cfg):
                     warnings.warn(f"{run_dir}: not exported, computed under another config ({changes})", stacklevel=2)
                     continue
@@ -359,7 +377,7 @@ def export_suite(suite: Any, suite_file: str, app_defaults: dict[str, Any], fold
                 seeds.append(c.seed)
                 hashes.add(config_sha256(json.loads((run_dir / "config.json").read_text())))
                 rounds = max([rounds, *(int(r["round"]) for r in rows)])
-                config = {k: v for k, v in c.overrides.items() if k != "seed"}
+                config = {k: v for k, v in {**c.overrides, **overrides}.items() if k != "seed"}
             if runs:
                 fresh.append(
                     CellResult(
@@ -370,7 +388,7 @@ def export_suite(suite: Any, suite_file: str, app_defaults: dict[str, Any], fold
                         rounds=rounds,
                         config=config,
                         config_sha256=hashes.pop() if len(hashes) == 1 else "",
-                        source=f"`fedskew experiment {suite_file} --export`, from the runs' metrics.jsonl",
+                        source=f"{source}, from the runs' metrics.jsonl",
                     )
                 )
     replaced = {(c.partition, c.method) for c in fresh}
@@ -378,5 +396,6 @@ def export_suite(suite: Any, suite_file: str, app_defaults: dict[str, Any], fold
     order = {(p, m): i for i, (p, m) in enumerate((p, m) for p in suite.partition_labels for m in suite.method_labels)}
     cells = sorted(fresh + kept, key=lambda c: order.get((c.partition, c.method), len(order)))
     path.parent.mkdir(parents=True, exist_ok=True)
-    dump_results(ResultSet(path.stem, suite.name, suite_file or old.suite_file, cells, old.overrides), path)
+    result = ResultSet(path.stem, suite.name, suite_file or old.suite_file, cells, overrides or old.overrides)
+    dump_results(result, path)
     return path

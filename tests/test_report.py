@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -177,6 +178,32 @@ def test_export_writes_a_suites_cells_and_keeps_the_files_others(tmp_path: Path)
     rs2 = load_results(export_suite(suite, "suites/t.yaml", app_defaults(), folder))
     assert [(c.partition, c.method) for c in rs2.cells] == [("iid", "fedavg"), ("iid", "rs"), ("old", "m")]
     assert rs2.cells[1].seeds == [0] and rs2.cells[1].stats["global.best"].mean == 90.0
+
+
+def test_export_of_runs_elsewhere_under_overrides_names_them_and_checks_them(tmp_path: Path) -> None:
+    """`benchmarks/suite_in_process.py --export`: runs in another folder, made with overrides (a GPU),
+    go into their own result file that records the overrides; a run without them is left out, and
+    an in-process run's saved num-partitions 0 (the nodes' count) is the suite's split."""
+    suite_path = tmp_path / "t.yaml"
+    suite_path.write_text(SUITE.format(out=tmp_path / "out"))
+    suite = load_suite(suite_path, app_defaults())
+    cells = {(c.method, c.seed): c for c in suite.cells}
+    elsewhere = replace(suite, out_dir=tmp_path / "gpu")  # only its folder is another
+    runs = elsewhere.folder
+    fake_run(elsewhere, cells[("fedavg", 0)], [0.5, 0.6], device="cuda")
+    fake_run(elsewhere, cells[("fedavg", 1)], [0.4, 0.5], device="cuda", **{"num-partitions": 0})
+    fake_run(elsewhere, cells[("rs", 0)], [0.7, 0.8])  # on the CPU: not what the file says
+    fake_run(suite, cells[("rs", 1)], [0.1, 0.2], device="cuda")  # in the suite's folder: not read
+    folder = tmp_path / "results"
+    with pytest.warns(UserWarning, match="computed under another config"):
+        path = export_suite(
+            suite, "suites/t.yaml", app_defaults(), folder, runs=runs, overrides={"device": "cuda"}, name="t-cuda"
+        )
+    rs = load_results(path)
+    assert path.name == "t-cuda.yaml" and rs.name == "t-cuda" and rs.overrides == {"device": "cuda"}
+    assert [(c.method, c.seeds) for c in rs.cells] == [("fedavg", [0, 1])]
+    assert rs.cells[0].config["device"] == "cuda" and rs.cells[0].stats["global.final"].per_seed == [60.0, 50.0]
+    assert not (folder / "t.yaml").exists()
 
 
 def test_leaderboard_reads_balanced_and_worst_class_when_present(tmp_path: Path) -> None:
