@@ -148,3 +148,18 @@ def test_update_ratio_reports_each_cell_s_largest_ratio_and_refusals_and_fills_t
     text = note.read_text()
     assert text.startswith("intro\n<!-- report:update-ratio begin -->\n| suite |") and "old" not in text
     assert row in text and text.endswith("<!-- report:update-ratio end -->\nafter\n")
+
+
+def test_creff_heads_scores_the_evaluated_classifier_as_the_run_logged_it(tmp_path: Path, task_identity) -> None:
+    from tests.harness import run_in_process
+
+    over = {"method": "creff", "model": "mlp", "partition": "dirichlet", "fraction-train": 1.0}
+    over |= {"num-server-rounds": 2, "checkpoint-every": 1, "out-dir": str(tmp_path), "run-name": "r"}
+    over |= {"creff-features-per-class": 10, "creff-match-iters": 20, "creff-retrain-epochs": 20}
+    run_in_process(over, 4, None, 20)
+    res = run_benchmark("creff_heads.py", str(tmp_path / "r"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    row = next(line for line in res.stdout.splitlines() if line.startswith("| r |")).split("|")
+    logged = json.loads((tmp_path / "r" / "metrics.jsonl").read_text().splitlines()[-1])["global-accuracy"]
+    assert row[2].strip() == "2" and float(row[4].split("/")[0]) == pytest.approx(100 * logged, abs=0.006)
+    assert row[3] != row[4]  # the averaged classifier is another model
