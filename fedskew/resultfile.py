@@ -58,6 +58,9 @@ METRICS = {
     "personalized": "personalized_accuracy",
     "balanced": "global_balanced_accuracy",
     "worst-class": "global_worst_class_accuracy",
+    # the personal models' mean on the central test set (`personalized-central-eval`): the GA of a
+    # method without one global model, as FedGELA's and FedRoD's papers define it
+    "personalized-central": "personalized_central_accuracy",
 }
 STAT_NAME = re.compile(r"^[a-z][a-z0-9-]*\.(last\d+|osc\d+|osc\d+-\d+|r\d+-\d+|final|best)$")
 FILE_KEYS = {"suite", "suite-file", "overrides", "cells"}
