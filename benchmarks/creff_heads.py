@@ -26,8 +26,9 @@ from fedskew.config import validate
 from fedskew.data.clients import load_test_set
 from fedskew.diagnostics import balanced_accuracy, per_class_accuracy
 from fedskew.launcher import app_defaults
+from fedskew.losses.mupfl import feature_norm
 from fedskew.models import build_model
-from fedskew.training import confusion
+from fedskew.training import confusion, extract_features
 
 
 def head_scores(run: Path) -> dict[str, tuple[float, float, float, float]]:
@@ -37,10 +38,10 @@ def head_scores(run: Path) -> dict[str, tuple[float, float, float, float]]:
     saved = json.loads((run / "config.json").read_text())
     defaults = app_defaults(ROOT)
     cfg = validate({**defaults, **{k: v for k, v in saved.items() if k in defaults}})
-    ckpt = torch.load(run / "checkpoint.pt", weights_only=False, map_location="cpu")
+    ckpt = torch.load(run / "checkpoint.pt", weights_only=True, map_location="cpu")  # tensors only, no code
     x, y = load_test_set(cfg)
     model = build_model(cfg["model"], cfg["dataset"])
-    model.load_state_dict({k: torch.as_tensor(np.asarray(v)) for k, v in ckpt["arrays"].items()})
+    model.load_state_dict({k: torch.as_tensor(v) for k, v in ckpt["arrays"].items()})
     heads = {"averaged": model.classifier.weight.detach().clone(), "re-trained": ckpt["strategy"]["classifier"]}
     out = {}
     for name, weight in heads.items():
@@ -55,9 +56,9 @@ def head_scores(run: Path) -> dict[str, tuple[float, float, float, float]]:
             float(norms.max()),
         )
     with torch.no_grad():
-        real = torch.cat([model.features(x[i : i + 1000]) for i in range(0, len(x), 1000)])
+        real = extract_features(model, x, 1000, torch.device("cpu"))
     out["round"] = ckpt["round"]
-    out["feature-norms"] = (float(real.norm(dim=1).mean()), float(ckpt["strategy"]["features"].norm(dim=-1).mean()))
+    out["feature-norms"] = (feature_norm(real), feature_norm(ckpt["strategy"]["features"]))
     return out
 
 

@@ -279,16 +279,26 @@ def _plan(cell: Cell, run_dir: Path, cfg: dict, subm: dict, app_dir: Path, rerun
     return CellPlan(cell, "resume", resumed, f"after round {stopped_at}")
 
 
-def saved_changes(run_dir: Path, cfg: dict[str, Any]) -> str:
-    """'' when `run_dir`'s `config.json` is the config `cfg`, else which keys differ (`config_changes`)."""
+def read_saved(run_dir: Path) -> dict[str, Any] | None:
+    """`run_dir`'s `config.json` as a mapping; None when it is missing, not JSON or not an object."""
     try:
         saved = json.loads((run_dir / "config.json").read_text())
     except (OSError, ValueError):
-        return "config.json not readable"
-    if not isinstance(saved, dict):
+        return None
+    return saved if isinstance(saved, dict) else None
+
+
+def changes_from(saved: dict[str, Any] | None, cfg: dict[str, Any]) -> str:
+    """'' when the `saved` config (`read_saved`) is the config `cfg`, else why not (`config_changes`)."""
+    if saved is None:
         return "config.json not readable"
     changes = config_changes(saved, cfg)
     return "" if not changes else "changed: " + ", ".join(changes)
+
+
+def saved_changes(run_dir: Path, cfg: dict[str, Any]) -> str:
+    """'' when `run_dir`'s `config.json` is the config `cfg`, else which keys differ (`config_changes`)."""
+    return changes_from(read_saved(run_dir), cfg)
 
 
 def describe(plans: list[CellPlan]) -> str:

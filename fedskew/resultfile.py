@@ -349,9 +349,9 @@ def export_suite(
     (`name` defaults to the suite's) from their runs' `metrics.jsonl`, replacing those cells there and
     keeping the file's others. The runs are in `runs` (default: the suite's folder), computed with the
     suite's config plus `overrides` (recorded in the file, e.g. `device: cuda`). A run computed under
-    another config than that (`saved_changes`) is left out, with a warning; a cell with no finished
+    another config than that (`changes_from`) is left out, with a warning; a cell with no finished
     run is not written. `source` says which command made the runs (default `fedskew experiment`)."""
-    from fedskew.experiments import saved_changes
+    from fedskew.experiments import changes_from, read_saved
     from fedskew.server_app.results import read_jsonl, round_statistics
 
     overrides = dict(overrides or {})
@@ -363,31 +363,32 @@ def export_suite(
     fresh: list[CellResult] = []
     for p in suite.partition_labels:
         for m in suite.method_labels:
-            runs, seeds, hashes, rounds, config = [], [], set(), 0, None
+            per_run, seeds, hashes, rounds, config = [], [], set(), 0, None
             for c in (c for c in suite.cells if c.partition == p and c.method == m):
                 run_dir = run_folder / c.run_name
                 if not (run_dir / "summary.json").is_file():
                     continue
                 # as the run saved it: `fedskew run` sets num-partitions to the simulated clients
                 cfg = validate({**app_defaults, **c.overrides, **overrides, "num-partitions": c.num_supernodes})
-                if json.loads((run_dir / "config.json").read_text()).get("num-partitions") == 0:
+                saved = read_saved(run_dir)
+                if saved is not None and saved.get("num-partitions") == 0:
                     cfg["num-partitions"] = 0  # in-process (`tests.harness`): the nodes' count, the same split
-                if changes := saved_changes(run_dir, cfg):
+                if changes := changes_from(saved, cfg):
                     warnings.warn(f"{run_dir}: not exported, computed under another config ({changes})", stacklevel=2)
                     continue
                 rows = read_jsonl(run_dir / "metrics.jsonl")
-                runs.append(round_statistics(rows, suite.last_rounds))
+                per_run.append(round_statistics(rows, suite.last_rounds))
                 seeds.append(c.seed)
-                hashes.add(config_sha256(json.loads((run_dir / "config.json").read_text())))
+                hashes.add(config_sha256(saved))
                 rounds = max([rounds, *(int(r["round"]) for r in rows)])
                 config = {k: v for k, v in {**c.overrides, **overrides}.items() if k != "seed"}
-            if runs:
+            if per_run:
                 fresh.append(
                     CellResult(
                         partition=p,
                         method=m,
                         seeds=seeds,
-                        stats=cell_stats(runs, seeds, suite.last_rounds),
+                        stats=cell_stats(per_run, seeds, suite.last_rounds),
                         rounds=rounds,
                         config=config,
                         config_sha256=hashes.pop() if len(hashes) == 1 else "",
