@@ -13,7 +13,7 @@ entry per cell (a suite's partition label x method label)::
       config: {...}                       # the cell's run config as the suite gives it (no seed)
       config-sha256: 3f1c...              # of the validated config the runs saved (no seed, no paths)
       source: what produced the numbers   # an export from run folders, or a migration
-      note: optional, one line
+      note: optional, one line (a re-export keeps it)
       stats:
         global.last50: {mean: 85.28, std: 0.43, per-seed: [85.6, 85.1, 85.2]}
 
@@ -42,7 +42,7 @@ import json
 import math
 import re
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -395,6 +395,8 @@ def export_suite(
                         source=f"{source}, from the runs' metrics.jsonl",
                     )
                 )
+    notes = {(c.partition, c.method): c.note for c in old.cells if c.note}
+    fresh = [replace(c, note=notes.get((c.partition, c.method), "")) for c in fresh]
     replaced = {(c.partition, c.method) for c in fresh}
     kept = [c for c in old.cells if (c.partition, c.method) not in replaced]
     order = {(p, m): i for i, (p, m) in enumerate((p, m) for p in suite.partition_labels for m in suite.method_labels)}

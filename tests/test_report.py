@@ -172,12 +172,15 @@ def test_export_writes_a_suites_cells_and_keeps_the_files_others(tmp_path: Path)
     assert fedavg.stats["global.osc10"].mean == pytest.approx(8.165, abs=1e-3)
     assert fedavg.stats["personalized.last10"].mean == 90.0
     assert "balanced.last10" not in fedavg.stats  # not in these runs' metrics: not invented
-    # a cell exported again replaces its entry: rs's seed 0 now with the suite's config
+    # a cell exported again replaces its entry: rs's seed 0 now with the suite's config; a note
+    # written by hand on a replaced cell stays with it
     (suite.folder / cells[("rs", 0)].run_name).rename(tmp_path / "aside")
     fake_run(suite, cells[("rs", 0)], [0.7, 0.8, 0.9])
+    dump_results(replace(rs, cells=[replace(rs.cells[0], note="rounds 1-2 on a GPU"), *rs.cells[1:]]), path)
     rs2 = load_results(export_suite(suite, "suites/t.yaml", app_defaults(), folder))
     assert [(c.partition, c.method) for c in rs2.cells] == [("iid", "fedavg"), ("iid", "rs"), ("old", "m")]
     assert rs2.cells[1].seeds == [0] and rs2.cells[1].stats["global.best"].mean == 90.0
+    assert [c.note for c in rs2.cells] == ["rounds 1-2 on a GPU", "", ""]
 
 
 def test_export_of_runs_elsewhere_under_overrides_names_them_and_checks_them(tmp_path: Path) -> None:

@@ -87,6 +87,36 @@ def test_uniform_weights(setup) -> None:
     assert all(np.allclose(v.numpy(), 3.0) for v in new.values())
 
 
+def test_every_declared_client_metric_reaches_the_rounds_metrics(setup) -> None:
+    """A metric the method's wire declares is logged as the client mean (over the replies that hold
+    it) unless the strategy computes it itself; an undeclared one is refused with its reply."""
+    from fedskew.records import NON_NEGATIVE
+    from fedskew.wire import Wire
+
+    class Declares(FedAvgStrategy):
+        wire = Wire({"drift": NON_NEGATIVE, "own": NON_NEGATIVE, "rare": NON_NEGATIVE})
+
+        def aggregate_extras(self, server_round, replies):
+            return {"own": -1.0}
+
+    strategy, arrays, msgs = setup
+    strategy.__class__ = Declares
+    replies = []
+    for m, drift in zip(msgs, (1.0, 2.0, 6.0), strict=True):
+        pid = strategy.node_partitions[m.metadata.dst_node_id]
+        reply = make_reply(m, shaped_like(arrays, 1.0), 1, pid)
+        reply.content["metrics"]["drift"], reply.content["metrics"]["own"] = drift, 5.0
+        if pid == 0:
+            reply.content["metrics"]["rare"] = 7.0
+        replies.append(reply)
+    _, metrics = strategy.aggregate_train(1, replies)
+    assert metrics["drift"] == pytest.approx(3.0) and metrics["own"] == -1.0 and metrics["rare"] == 7.0
+    replies[0].content["metrics"]["undeclared"] = 1.0
+    _, metrics = strategy.aggregate_train(2, replies)
+    assert metrics["replies"] == 2 and metrics["drift"] == pytest.approx(4.0)
+    assert ["undeclared" in f["reason"] for f in strategy.failures] == [True]
+
+
 def test_bad_replies_are_dropped_and_logged(setup) -> None:
     strategy, arrays, msgs = setup
     good = make_reply(msgs[0], shaped_like(arrays, 1.0), 5, 0)

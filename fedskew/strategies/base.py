@@ -24,7 +24,8 @@ What the base does for every method:
 - hooks for subclasses: `broadcast` (extra records sent to every client), `expected_upload`,
   `check_reply` (the method's rules for a well-formed reply), `aggregate_arrays` (default: the
   sample-weighted average, or uniform with `aggregation-weights`: `aggregation_weights`),
-  `aggregate_extras` (default: the client means of the metrics named in `mean_metrics`),
+  `aggregate_extras` (extra reply records and the method's own metrics; every metric the method's
+  wire declares that it does not return is logged as the unweighted mean over the round's replies),
   `global_model` (the model evaluated centrally), `state_dict` / `load_state_dict` (checkpoints);
 - what the server computes instead of trusting a reply: `local_steps` (a client's local SGD steps
   this round, from its partition's size) and `num_clients` (N);
@@ -69,11 +70,6 @@ def numpy_to_arrays(arrays: dict[str, np.ndarray]) -> ArrayRecord:
     return ArrayRecord({k: torch.from_numpy(np.array(v, order="C")) for k, v in arrays.items()})
 
 
-def mean_metric(replies: list[Message], key: str) -> float:
-    """The unweighted mean over accepted `replies` of a metric (those that hold it; NaN when none does)."""
-    return summarize_clients([float(m.content["metrics"][key]) for m in replies if key in m.content["metrics"]])[0]
-
-
 class RoundState:
     """Server state that a round's aggregation replaces (SCAFFOLD's c, FedDyn's h): `before(r)` is
     the state round r started from, so that a retried round (`round-retries`), whose discarded
@@ -110,7 +106,6 @@ class BaseStrategy(Strategy):
     """A fedskew method's server side; subclasses set `wire` and override the hooks that differ."""
 
     wire: ClassVar[Wire] = BASE  # the method's records beyond the model (`fedskew.wire`)
-    mean_metrics: ClassVar[tuple[str, ...]] = ()  # reply metrics averaged over clients into the round's metrics
 
     def __init__(self, cfg: dict[str, Any], device: torch.device | None = None) -> None:
         self.cfg = cfg
@@ -348,10 +343,16 @@ class BaseStrategy(Strategy):
         return self.num_partitions or max(len(self.node_partitions), 1)
 
     def aggregate_extras(self, server_round: int, replies: list[Message]) -> dict[str, float]:
-        """Handle extra reply records (prototypes, gradients ...); return metrics to log (by default
-        the unweighted client mean of each of `mean_metrics` that some reply holds)."""
+        """Handle extra reply records (prototypes, gradients ...); return the metrics the server
+        computes. The declared client metrics it leaves out are logged as client means
+        (`declared_means`)."""
+        return {}
+
+    def declared_means(self, replies: list[Message]) -> dict[str, float]:
+        """The unweighted client mean of each metric the method's wire declares that some reply
+        holds, in the wire's order."""
         out = {}
-        for key in self.mean_metrics:
+        for key in self.wire.metrics:
             vals = [float(m.content["metrics"][key]) for m in replies if key in m.content["metrics"]]
             if vals:
                 out[key] = float(np.mean(vals))
@@ -369,17 +370,12 @@ class BaseStrategy(Strategy):
         t0 = time.perf_counter()
         new = self.aggregate_arrays(server_round, ok)
         metrics.update(self.aggregate_extras(server_round, ok))
+        metrics.update({k: v for k, v in self.declared_means(ok).items() if k not in metrics})
         metrics["server-seconds"] = time.perf_counter() - t0
         metrics.update(self.client_metrics(ok))
         ratios = [self.update_ratios[m.content["metrics"]["partition-id"]] for m in ok]
         metrics["update-ratio-max"] = max(ratios)  # the evidence that max-update-ratio drops no honest reply
         return new, MetricRecord(metrics)
-
-    @staticmethod
-    def client_mean(replies: list[Message], key: str) -> float:
-        """The unweighted mean over the replies that report the metric `key` (NaN when none does)."""
-        values = [float(m.content["metrics"][key]) for m in replies if key in m.content["metrics"]]
-        return float(np.mean(values)) if values else float("nan")
 
     @staticmethod
     def client_metrics(replies: list[Message]) -> dict[str, Any]:

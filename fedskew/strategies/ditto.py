@@ -10,16 +10,11 @@ round's w^t (`ditto-distance`) and of their objective (`ditto-loss`).
 
 from __future__ import annotations
 
-from flwr.app import Message
-
 from fedskew import wire
-from fedskew.strategies.base import BaseStrategy, mean_metric
+from fedskew.strategies.base import BaseStrategy
 
 
 class DittoStrategy(BaseStrategy):
     """FedAvg on the uploaded global updates; the personal models stay on the clients."""
 
     wire = wire.DITTO
-
-    def aggregate_extras(self, server_round: int, replies: list[Message]) -> dict[str, float]:
-        return {key: mean_metric(replies, key) for key in ("ditto-distance", "ditto-loss")}

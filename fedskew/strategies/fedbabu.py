@@ -17,7 +17,7 @@ from flwr.app import ArrayRecord, Message
 
 from fedskew import wire
 from fedskew.models import BODY
-from fedskew.strategies.base import BaseStrategy, mean_metric
+from fedskew.strategies.base import BaseStrategy
 
 
 class FedBABUStrategy(BaseStrategy):
@@ -32,6 +32,3 @@ class FedBABUStrategy(BaseStrategy):
     def aggregate_arrays(self, server_round: int, replies: list[Message]) -> ArrayRecord:
         body = super().aggregate_arrays(server_round, replies)
         return ArrayRecord({k: body[k] if k in body else self.sent_arrays[k] for k in self.sent_arrays.keys()})
-
-    def aggregate_extras(self, server_round: int, replies: list[Message]) -> dict[str, float]:
-        return {"fedbabu-finetune-loss": mean_metric(replies, "fedbabu-finetune-loss")}

@@ -59,5 +59,4 @@ class FedDynStrategy(BaseStrategy):
         return numpy_to_arrays({**average, **theta})
 
     def aggregate_extras(self, server_round: int, replies: list[Message]) -> dict[str, float]:
-        grads = self.client_mean(replies, "feddyn-gradient-norm")
-        return {"feddyn-h-norm": l2_norm(self.h.value), "feddyn-gradient-norm": grads}
+        return {"feddyn-h-norm": l2_norm(self.h.value)}

@@ -11,4 +11,3 @@ class FedMMDStrategy(BaseStrategy):
     """FedAvg aggregation of models trained with the two-stream MMD loss."""
 
     wire = wire.FEDMMD
-    mean_metrics = ("mmd-loss",)

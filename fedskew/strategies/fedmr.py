@@ -41,7 +41,6 @@ class FedMRStrategy(PrototypeStrategy):
 
     wire = wire.FEDMR
     prototype_record = FEDMR_PROTOTYPES
-    mean_metrics = ("intra-loss", "inter-loss", "intra-grad-share", "inter-grad-share")
 
     def __init__(self, cfg: dict[str, Any], device: torch.device | None = None) -> None:
         super().__init__(cfg, device)

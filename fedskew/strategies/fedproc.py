@@ -15,4 +15,3 @@ class FedProcStrategy(PrototypeStrategy):
 
     wire = wire.FEDPROC
     prototype_record = FEDPROC_PROTOTYPES
-    mean_metrics = ("proto-loss", "proto-alpha")

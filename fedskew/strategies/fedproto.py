@@ -49,7 +49,6 @@ class FedProtoStrategy(PrototypeStrategy):
 
     wire = wire.FEDPROTO
     prototype_record = FEDPROTO_PROTOTYPES
-    mean_metrics = ("proto-loss",)
 
     def __init__(self, cfg: dict[str, Any], device: torch.device | None = None) -> None:
         super().__init__(cfg, device)

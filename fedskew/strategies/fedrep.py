@@ -20,12 +20,12 @@ import logging
 from typing import Any
 
 import torch
-from flwr.app import ArrayRecord, Message
+from flwr.app import ArrayRecord
 from torch import nn
 
 from fedskew import wire
 from fedskew.models import body_state
-from fedskew.strategies.base import BaseStrategy, mean_metric
+from fedskew.strategies.base import BaseStrategy
 
 log = logging.getLogger("fedskew.server")
 
@@ -45,6 +45,3 @@ class FedRepStrategy(BaseStrategy):
 
     def global_model(self, arrays: ArrayRecord) -> nn.Module | None:
         return None
-
-    def aggregate_extras(self, server_round: int, replies: list[Message]) -> dict[str, float]:
-        return {"fedrep-head-loss": mean_metric(replies, "fedrep-head-loss")}

@@ -7,16 +7,11 @@ The personalized heads never leave the clients.
 
 from __future__ import annotations
 
-from flwr.app import Message
-
 from fedskew import wire
-from fedskew.strategies.base import BaseStrategy, mean_metric
+from fedskew.strategies.base import BaseStrategy
 
 
 class FedRoDStrategy(BaseStrategy):
     """FedAvg of body + generic head; the personalized heads stay on the clients."""
 
     wire = wire.FEDROD
-
-    def aggregate_extras(self, server_round: int, replies: list[Message]) -> dict[str, float]:
-        return {key: mean_metric(replies, key) for key in ("fedrod-bsm-loss", "fedrod-personal-loss")}

@@ -12,4 +12,3 @@ class MOONStrategy(BaseStrategy):
     """FedAvg aggregation of models trained with the model-contrastive loss."""
 
     wire = wire.MOON
-    mean_metrics = ("moon-loss", "moon-negative")

@@ -293,17 +293,6 @@ class MuPFLStrategy(BaseStrategy):
     def aggregate_extras(self, server_round: int, replies: list[Message]) -> dict[str, Any]:
         """PKCF server part (Eqs. 17-20) on `self.device`; ACMU and PKCF metrics."""
         metrics: dict[str, Any] = dict(self.acmu_metrics)
-        for key in (
-            "start-accuracy",
-            "pkcf-accuracy",
-            "bavd-dropped-positions",
-            "bavd-dropped-mass",
-            "bavd-seconds",
-            "pkcf-client-seconds",
-        ):
-            values = [float(m.content["metrics"][key]) for m in replies if key in m.content["metrics"]]
-            if values:
-                metrics[key] = float(np.mean(values))
         grads = [float(m.content[TIMES]["grads-seconds"]) for m in replies if TIMES in m.content]
         if grads:
             metrics["pkcf-grads-seconds"] = float(np.mean(grads))

@@ -79,7 +79,4 @@ class ScaffoldStrategy(BaseStrategy):
         return numpy_to_arrays(self.server_step(x, average))
 
     def aggregate_extras(self, server_round: int, replies: list[Message]) -> dict[str, float]:
-        return {
-            "control-norm": l2_norm(self.control.value),
-            "correction-norm": self.client_mean(replies, "correction-norm"),
-        }
+        return {"control-norm": l2_norm(self.control.value)}
