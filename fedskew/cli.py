@@ -47,7 +47,7 @@ from fedskew.launcher import (
     resume_overrides,
     run_simulation,
 )
-from fedskew.registry import METHODS
+from fedskew.registry import METHODS, get_method
 from fedskew.resultfile import export_suite
 
 
@@ -82,6 +82,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.engine:
         overrides["engine"] = args.engine
     cfg, overrides = prepare_config(app_dir, overrides, clients)
+    if args.resume and (note := get_method(cfg["method"]).resume_note(cfg)):
+        print(f"fedskew: {note}: this resumed run differs from an uninterrupted one (docs/usage.md, 'Client state')")
     if cfg["engine"] == "batched":
         return run_batched_cli(app_dir, cfg, overrides, clients, args)
     cluster = connect(args.ray_address) if args.ray_address else None

@@ -25,8 +25,10 @@ checked as its run would check it (`plan_cells`; `--dry-run` stops there) and gi
   `--rerun-changed` runs it again (rerun), its earlier files set aside in its `aside-<time>-*/`;
 - resume: stopped part-way with the cell's config: continues from its `checkpoint.pt`, so an
   interrupted suite resumes where it stopped (within `checkpoint-every` rounds);
-- afresh: stopped part-way under another config, without a checkpoint, or with a damaged file: runs
-  again, its earlier files set aside (never deleted);
+- afresh: stopped part-way under another config, without a checkpoint, with a damaged file, or of a
+  method whose clients keep state across rounds (`MethodSpec.resume_note`: the resumed run's
+  clients would start without it, so it would not equal the uninterrupted run): runs again, its
+  earlier files set aside (never deleted);
 - run: nothing there yet.
 
 `--methods`, `--partitions` and `--seeds` run only the cells with those labels (`select`). A cell
@@ -59,6 +61,7 @@ from fedskew.diagnostics import last_rounds_per_class
 from fedskew.files import check_folder
 from fedskew.launcher import RunFailed, app_defaults, prepare_config, resources_for, run_simulation, simulation_link
 from fedskew.partitions import PartitionError
+from fedskew.registry import get_method
 from fedskew.server_app.results import LAST_ROUNDS, RESULTS, config_changes, read_jsonl, round_statistics
 
 SUITE_KEYS = {"name", "num-supernodes", "seeds", "out-dir", "base", "methods", "partitions", "last-rounds"}
@@ -272,6 +275,8 @@ def _plan(cell: Cell, run_dir: Path, cfg: dict, subm: dict, app_dir: Path, rerun
     stopped_at = stopped_round(run_dir, cfg)
     if not stopped_at:
         return CellPlan(cell, "afresh", subm, "no usable checkpoint of this config")
+    if note := get_method(cfg["method"]).resume_note(cfg):
+        return CellPlan(cell, "afresh", subm, f"not resumed after round {stopped_at}: {note}")
     try:  # the resume's own checks: checkpoint, config.json and the per-round files
         _, resumed = prepare_config(app_dir, {**fresh, "resume": True}, cell.num_supernodes)
     except ConfigError as e:

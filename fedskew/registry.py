@@ -31,6 +31,15 @@ class MethodSpec:
     def trainer_class(self) -> Any:
         return _load(self.trainer)
 
+    def resume_note(self, cfg: dict[str, Any]) -> str:
+        """'' when a resumed simulation of this method under the validated `cfg` equals the
+        uninterrupted run, else why not: its clients keep state across rounds
+        (`BaseTrainer.kept_state`) that a resumed run, a new Flower run whose clients start empty,
+        does not have."""
+        if kept := self.trainer_class().kept_state(cfg):
+            return f"{self.name}'s clients keep {kept} across rounds, which a resumed simulation starts without"
+        return ""
+
     def config_keys(self) -> set[str]:
         """The method keys a run of this method can read: its own and those of every registered
         method whose strategy or trainer class its own inherit from (MAP's trainer is FedRS's, so the

@@ -166,6 +166,38 @@ def test_a_cell_stopped_part_way_resumes_from_its_checkpoint(tmp_path, monkeypat
     assert "resuming after round 2" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("method", ["scaffold", "moon"])
+def test_a_stopped_run_whose_clients_keep_state_runs_afresh(tmp_path, method, task_identity) -> None:
+    """Its clients' state (SCAFFOLD's c_i, MOON's previous model) is not in the server's checkpoint,
+    and a resumed simulation's clients start without it: the suite runs the cell again from round
+    1 (its files set aside), saying why, instead of resuming a run that would differ."""
+    from flwr.app import Error, Message
+
+    from tests.harness import run_in_process
+
+    text = SUITE.format(out=tmp_path / "out").replace(
+        "base: {{num-server-rounds: 3, partition: iid}}".format(),
+        "base: {num-server-rounds: 3, partition: iid, model: mlp, checkpoint-every: 1, round-retries: 0}",
+    )
+    text = text.replace("  fedavg: {}\n", f"  {method}: {{}}\n")
+    suite = load_suite(write(tmp_path, text), app_defaults())
+    cell = suite.cells[0]
+    over = {**cell.overrides, "out-dir": str(suite.folder), "run-name": cell.run_name}
+    cfg, _ = experiments.prepare_config(ROOT, over, cell.num_supernodes)
+    crash = {(p, 3): lambda msg, reply: Message(Error(code=0, reason="stop"), reply_to=msg) for p in range(5)}
+    with pytest.raises(RuntimeError):
+        run_in_process(cfg, cell.num_supernodes, crash)
+    assert experiments.stopped_round(suite.folder / cell.run_name, cfg) == 2
+    [plan] = experiments.plan_cells(suite, ROOT, [cell])
+    assert plan.action == "afresh" and plan.overrides["overwrite"] is True and not plan.overrides.get("resume")
+    assert (
+        plan.note
+        == f"not resumed after round 2: {method}'s clients keep "
+        + ("the control variate c_i" if method == "scaffold" else "the previous local model")
+        + " across rounds, which a resumed simulation starts without"
+    )
+
+
 def test_the_cli_runs_only_the_chosen_cells_and_reports_every_finished_one(tmp_path, monkeypatch, capsys) -> None:
     from fedskew import cli
 

@@ -19,6 +19,7 @@ import pytest
 import torch
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
+from fedskew.client_app.app import PARTICIPATION
 from fedskew.config import validate
 from fedskew.registry import get_method
 from fedskew.wire import CONTROL, CREFF_CLASSIFIER, CREFF_GRADS, FEDGEN_COUNTS, FEDGEN_GENERATOR
@@ -611,10 +612,14 @@ def test_a_node_that_races_to_report_another_count_changes_nothing(tmp_path, tas
     cfg = {**COMMON, "method": method, **METHODS[method], "out-dir": str(tmp_path), "num-partitions": counted}
     liar = {1: {"partition-id": 0, "num-partitions": 2}}
     run_in_process({**cfg, "run-name": "race"}, NODES, num_partitions=PARTITIONS, extra_nodes=liar)
-    run_in_process({**cfg, "run-name": "honest"}, NODES, num_partitions=PARTITIONS)
+    grid = run_in_process({**cfg, "run-name": "honest"}, NODES, num_partitions=PARTITIONS)
     race, honest = tmp_path / "race", tmp_path / "honest"
     assert without_failure_counts(race / "metrics.jsonl") == without_failure_counts(honest / "metrics.jsonl")
     assert same_model(race, honest)
+    # a method declares the client state it keeps (a suite does not resume its runs): it keeps some
+    # after its first round exactly when it says so (the participation count is every method's)
+    kept = {k for ctx in grid.contexts.values() for k in ctx.state.keys()} - {f"values.{PARTICIPATION}"}
+    assert bool(kept) == bool(get_method(method).resume_note(validate({**app_defaults(), **cfg}))), kept
     lost = rows(race / "failures.jsonl")
     assert [(f["round"], f["node"]) for f in lost] == [(1, 1)] and "num-partitions=2" in lost[0]["reason"]
 

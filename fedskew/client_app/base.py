@@ -131,6 +131,14 @@ class BaseTrainer:
 
     wire: ClassVar[Wire] = BASE  # the method's records beyond the model (`fedskew.wire`)
     batched: ClassVar[bool] = False  # read from the class's own body only (`stacked_refusal`)
+    # What its clients keep across rounds that shapes their training ("" when nothing; `kept_state`)
+    keeps_state: ClassVar[str] = ""
+
+    @classmethod
+    def kept_state(cls, cfg: dict[str, Any]) -> str:
+        """What a client of a run under `cfg` keeps across rounds that shapes its training, '' when
+        nothing: a resumed simulation's clients start without it (`MethodSpec.resume_note`)."""
+        return cls.keeps_state
 
     def __init__(self, ctx: TrainerContext) -> None:
         self.ctx = ctx

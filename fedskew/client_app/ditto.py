@@ -62,6 +62,7 @@ class DittoTrainer(BaseTrainer):
     """FedAvg's local update for the upload; the personal model v_k trained on F_k + lambda/2 ||v - w^t||^2."""
 
     wire = wire.DITTO
+    keeps_state = "the personal model"
 
     def load_global(self, model: nn.Module, content: RecordDict) -> None:
         super().load_global(model, content)

@@ -54,6 +54,7 @@ class FedDCTrainer(ScaffoldTrainer):
     """SCAFFOLD's corrected local training plus the drift penalty; uploads theta_i + h_i."""
 
     wire = wire.FEDDC
+    keeps_state = "the drift h_i and the control variate c_i"
 
     def load_global(self, model: nn.Module, content: RecordDict) -> None:
         super().load_global(model, content)

@@ -40,6 +40,7 @@ class FedDynTrainer(BaseTrainer):
     """Cross-entropy plus the dynamic regulariser; keeps the client's gradient state."""
 
     wire = wire.FEDDYN
+    keeps_state = "the gradient state"
 
     def load_global(self, model: nn.Module, content: RecordDict) -> None:
         super().load_global(model, content)

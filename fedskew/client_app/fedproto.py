@@ -82,6 +82,7 @@ class FedProtoTrainer(BaseTrainer):
     """The client's own model, trained with CE + lambda x distance to the global prototypes."""
 
     wire = wire.FEDPROTO
+    keeps_state = "the personal model"
 
     def load_global(self, model: nn.Module, content: RecordDict) -> None:
         """No model arrives (an array in `arrays` is refused): the client's own model from its state,

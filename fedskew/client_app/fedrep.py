@@ -47,6 +47,7 @@ class FedRepTrainer(BaseTrainer):
     """Head epochs (body frozen), then body epochs (head frozen); the body travels, the head stays."""
 
     wire = wire.FEDREP
+    keeps_state = "the personal head"
 
     def load_global(self, model: nn.Module, content: RecordDict) -> None:
         """The received body (exactly the body's names, shapes and dtypes) under the client's head."""

@@ -62,6 +62,7 @@ class FedRoDTrainer(BaseTrainer):
     """Body and generic head on the balanced softmax; the personal head on the empirical risk of g + p."""
 
     wire = wire.FEDROD
+    keeps_state = "the personalized head"
 
     def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """L_BSM(g) + CE(g + p) on one mini-batch; each step's parts are summed for the metrics."""

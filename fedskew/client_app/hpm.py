@@ -40,6 +40,7 @@ class HPMTrainer(BaseTrainer):
     """Load, use as a teacher, update and save a client's HPM; the personalized model is the HPM."""
 
     hpm_prefix: ClassVar[str]
+    keeps_state = "the inherited private model (HPM)"
 
     def key(self, name: str) -> str:
         return f"{self.hpm_prefix}-{name}"

@@ -51,6 +51,7 @@ class MOONTrainer(BaseTrainer):
     """Cross-entropy plus the model-contrastive term against the global and previous models."""
 
     wire = wire.MOON
+    keeps_state = "the previous local model"
 
     # ------------------------------------------------------------------ state
     def stored_models(self, reference: nn.Module) -> list[tuple[int, dict[str, torch.Tensor]]]:

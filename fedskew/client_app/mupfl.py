@@ -56,6 +56,12 @@ class MuPFLTrainer(BaseTrainer):
     """FedAvg's round with MuPFL's classifier fine-tune, BAVD training and gradient upload."""
 
     wire = wire.MUPFL
+    keeps_state = "the BAVD activation map"
+
+    @classmethod
+    def kept_state(cls, cfg: dict[str, Any]) -> str:
+        """The activation map, kept only when BAVD never resets it."""
+        return cls.keeps_state if cfg["mupfl-bavd"] and cfg["mupfl-bavd-reset"] == "never" else ""
 
     def build_model(self) -> SplitNet:
         model = super().build_model()

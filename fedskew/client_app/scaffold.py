@@ -56,6 +56,7 @@ class ScaffoldTrainer(BaseTrainer):
     """Local SGD with each step corrected by c - c_i, then option II's c_i update."""
 
     wire = wire.SCAFFOLD
+    keeps_state = "the control variate c_i"
 
     def load_global(self, model: nn.Module, content: RecordDict) -> None:
         super().load_global(model, content)
