@@ -127,9 +127,9 @@ def test_a_partition_may_set_its_own_number_of_clients(tmp_path) -> None:
     assert all("num-supernodes" not in c.overrides for c in suite.cells)  # not a run-config key
 
 
-def test_a_cell_stopped_part_way_resumes_from_its_checkpoint(tmp_path, monkeypatch, capsys, task_identity) -> None:
-    """A real run stopped in round 3 (checkpoint after round 2): the suite continues it with
-    resume=true; the same cell with a changed config starts afresh."""
+def stopped_in_round_3(tmp_path: Path, method: str = "fedavg"):
+    """(the suite, its first cell, the cell's config) after a real run of the cell, `method` in place
+    of fedavg, stopped in round 3 (checkpoint after round 2)."""
     from flwr.app import Error, Message
 
     from tests.harness import run_in_process
@@ -138,15 +138,24 @@ def test_a_cell_stopped_part_way_resumes_from_its_checkpoint(tmp_path, monkeypat
         "base: {{num-server-rounds: 3, partition: iid}}".format(),  # the template's braces, unescaped
         "base: {num-server-rounds: 3, partition: iid, model: mlp, checkpoint-every: 1, round-retries: 0}",
     )
-    suite = load_suite(write(tmp_path, text), app_defaults())
+    suite = load_suite(write(tmp_path, text.replace("  fedavg: {}\n", f"  {method}: {{}}\n")), app_defaults())
     cell = suite.cells[0]
     over = {**cell.overrides, "out-dir": str(suite.folder), "run-name": cell.run_name}
     cfg, _ = experiments.prepare_config(ROOT, over, cell.num_supernodes)
     crash = {(p, 3): lambda msg, reply: Message(Error(code=0, reason="stop"), reply_to=msg) for p in range(5)}
     with pytest.raises(RuntimeError):
         run_in_process(cfg, cell.num_supernodes, crash)
+    assert experiments.stopped_round(suite.folder / cell.run_name, cfg) == 2
+    return suite, cell, cfg
+
+
+def test_a_cell_stopped_part_way_resumes_from_its_checkpoint(tmp_path, monkeypatch, capsys, task_identity) -> None:
+    """A real run stopped in round 3 (checkpoint after round 2): the suite continues it with
+    resume=true; the same cell with a changed config starts afresh."""
+    from tests.harness import run_in_process
+
+    suite, cell, cfg = stopped_in_round_3(tmp_path)
     run_dir = suite.folder / cell.run_name
-    assert experiments.stopped_round(run_dir, cfg) == 2
     assert experiments.stopped_round(run_dir, {**cfg, "lr": cfg["lr"] / 2}) == 0  # another config: afresh
 
     seen: dict = {}
@@ -171,23 +180,7 @@ def test_a_stopped_run_whose_clients_keep_state_runs_afresh(tmp_path, method, ta
     """Its clients' state (SCAFFOLD's c_i, MOON's previous model) is not in the server's checkpoint,
     and a resumed simulation's clients start without it: the suite runs the cell again from round
     1 (its files set aside), saying why, instead of resuming a run that would differ."""
-    from flwr.app import Error, Message
-
-    from tests.harness import run_in_process
-
-    text = SUITE.format(out=tmp_path / "out").replace(
-        "base: {{num-server-rounds: 3, partition: iid}}".format(),
-        "base: {num-server-rounds: 3, partition: iid, model: mlp, checkpoint-every: 1, round-retries: 0}",
-    )
-    text = text.replace("  fedavg: {}\n", f"  {method}: {{}}\n")
-    suite = load_suite(write(tmp_path, text), app_defaults())
-    cell = suite.cells[0]
-    over = {**cell.overrides, "out-dir": str(suite.folder), "run-name": cell.run_name}
-    cfg, _ = experiments.prepare_config(ROOT, over, cell.num_supernodes)
-    crash = {(p, 3): lambda msg, reply: Message(Error(code=0, reason="stop"), reply_to=msg) for p in range(5)}
-    with pytest.raises(RuntimeError):
-        run_in_process(cfg, cell.num_supernodes, crash)
-    assert experiments.stopped_round(suite.folder / cell.run_name, cfg) == 2
+    suite, cell, _ = stopped_in_round_3(tmp_path, method)
     [plan] = experiments.plan_cells(suite, ROOT, [cell])
     assert plan.action == "afresh" and plan.overrides["overwrite"] is True and not plan.overrides.get("resume")
     assert (
