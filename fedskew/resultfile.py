@@ -350,9 +350,12 @@ def export_suite(
     keeping the file's others. The runs are in `runs` (default: the suite's folder), computed with the
     suite's config plus `overrides` (recorded in the file, e.g. `device: cuda`). A run computed under
     another config than that (`changes_from`) is left out, with a warning; a cell with no finished
-    run is not written. `source` says which command made the runs (default `fedskew experiment`)."""
+    run is not written, nor a run resumed part-way of a method whose clients keep state (their state
+    restarted: `MethodSpec.resume_note`). `source` says which command made the runs (default
+    `fedskew experiment`)."""
     from fedskew.experiments import changes_from, read_saved
-    from fedskew.server_app.results import read_jsonl, round_statistics
+    from fedskew.registry import get_method
+    from fedskew.server_app.results import read_jsonl, resumed_rounds, round_statistics
 
     overrides = dict(overrides or {})
     name = name or suite.name
@@ -375,6 +378,9 @@ def export_suite(
                     cfg["num-partitions"] = 0  # in-process (`tests.harness`): the nodes' count, the same split
                 if changes := changes_from(saved, cfg):
                     warnings.warn(f"{run_dir}: not exported, computed under another config ({changes})", stacklevel=2)
+                    continue
+                if (note := get_method(cfg["method"]).resume_note(cfg)) and (resumed := resumed_rounds(run_dir)):
+                    warnings.warn(f"{run_dir}: not exported, resumed after round {resumed[0]}: {note}", stacklevel=2)
                     continue
                 rows = read_jsonl(run_dir / "metrics.jsonl")
                 per_run.append(round_statistics(rows, suite.last_rounds))

@@ -18,6 +18,7 @@ from fedskew.client_app.base import TrainerContext
 from fedskew.client_app.state import ClientState
 from fedskew.data.clients import ClientData
 from fedskew.server_app.app import main as server_main
+from fedskew.server_app.results import resumed_rounds
 
 ROOT = Path(__file__).resolve().parent.parent
 Fault = Callable[[Message, Message], Message | None]  # (request, reply) -> replacement reply, or None to drop
@@ -172,6 +173,7 @@ def cut_and_resume(
     grid.unreachable = set()
     run_on(grid, {**cfg, "run-name": "cut", "resume": True})
     assert (out / "cut" / "metrics.jsonl").read_text() == (out / "full" / "metrics.jsonl").read_text()
+    assert resumed_rounds(out / "cut") == [rounds - 1] and resumed_rounds(out / "full") == []
     written = [(out / name / "model.pt").is_file() for name in ("full", "cut")]
     assert written[0] == written[1], written  # none for a method without a global model (FedProto, FedRep)
     if written[0]:

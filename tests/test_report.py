@@ -4,6 +4,7 @@ number changes them, result files are checked when read, a suite's runs export i
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 from dataclasses import replace
@@ -207,6 +208,37 @@ def test_export_of_runs_elsewhere_under_overrides_names_them_and_checks_them(tmp
     assert [(c.method, c.seeds) for c in rs.cells] == [("fedavg", [0, 1])]
     assert rs.cells[0].config["device"] == "cuda" and rs.cells[0].stats["global.final"].per_seed == [60.0, 50.0]
     assert not (folder / "t.yaml").exists()
+
+
+def test_export_leaves_out_a_resumed_run_of_a_method_whose_clients_keep_state(tmp_path: Path) -> None:
+    """A resumed run's clients restarted without their state: for SCAFFOLD (c_i) the run is not the
+    uninterrupted one and is left out, named; a resumed FedAvg run is. Older runs carry the resume
+    only in the reason of an `aside-*/` folder; a start afresh (`overwrite`) after it clears it."""
+    suite_path = tmp_path / "t.yaml"
+    suite_path.write_text(
+        SUITE.format(out=tmp_path / "out").replace("  rs: {method: fedrs, fedrs-alpha: 0.5}", "  scaffold: {}")
+    )
+    suite = load_suite(suite_path, app_defaults())
+    cells = {(c.method, c.seed): c for c in suite.cells}
+    for key in cells:
+        fake_run(suite, cells[key], [0.5, 0.6, 0.7])
+    for method in ("fedavg", "scaffold"):
+        (suite.folder / cells[(method, 0)].run_name / "timings.jsonl").write_text('{"round": 3, "resumed-after": 2}\n')
+    legacy = suite.folder / cells[("scaffold", 1)].run_name
+    (legacy / "aside-20261101-000000-a").mkdir()
+    (legacy / "aside-20261101-000000-a" / "reason.txt").write_text("resume after round 1: the files as they were\n")
+    with pytest.warns(UserWarning) as caught:
+        rs = load_results(export_suite(suite, "suites/t.yaml", app_defaults(), tmp_path / "results"))
+    assert [(c.method, c.seeds) for c in rs.cells] == [("fedavg", [0, 1])]
+    said = sorted(str(w.message) for w in caught)
+    assert len(said) == 2 and "resumed after round 2: scaffold's clients keep the control variate c_i" in said[0]
+    assert "resumed after round 1" in said[1]
+    (legacy / "aside-20261102-000000-b").mkdir()  # later: the run started afresh in its folder
+    (legacy / "aside-20261102-000000-b" / "reason.txt").write_text("overwrite=true: a new run started afresh\n")
+    os.utime(legacy / "aside-20261102-000000-b" / "reason.txt", (2e9, 2e9))
+    with pytest.warns(UserWarning, match="resumed after round 2"):
+        rs = load_results(export_suite(suite, "suites/t.yaml", app_defaults(), tmp_path / "results"))
+    assert [(c.method, c.seeds) for c in rs.cells] == [("fedavg", [0, 1]), ("scaffold", [1])]
 
 
 def test_leaderboard_reads_balanced_and_worst_class_when_present(tmp_path: Path) -> None:

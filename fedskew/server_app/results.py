@@ -4,7 +4,8 @@
 - `partition.txt/.json/.png`  class counts per client and the partition's skew (`partition_skew`)
 - `metrics.jsonl`   one line per round (deterministic: no timings), appended and flushed each round;
                     with `class-metrics` also the global model's per-class record (`fedskew.diagnostics`)
-- `timings.jsonl`   seconds per round and per step, and each client's participation count (client state)
+- `timings.jsonl`   seconds per round and per step, and each client's participation count (client state);
+                    `resumed-after: R` on the first row a resumed run wrote
 - `failures.jsonl`  every lost or dropped reply: round, node, partition, reason
 - `summary.json`    method, rounds, wall time and, for global, client-global and personalized accuracy,
                     the final value, the best and the mean of the last 10 rounds (`round_statistics`)
@@ -32,6 +33,7 @@ import json
 import logging
 import math
 import os
+import re
 import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -105,6 +107,24 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
         return []
     lines = path.read_text(errors="replace").splitlines()
     return [row for row in map(_row, lines) if row is not None]
+
+
+RESUMED = re.compile(r"resume after round (\d+)")
+
+
+def resumed_rounds(run_dir: Path) -> list[int]:
+    """The checkpoint rounds the run now in `run_dir` was resumed from, in order: the `resumed-after`
+    of its `timings.jsonl` and, for a run from before that record, the reasons of the `aside-*/`
+    folders written since the run's start (the last one set aside by `overwrite`, if any)."""
+    marked = {int(row["resumed-after"]) for row in read_jsonl(run_dir / "timings.jsonl") if "resumed-after" in row}
+    legacy: set[int] = set()
+    for reason in sorted(run_dir.glob("aside-*/reason.txt"), key=lambda p: (p.stat().st_mtime, p.parent.name)):
+        text = reason.read_text(errors="replace")
+        if text.startswith("overwrite=true"):  # a start afresh: what was resumed before is not this run
+            legacy.clear()
+        elif match := RESUMED.match(text):
+            legacy.add(int(match.group(1)))
+    return sorted(marked | legacy)
 
 
 @dataclass
@@ -402,6 +422,7 @@ class RunOutput:
         self.cfg = cfg
         check_folder(self.dir, "out-dir")
         self.pending: Resume | None = None
+        self.resumed_after: int | None = None  # marks the first timings row after a resume
         if resumes(self.dir, cfg):
             self.pending = read_resume(self.dir, cfg)
             return
@@ -436,7 +457,7 @@ class RunOutput:
             )
             atomic_write(self.dir / name, lambda f, text=text: f.write(text.encode()))
         write_json(self.dir / "config.json", saved_config(self.cfg))
-        self.pending = None
+        self.pending, self.resumed_after = None, r.round
         return r.state
 
     def save_checkpoint(self, state: dict[str, Any]) -> None:
@@ -444,8 +465,11 @@ class RunOutput:
         atomic_write(self.dir / "checkpoint.pt", lambda f: torch.save(state, f))
 
     def log_round(self, metrics: dict[str, Any], timings: dict[str, Any], failures: list[dict[str, Any]] = ()) -> None:
-        """Append the round's metrics, timings and lost replies (`failures.jsonl`)."""
+        """Append the round's metrics, timings and lost replies (`failures.jsonl`); the first timings
+        row after a resume from round R holds `resumed-after`: R (`resumed_rounds`)."""
         append_jsonl(self.dir / "metrics.jsonl", metrics)
+        if self.resumed_after is not None:
+            timings, self.resumed_after = {**timings, "resumed-after": self.resumed_after}, None
         append_jsonl(self.dir / "timings.jsonl", timings)
         self.log_failures(metrics["round"], failures)
 
