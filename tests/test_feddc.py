@@ -4,6 +4,8 @@ server's average and control variate, and in-process runs (c = (1/N) sum_i c_i, 
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -18,10 +20,10 @@ from fedskew.losses import proximal_term
 from fedskew.losses.feddc import drift_update, penalty_target
 from fedskew.models import build_model
 from fedskew.strategies.aggregate import scaffold_control_deltas, scaffold_control_update, weighted_average
-from fedskew.strategies.base import arrays_to_numpy
+from fedskew.strategies.base import arrays_to_numpy, numpy_to_arrays
 from fedskew.strategies.feddc import FedDCStrategy
 from fedskew.wire import FEDDC_UPDATE
-from tests.harness import cut_and_resume, mean_node_state
+from tests.harness import cut_and_resume, mean_node_state, run_in_process
 from tests.test_trainers import global_content, make_data, make_trainer
 
 LIKE = {k: p.detach() for k, p in build_model("mlp", "fashion-mnist").named_parameters()}
@@ -111,6 +113,24 @@ def test_server_averages_the_drift_corrected_models_and_updates_c_from_the_local
     c = scaffold_control_update(c0, scaffold_control_deltas(c0, x, local, steps, 0.1), 10)
     state = strategy.state_dict()
     assert all(np.allclose(state[f"control/{k}"].numpy(), c[k], atol=1e-6) for k in LIKE)
+    # the diagnostic model is the average of the theta_i alone: the global model without the drift
+    [(name, model)] = strategy.diagnostic_models(numpy_to_arrays(got)).items()
+    mean_local = weighted_average(local, [100, 100])
+    assert name == "feddc-local-average"
+    assert all(np.allclose(model.state_dict()[k].numpy(), mean_local[k], atol=1e-6) for k in mean_local)
+    assert not all(np.allclose(mean_local[k], got[k]) for k in mean_local)
+
+
+def test_a_run_logs_the_drift_and_the_local_average_beside_the_global_model(tmp_path, task_identity) -> None:
+    """Every round's row holds the clients' mean ||h_i|| and the accuracy of the theta_i's average,
+    which the authors' code evaluates beside theta-bar + h-bar."""
+    cfg = {"method": "feddc", "model": "mlp", "partition": "iid", "fraction-train": 1.0, "num-server-rounds": 2}
+    run_in_process({**cfg, "out-dir": str(tmp_path), "run-name": "r"}, 3, num_partitions=3)
+    rows = [json.loads(line) for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    drift = [row["feddc-drift-norm"] for row in rows]
+    assert all(d > 0 for d in drift) and drift[0] != drift[1]
+    assert all(0 <= row["feddc-local-average-accuracy"] <= 1 for row in rows)
+    assert rows[0]["feddc-local-average-accuracy"] != rows[0]["global-accuracy"]
 
 
 def test_in_process_run_keeps_c_the_mean_of_the_clients_c_i_and_resumes_exactly(tmp_path, task_identity) -> None:

@@ -174,6 +174,11 @@ class CentralEvaluation:
     trackers: Trackers
     partition: PartitionReport | None
 
+    def accuracy(self, model: Any) -> float:
+        """`model`'s accuracy on the test set."""
+        _, cm = confusion(model, self.x_test, self.y_test, self.cfg["eval-batch-size"], self.device)
+        return float(np.trace(cm) / max(cm.sum(), 1))
+
     def evaluate(self, model: Any, partitions: list[int]) -> dict[str, Any]:
         """Global accuracy and loss of `model` and, with `class-metrics`, its per-class record
         (`class_metrics`: the holders are counted over this round's clients, `partitions`)."""
@@ -219,12 +224,15 @@ class EvaluatedRound:
             self._next_start = t0
             self._next.set()
 
-    def finish(self, model: Any, central: CentralEvaluation) -> dict:
-        """Evaluate, write the records and checkpoint, log the round's line; the round's metrics."""
+    def finish(self, model: Any, central: CentralEvaluation, others: dict[str, Any] | None = None) -> dict:
+        """Evaluate (the global model, and `others`: the strategy's `diagnostic_models`), write the
+        records and checkpoint, log the round's line; the round's metrics."""
         t = time.perf_counter()
         g: dict[str, Any] = {"global-accuracy": None, "global-loss": None}
         if model is not None:
             g = central.evaluate(model, self.metrics.get("partitions", []))
+        for name, other in (others or {}).items():
+            g[f"{name}-accuracy"] = central.accuracy(other)
         eval_seconds = time.perf_counter() - t
         out = central.out
         self._next.wait()
@@ -424,8 +432,9 @@ def run_rounds(
                 }
             due = r % cfg["eval-every"] == 0 or r == rounds
             model = strategy.global_model(arrays) if due else None
+            others = strategy.diagnostic_models(arrays) if due and new is not None else {}
             pending = EvaluatedRound(r, rounds, t0, round_started_at, t_clients, metrics, failures, checkpoint)
-            pending.future = evaluator.submit(pending.finish, model, central)
+            pending.future = evaluator.submit(pending.finish, model, central, others)
         if pending is not None:
             pending.next_round_started(None)  # the last round's wall time ends with its evaluation
             last_metrics = pending.future.result()

@@ -26,7 +26,8 @@ What the base does for every method:
   sample-weighted average, or uniform with `aggregation-weights`: `aggregation_weights`),
   `aggregate_extras` (extra reply records and the method's own metrics; every metric the method's
   wire declares that it does not return is logged as the unweighted mean over the round's replies),
-  `global_model` (the model evaluated centrally), `state_dict` / `load_state_dict` (checkpoints);
+  `global_model` (the model evaluated centrally), `diagnostic_models` (others evaluated beside it),
+  `state_dict` / `load_state_dict` (checkpoints);
 - what the server computes instead of trusting a reply: `local_steps` (a client's local SGD steps
   this round, from its partition's size) and `num_clients` (N);
 - `RoundState` for server state that each round's aggregation replaces, so that a retried round
@@ -38,7 +39,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
 import numpy as np
@@ -139,6 +140,18 @@ class BaseStrategy(Strategy):
         model (FedProto): the central evaluation is skipped and no `model.pt` is written."""
         model = self.build_model()
         model.load_state_dict(arrays.to_torch_state_dict(), strict=True)
+        return model.to(self.device)
+
+    def diagnostic_models(self, arrays: ArrayRecord) -> dict[str, nn.Module]:
+        """Other models of the round just aggregated (the new global `arrays`), evaluated on the test
+        set beside the global model, their accuracy logged as `<name>-accuracy`: what a method's own
+        diagnostic compares the global model with. None by default."""
+        return {}
+
+    def model_from(self, arrays: Mapping[str, np.ndarray]) -> nn.Module:
+        """The configured network holding `arrays` (numpy, by name), on the server's device."""
+        model = self.build_model()
+        model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in arrays.items()}, strict=True)
         return model.to(self.device)
 
     def state_dict(self) -> dict[str, Any]:

@@ -8,16 +8,19 @@ uploads, `aggregation-weights`; no server step). The gradient correction's contr
 Delta c_i = (w - theta_i) / (K_i eta_l) - c, and c <- c + (1/N) sum_i Delta c_i, as the code's
 `state_gadient_diffs[-1] += delta_g_sum / n_clnt`. c is server state (in `checkpoint.pt`). The
 local update is screened like the upload (declared form, value bound, `max-update-ratio`).
+Metrics: SCAFFOLD's, `feddc-drift-norm` (the clients' mean ||h_i||) and `feddc-local-average-accuracy`
+(the average of the theta_i without their drift, on the test set, as the authors' code logs it).
 """
 
 from __future__ import annotations
 
 import numpy as np
-from flwr.app import Message, RecordDict
+from flwr.app import ArrayRecord, Message, RecordDict
+from torch import nn
 
 from fedskew import wire
 from fedskew.records import Rejected
-from fedskew.strategies.aggregate import update_ratio
+from fedskew.strategies.aggregate import update_ratio, weighted_average
 from fedskew.strategies.base import arrays_to_numpy
 from fedskew.strategies.scaffold import ScaffoldStrategy
 from fedskew.wire import FEDDC_UPDATE
@@ -49,3 +52,15 @@ class FedDCStrategy(ScaffoldStrategy):
     def server_step(self, x: dict[str, np.ndarray], average: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The average itself (FedDC has no server learning rate)."""
         return average
+
+    def aggregate_arrays(self, server_round: int, replies: list[Message]) -> ArrayRecord:
+        """SCAFFOLD's control update and the average of theta_i + h_i; keeps the average of the
+        theta_i alone (`diagnostic_models`)."""
+        self.local_average = weighted_average(self.local_update_models(replies), self.aggregation_weights(replies))
+        return super().aggregate_arrays(server_round, replies)
+
+    def diagnostic_models(self, arrays: ArrayRecord) -> dict[str, nn.Module]:
+        """`feddc-local-average`: the round's local models without their drift, the average of the
+        theta_i (buffers from the global model), which the authors' code evaluates beside
+        theta-bar + h-bar (`avg_model_sel`, "Cur Sel"): how much of the global model is the drift."""
+        return {"feddc-local-average": self.model_from({**arrays_to_numpy(arrays), **self.local_average})}
