@@ -35,7 +35,7 @@ from fedskew.registry import get_method
 from fedskew.server_app.results import RESUME_FIXED, RunOutput, class_labels, read_jsonl, round_statistics, write_json
 from fedskew.server_app.tracking import Trackers
 from fedskew.strategies.base import BaseStrategy
-from fedskew.training import confusion, pick_device, seed_everything
+from fedskew.training import confusion, evaluate, pick_device, seed_everything
 
 log = logging.getLogger("flwr.fedskew")  # a child of Flower's logger, so it shows in `flwr log`
 app = ServerApp()
@@ -174,11 +174,6 @@ class CentralEvaluation:
     trackers: Trackers
     partition: PartitionReport | None
 
-    def accuracy(self, model: Any) -> float:
-        """`model`'s accuracy on the test set."""
-        _, cm = confusion(model, self.x_test, self.y_test, self.cfg["eval-batch-size"], self.device)
-        return float(np.trace(cm) / max(cm.sum(), 1))
-
     def evaluate(self, model: Any, partitions: list[int]) -> dict[str, Any]:
         """Global accuracy and loss of `model` and, with `class-metrics`, its per-class record
         (`class_metrics`: the holders are counted over this round's clients, `partitions`)."""
@@ -231,8 +226,9 @@ class EvaluatedRound:
         g: dict[str, Any] = {"global-accuracy": None, "global-loss": None}
         if model is not None:
             g = central.evaluate(model, self.metrics.get("partitions", []))
+        batch = central.cfg["eval-batch-size"]
         for name, other in (others or {}).items():
-            g[f"{name}-accuracy"] = central.accuracy(other)
+            g[f"{name}-accuracy"] = evaluate(other, central.x_test, central.y_test, batch, central.device)[1]
         eval_seconds = time.perf_counter() - t
         out = central.out
         self._next.wait()

@@ -138,9 +138,7 @@ class BaseStrategy(Strategy):
     def global_model(self, arrays: ArrayRecord) -> nn.Module | None:
         """The model evaluated centrally on the test set; None for a method without a single global
         model (FedProto): the central evaluation is skipped and no `model.pt` is written."""
-        model = self.build_model()
-        model.load_state_dict(arrays.to_torch_state_dict(), strict=True)
-        return model.to(self.device)
+        return self.model_from(arrays.to_torch_state_dict())
 
     def diagnostic_models(self, arrays: ArrayRecord) -> dict[str, nn.Module]:
         """Other models of the round just aggregated (the new global `arrays`), evaluated on the test
@@ -148,10 +146,10 @@ class BaseStrategy(Strategy):
         diagnostic compares the global model with. None by default."""
         return {}
 
-    def model_from(self, arrays: Mapping[str, np.ndarray]) -> nn.Module:
-        """The configured network holding `arrays` (numpy, by name), on the server's device."""
+    def model_from(self, state: Mapping[str, torch.Tensor]) -> nn.Module:
+        """The configured network holding the state dict `state` (every name), on the server's device."""
         model = self.build_model()
-        model.load_state_dict({k: torch.from_numpy(np.array(v)) for k, v in arrays.items()}, strict=True)
+        model.load_state_dict(state, strict=True)
         return model.to(self.device)
 
     def state_dict(self) -> dict[str, Any]:

@@ -15,6 +15,7 @@ Metrics: SCAFFOLD's, `feddc-drift-norm` (the clients' mean ||h_i||) and `feddc-l
 from __future__ import annotations
 
 import numpy as np
+import torch
 from flwr.app import ArrayRecord, Message, RecordDict
 from torch import nn
 
@@ -44,23 +45,22 @@ class FedDCStrategy(ScaffoldStrategy):
             )
 
     def local_update_models(self, replies: list[Message]) -> list[dict[str, np.ndarray]]:
-        """theta_i = w + (theta_i - w), from each reply's `feddc-update` (its upload is theta_i + h_i)."""
+        """theta_i = w + (theta_i - w), from each reply's `feddc-update` (its upload is theta_i + h_i);
+        keeps their weighted average, theta-bar (`diagnostic_models`)."""
         x = arrays_to_numpy(self.sent_arrays)
         updates = [arrays_to_numpy(m.content[FEDDC_UPDATE]) for m in replies]
-        return [{k: x[k].astype(np.float64) + u[k] for k in u} for u in updates]
+        models = [{k: x[k].astype(np.float64) + u[k] for k in u} for u in updates]
+        self.local_average = weighted_average(models, self.aggregation_weights(replies))
+        return models
 
     def server_step(self, x: dict[str, np.ndarray], average: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The average itself (FedDC has no server learning rate)."""
         return average
 
-    def aggregate_arrays(self, server_round: int, replies: list[Message]) -> ArrayRecord:
-        """SCAFFOLD's control update and the average of theta_i + h_i; keeps the average of the
-        theta_i alone (`diagnostic_models`)."""
-        self.local_average = weighted_average(self.local_update_models(replies), self.aggregation_weights(replies))
-        return super().aggregate_arrays(server_round, replies)
-
     def diagnostic_models(self, arrays: ArrayRecord) -> dict[str, nn.Module]:
         """`feddc-local-average`: the round's local models without their drift, the average of the
         theta_i (buffers from the global model), which the authors' code evaluates beside
         theta-bar + h-bar (`avg_model_sel`, "Cur Sel"): how much of the global model is the drift."""
-        return {"feddc-local-average": self.model_from({**arrays_to_numpy(arrays), **self.local_average})}
+        state = arrays.to_torch_state_dict()
+        state.update({k: torch.from_numpy(v).to(state[k].dtype) for k, v in self.local_average.items()})
+        return {"feddc-local-average": self.model_from(state)}
