@@ -25,7 +25,7 @@ from fedskew.report import (
     spread_of_gain,
 )
 from fedskew.resultfile import CellResult, ResultSet, Stat, dump_results, export_suite, load_all, load_results
-from fedskew.server_app.results import saved_config
+from fedskew.server_app.results import resumed_rounds, saved_config
 from tests.harness import ROOT, app_defaults
 
 GENERATED = ("docs/results.md", "docs/leaderboard.md", "README.md")
@@ -224,6 +224,11 @@ def test_export_leaves_out_a_resumed_run_of_a_method_whose_clients_keep_state(tm
         fake_run(suite, cells[key], [0.5, 0.6, 0.7])
     for method in ("fedavg", "scaffold"):
         (suite.folder / cells[(method, 0)].run_name / "timings.jsonl").write_text('{"round": 3, "resumed-after": 2}\n')
+    edited = suite.folder / cells[("scaffold", 0)].run_name / "timings.jsonl"
+    assert resumed_rounds(edited.parent) == [2]
+    edited.write_text('{"round": 3, "resumed-after": "x"}\n')  # not a round: still resumed, not a crash
+    assert resumed_rounds(edited.parent) == [0]
+    edited.write_text('{"round": 3, "resumed-after": 2}\n')
     legacy = suite.folder / cells[("scaffold", 1)].run_name
     (legacy / "aside-20261101-000000-a").mkdir()
     (legacy / "aside-20261101-000000-a" / "reason.txt").write_text("resume after round 1: the files as they were\n")

@@ -116,7 +116,11 @@ def resumed_rounds(run_dir: Path) -> list[int]:
     """The checkpoint rounds the run now in `run_dir` was resumed from, in order: the `resumed-after`
     of its `timings.jsonl` and, for a run from before that record, the reasons of the `aside-*/`
     folders written since the run's start (the last one set aside by `overwrite`, if any)."""
-    marked = {int(row["resumed-after"]) for row in read_jsonl(run_dir / "timings.jsonl") if "resumed-after" in row}
+    marked = {  # a value that is not a round (an edited file) still says the run was resumed: 0
+        v if isinstance(v := row["resumed-after"], int) and not isinstance(v, bool) else 0
+        for row in read_jsonl(run_dir / "timings.jsonl")
+        if "resumed-after" in row
+    }
     legacy: set[int] = set()
     for reason in sorted(run_dir.glob("aside-*/reason.txt"), key=lambda p: (p.stat().st_mtime, p.parent.name)):
         text = reason.read_text(errors="replace")
