@@ -11,9 +11,12 @@
 #  3. fedgela: FedGELA's full participation at Dirichlet 0.1 (`full-a01`: 10 clients, all of them
 #     every round, 10 local epochs) at the paper's 50 rounds, FedAvg and FedGELA, 3 seeds, the 6
 #     cells at once (LeNet, as on the CPU), stopped at $END; a cell stopped part-way keeps its
-#     checkpoint (every 5 rounds), which travels back in runs.tgz, so the CPU can finish it.
+#     checkpoint (every 5 rounds), which travels back in runs.tgz, so the CPU can finish it;
+#  4. fedgela-ew: FedGELA's E_W in the paper's range (1e3 to 1e6, then 1e7) on the same cell, 3 seeds,
+#     50 rounds, on the batched engine (`engine=batched`: the 10 clients as one stacked LeNet, uploads
+#     equal to the per-client path's, `tests/test_batched.py`), $EW_JOBS cells at once, stopped at $END.
 # Writes outputs/gpu/ and, where $OUT is set, $OUT/<step>.log, $OUT/smi.csv and $OUT/runs.tgz.
-# PY=.venv/bin/python DEVICE=cpu END=200 ROUNDS=2 checks the script on a machine without a GPU.
+# PY=.venv/bin/python DEVICE=cpu END=200 ROUNDS=2 FEDGELA_ROUNDS=2 checks the script on a machine without a GPU.
 set -u
 DEVICE=${DEVICE:-cuda} END=${END:-530} ROUNDS=${ROUNDS:-300} OUT=${OUT:-outputs/gpu}
 PY=${PY:-python3} B=benchmarks/suite_in_process.py STEPS=${STEPS:-fedmr fedrs}
@@ -33,6 +36,10 @@ step fedrs && $PY $B suites/paper-fedrs.yaml --partitions c10-100-2 --methods fe
 step fedgela && $PY $B suites/paper-fedgela.yaml --partitions full-a01 --methods fedavg,fedgela --seeds 0,1,2 \
   --jobs 6 --deadline $((END - SECONDS)) --set device="$DEVICE" num-server-rounds="${FEDGELA_ROUNDS:-50}" \
   --tag gpu --out-dir outputs/gpu --every 30 2>&1 | tee "$OUT/fedgela.log"
+step fedgela-ew && $PY $B suites/paper-fedgela.yaml --partitions full-a01 \
+  --methods fedgela-ew1e3,fedgela-ew1e4,fedgela-ew1e5,fedgela-ew1e6,fedgela-ew1e7 --seeds 0,1,2 \
+  --jobs "${EW_JOBS:-12}" --deadline $((END - SECONDS)) --set device="$DEVICE" engine=batched \
+  num-server-rounds="${FEDGELA_ROUNDS:-50}" --tag batched-gpu --out-dir outputs/gpu --every 30 2>&1 | tee "$OUT/fedgela-ew.log"
 [ -n "${SMI:-}" ] && kill "$SMI"
 # the FedGELA cells' checkpoints travel back (a cell stopped part-way resumes from it)
 tar czf "$OUT/runs.tgz" --exclude='*.png' --exclude='model.pt' outputs/gpu/paper-*

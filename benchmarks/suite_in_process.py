@@ -3,13 +3,15 @@
 For a machine lent for minutes (the GPU machine: `docs/benchmarks.md`, "GPU"), where Ray is not
 installed and a suite's cells must share one accelerator: each selected cell of the suite runs the
 real ServerApp and ClientApp in its own process (`tests.harness.run_in_process`), `--jobs` at a
-time, with the suite's config plus `--set` overrides (e.g. `model=tfcnn device=cuda`). Every cell
+time, with the suite's config plus `--set` overrides (e.g. `model=tfcnn device=cuda`; `engine=batched`: the
+batched engine, one process a cell, cores // jobs torch threads each). Every cell
 writes its `metrics.jsonl` round by round into `<out-dir>/<suite>-<tag>/<cell>/`; at `--deadline`
 seconds the cells still running are stopped and keep the rounds they finished. Progress every
 `--every` seconds; at the end, per cell: rounds done, wall, seconds a round, the suite's last-k-round
 mean of the global accuracy (over the rounds done), and the final round's. A cell folder that holds
 an earlier run's results is refused (nothing is deleted): use another `--tag`, or `--set overwrite=true`.
-`--export NAME` runs nothing and writes the finished cells of that folder into `results/NAME.yaml`,
+`--export NAME` runs nothing and writes the finished cells of that folder into `results/NAME.yaml`
+(with `--upto R`: every run's first R rounds, runs stopped at the deadline included),
 checked against the suite's config plus the `--set` overrides, which the file records (e.g.
 `device: cuda`), so GPU rows stand beside the suite's own CPU rows under another name.
 
@@ -39,6 +41,7 @@ from _common import ROOT, in_process_setup
 from fedskew.config import ConfigError
 from fedskew.experiments import Cell, labels, load_suite, select
 from fedskew.launcher import app_defaults
+from fedskew.resources import available_cores
 from fedskew.resultfile import export_suite
 from fedskew.server_app.results import read_jsonl, round_statistics
 
@@ -76,18 +79,25 @@ def cell_stats(run_dir: Path, last: int) -> dict[str, Any]:
 
 
 def run_one(spec: str) -> None:
-    """Child process: one cell, in-process."""
+    """Child process: one cell, in-process: on the batched engine where its config says
+    `engine: batched` (`fedskew.batched.grid.run_batched`, `threads` torch threads), else the
+    per-client in-process grid."""
     in_process_setup()
+    job = json.loads(spec)
+    if job["cfg"].get("engine") == "batched":
+        from fedskew.batched.grid import run_batched
+
+        run_batched({**app_defaults(ROOT), **job["cfg"]}, job["nodes"], quiet=True, threads=job["threads"])
+        return
     from tests.harness import run_in_process
 
-    job = json.loads(spec)
     run_in_process(job["cfg"], job["nodes"])
 
 
-def start(cell: Cell, cfg: dict[str, Any], folder: Path) -> subprocess.Popen:
+def start(cell: Cell, cfg: dict[str, Any], folder: Path, threads: int) -> subprocess.Popen:
     run_dir = folder / cell.run_name
     run_dir.mkdir(parents=True, exist_ok=True)
-    spec = json.dumps({"cfg": cfg, "nodes": cell.num_supernodes})
+    spec = json.dumps({"cfg": cfg, "nodes": cell.num_supernodes, "threads": threads})
     with open(run_dir / "run.log", "w") as log:  # the child keeps its own copy
         return subprocess.Popen(
             [sys.executable, __file__, "--one", spec], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -121,6 +131,13 @@ def main() -> None:
         help="run nothing: write the finished cells of <out-dir>/<suite>-<tag> into results/NAME.yaml, "
         "their config the suite's plus --set (recorded as the file's overrides)",
     )
+    ap.add_argument(
+        "--upto",
+        type=int,
+        default=0,
+        metavar="R",
+        help="with --export: every run's first R rounds, runs stopped part-way included (rounds all reached)",
+    )
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
@@ -136,6 +153,8 @@ def main() -> None:
     folder = Path(args.out_dir or suite.out_dir).absolute() / f"{suite.name}-{args.tag}"
     if args.export:
         command = f"`benchmarks/suite_in_process.py {args.suite} --set {' '.join(args.set)}`"
+        if args.upto < 0:
+            ap.error(f"--upto {args.upto}: must be a number of rounds, 1 or more (0: finished runs only)")
         defaults, results = app_defaults(ROOT), ROOT / "results"
         path = export_suite(
             suite,
@@ -146,6 +165,7 @@ def main() -> None:
             overrides=sets,
             name=args.export,
             source=command,
+            upto=args.upto,
         )
         print(f"wrote {path}")
         return
@@ -162,7 +182,8 @@ def main() -> None:
                 cell = todo.pop(0)
                 cfg = {**cell.overrides, **sets, "out-dir": str(folder), "run-name": cell.run_name}
                 cfg["num-partitions"] = cell.num_supernodes  # as `fedskew run` saves it
-                running[cell.run_name] = (start(cell, cfg, folder), time.perf_counter())
+                threads = max(1, available_cores() // args.jobs)  # the batched engine's torch threads
+                running[cell.run_name] = (start(cell, cfg, folder, threads), time.perf_counter())
             time.sleep(1.0)
             now = time.perf_counter() - t0
             for name, (proc, began) in list(running.items()):

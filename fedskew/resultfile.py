@@ -344,6 +344,7 @@ def export_suite(
     overrides: dict[str, Any] | None = None,
     name: str = "",
     source: str = "",
+    upto: int = 0,
 ) -> Path:
     """Write the finished cells of `suite` (a `fedskew.experiments.Suite`) into `<folder>/<name>.yaml`
     (`name` defaults to the suite's) from their runs' `metrics.jsonl`, replacing those cells there and
@@ -352,7 +353,9 @@ def export_suite(
     another config than that (`changes_from`) is left out, with a warning; a cell with no finished
     run is not written, nor a run resumed part-way of a method whose clients keep state (their state
     restarted: `MethodSpec.resume_note`). `source` says which command made the runs (default
-    `fedskew experiment`)."""
+    `fedskew experiment`). `upto` R > 0: every run's first R rounds, finished or stopped part-way
+    (a run that has not reached round R is left out, with a warning), the cell's `rounds` R and its
+    source saying so: runs of a lent machine cut at its deadline, compared at the rounds all reached."""
     from fedskew.experiments import changes_from, read_saved
     from fedskew.registry import get_method
     from fedskew.server_app.results import read_jsonl, resumed_rounds, round_statistics
@@ -369,7 +372,7 @@ def export_suite(
             per_run, seeds, hashes, rounds, config = [], [], set(), 0, None
             for c in (c for c in suite.cells if c.partition == p and c.method == m):
                 run_dir = run_folder / c.run_name
-                if not (run_dir / "summary.json").is_file():
+                if not (run_dir / ("metrics.jsonl" if upto else "summary.json")).is_file():
                     continue
                 # as the run saved it: `fedskew run` sets num-partitions to the simulated clients
                 cfg = validate({**app_defaults, **c.overrides, **overrides, "num-partitions": c.num_supernodes})
@@ -383,6 +386,11 @@ def export_suite(
                     warnings.warn(f"{run_dir}: not exported, resumed after round {resumed[0]}: {note}", stacklevel=2)
                     continue
                 rows = read_jsonl(run_dir / "metrics.jsonl")
+                if upto:
+                    rows = [r for r in rows if int(r["round"]) <= upto]
+                    if len(rows) < upto:
+                        warnings.warn(f"{run_dir}: not exported, {len(rows)} of the first {upto} rounds", stacklevel=2)
+                        continue
                 per_run.append(round_statistics(rows, suite.last_rounds))
                 seeds.append(c.seed)
                 hashes.add(config_sha256(saved))
@@ -398,7 +406,8 @@ def export_suite(
                         rounds=rounds,
                         config=config,
                         config_sha256=hashes.pop() if len(hashes) == 1 else "",
-                        source=f"{source}, from the runs' metrics.jsonl",
+                        source=f"{source}, from the runs' metrics.jsonl"
+                        + (f", their first {upto} rounds (runs stopped part-way included)" if upto else ""),
                     )
                 )
     notes = {(c.partition, c.method): c.note for c in old.cells if c.note}

@@ -112,6 +112,17 @@ def test_suite_in_process_runs_the_chosen_cells_at_once_and_stops_them_at_the_de
         rows = (tmp_path / "s-in-process" / run_name("default", m, 0) / "metrics.jsonl").read_text().splitlines()
         assert [json.loads(r)["round"] for r in rows] == [1, 2]
     assert run_name("default", "fedavg", 1) not in ok.stdout
+    batched = run_benchmark(
+        "suite_in_process.py", str(suite), "--methods", "fedavg", "--seeds", "0",
+        "--set", "local-epochs=1", "engine=batched", "--tag", "batched",
+    )  # fmt: skip
+    assert batched.returncode == 0, batched.stderr[-3000:]
+    runs = [tmp_path / f"s-{tag}" / run_name("default", "fedavg", 0) for tag in ("in-process", "batched")]
+    per_client, stacked = ([json.loads(r) for r in (d / "metrics.jsonl").read_text().splitlines()] for d in runs)
+    assert json.loads((runs[1] / "config.json").read_text())["engine"] == "batched"
+    assert [r["round"] for r in stacked] == [1, 2]  # the same run on the batched engine
+    for a, b in zip(stacked, per_client, strict=True):
+        assert a["global-accuracy"] == pytest.approx(b["global-accuracy"], abs=0.01)
     late = run_benchmark(
         "suite_in_process.py", str(suite), "--methods", "fedavg", "--seeds", "1",
         "--set", "num-server-rounds=500", "--deadline", "15", "--tag", "late",

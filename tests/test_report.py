@@ -210,6 +210,28 @@ def test_export_of_runs_elsewhere_under_overrides_names_them_and_checks_them(tmp
     assert not (folder / "t.yaml").exists()
 
 
+def test_export_upto_takes_every_runs_first_rounds_stopped_part_way_included(tmp_path: Path) -> None:
+    """Runs of a lent machine cut at its deadline: `upto` R exports the first R rounds of every run
+    that reached R (finished or not), and only those; without it, unfinished runs are not read."""
+    suite_path = tmp_path / "t.yaml"
+    suite_path.write_text(SUITE.format(out=tmp_path / "out"))
+    suite = load_suite(suite_path, app_defaults())
+    cells = {(c.method, c.seed): c for c in suite.cells}
+    fake_run(suite, cells[("fedavg", 0)], [0.5, 0.6, 0.7])  # finished
+    fake_run(suite, cells[("fedavg", 1)], [0.4, 0.5])  # stopped after round 2
+    (suite.folder / cells[("fedavg", 1)].run_name / "summary.json").unlink()
+    fake_run(suite, cells[("rs", 0)], [0.9])  # stopped after round 1
+    (suite.folder / cells[("rs", 0)].run_name / "summary.json").unlink()
+    with pytest.warns(UserWarning, match="not exported, 1 of the first 2 rounds"):
+        rs = load_results(export_suite(suite, "suites/t.yaml", app_defaults(), tmp_path / "r", upto=2))
+    [fedavg] = rs.cells
+    assert fedavg.seeds == [0, 1] and fedavg.rounds == 2 and "their first 2 rounds" in fedavg.source
+    assert fedavg.stats["global.last10"].per_seed == [55.0, 45.0]  # rounds 1-2 only
+    assert fedavg.stats["global.final"].per_seed == [60.0, 50.0]
+    rs = load_results(export_suite(suite, "suites/t.yaml", app_defaults(), tmp_path / "r2"))
+    assert [(c.method, c.seeds, c.rounds) for c in rs.cells] == [("fedavg", [0], 3)]
+
+
 def test_export_leaves_out_a_resumed_run_of_a_method_whose_clients_keep_state(tmp_path: Path) -> None:
     """A resumed run's clients restarted without their state: for SCAFFOLD (c_i) the run is not the
     uninterrupted one and is left out, named; a resumed FedAvg run is. Older runs carry the resume
