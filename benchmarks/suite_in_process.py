@@ -144,6 +144,8 @@ def main() -> None:
         return run_one(args.one)
     if not args.suite:
         ap.error("the suite's YAML file is required")
+    if args.upto and not args.export:
+        ap.error("--upto R is for --export (which rounds of the runs to write)")
     sets = parse_sets(args.set)
     try:
         suite = load_suite(args.suite, app_defaults(ROOT))
@@ -152,9 +154,9 @@ def main() -> None:
         raise SystemExit(f"suite_in_process.py: {e}") from None
     folder = Path(args.out_dir or suite.out_dir).absolute() / f"{suite.name}-{args.tag}"
     if args.export:
-        command = f"`benchmarks/suite_in_process.py {args.suite} --set {' '.join(args.set)}`"
         if args.upto < 0:
             ap.error(f"--upto {args.upto}: must be a number of rounds, 1 or more (0: finished runs only)")
+        command = f"`benchmarks/suite_in_process.py {args.suite} --set {' '.join(args.set)}`"
         defaults, results = app_defaults(ROOT), ROOT / "results"
         path = export_suite(
             suite,

@@ -45,9 +45,9 @@ Decisions where the paper is silent or the authors' code differs:
   range (1e3..1e6, with ResNet-18 and 10 local epochs), which this LeNet setting does not reach.
   That range at the paper's own protocol (10 local epochs, full participation, Dirichlet 0.1, where
   FedGELA's gap to the paper is largest: `suites/paper-fedgela.yaml`'s `fedgela-ew1e3` ..
-  `fedgela-ew1e6`, results in `results/paper-fedgela-ew-gpu.yaml`) scores below 300 at every value,
-  the more so the larger E_W, while the local training loss rises with it: the logits are
-  sqrt(E_W) times a cosine, so E_W scales the cross-entropy's gradient. 300 stays the default.
+  `fedgela-ew1e6`, results in `results/paper-fedgela-ew-gpu.yaml`, `docs/results.md`) scores below 300 at every
+  value while the local training loss rises with E_W: the logits are sqrt(E_W) times a cosine, so
+  E_W scales the cross-entropy's gradient. 300 stays the default.
 """
 
 from __future__ import annotations
