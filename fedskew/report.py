@@ -38,8 +38,8 @@ The claims file, per paper::
 A gain is `ours - vs` in points of the row's statistic. Its spread: the std over seeds of the paired
 per-seed differences where both cells kept their per-seed values, else sqrt(std_a^2 + std_b^2) (the
 seeds' spreads combined as if independent). A "holds" or "direction holds" whose gain has the other
-sign than the paper's is shown "(re-judge: ...)": a re-run that flips a result cannot keep its old
-verdict unnoticed.
+sign than the paper's, by more than its spread, is shown "(re-judge: ...)": a re-run that flips a
+result cannot keep its old verdict unnoticed.
 """
 
 from __future__ import annotations
@@ -300,9 +300,10 @@ def render_reason(row: Row, nums: Numbers, ev: Evidence) -> str:
 
 
 def shown_verdict(row: Row, nums: Numbers) -> str:
-    """The verdict, flagged when a holds / direction holds has a gain of the other sign than the paper's."""
+    """The verdict, flagged when a holds / direction holds has a gain of the other sign than the
+    paper's, outside its seeds' spread (a gain inside it has no established sign: a "level" claim)."""
     if row.verdict in ("holds", "direction holds") and nums.gain is not None and nums.paper_gain:
-        if nums.gain * nums.paper_gain < 0:
+        if nums.gain * nums.paper_gain < 0 and (nums.spread is None or abs(nums.gain) > nums.spread):
             return f"**{row.verdict}** (re-judge: our gain has the other sign)"
     return "-" if row.verdict == "-" else f"**{row.verdict}**"
 

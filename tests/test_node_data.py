@@ -64,20 +64,21 @@ def test_cached_partition_equals_the_computed_one_and_loads_fast(tmp_path: Path,
     assert torch.equal(again.x_train, ref.x_train) and torch.equal(again.y_test, ref.y_test)
 
 
-def test_a_fresh_process_starts_from_the_cache_in_well_under_a_second(tmp_path: Path) -> None:
-    """What a deployment's per-message ClientApp process does: read the slice from the cache (imports
-    not counted), much faster than recomputing it from the full data set in the same process."""
+def test_a_fresh_process_starts_from_the_cache_without_recomputing(tmp_path: Path) -> None:
+    """What a deployment's per-message ClientApp process does: read the slice from the cache, in a
+    fresh process where recomputing it would raise (the speed-up itself is a benchmark's to show:
+    timed comparisons fail on a loaded machine)."""
     nc = {"partition-id": 1, "num-partitions": 10, "cache-dir": str(tmp_path)}
-    load_node_data(CFG, nc)
+    _, ref = load_node_data(CFG, nc)
     code = (
-        "import time\nfrom fedskew.config import validate\nfrom fedskew.data import node\n"
-        f"cfg = validate({{}})\nt = time.perf_counter()\nspec, _ = node.load_node_data(cfg, {nc!r})\n"
-        "t_cache = time.perf_counter() - t\nt = time.perf_counter()\nnode.compute_slice(cfg, spec)\n"
-        "print(t_cache, time.perf_counter() - t)"
+        "import torch\nfrom fedskew.config import validate\nfrom fedskew.data import node\n"
+        "def refuse(*a, **k):\n    raise AssertionError('recomputed')\n"
+        f"node.compute_slice = refuse\nspec, data = node.load_node_data(validate({{}}), {nc!r})\n"
+        f"torch.save((data.x_train[:5], data.y_test), {str(tmp_path / 'got.pt')!r})\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    t_cache, t_full = map(float, out.split())
-    assert t_cache < 1.0 and 3 * t_cache < t_full, (t_cache, t_full)
+    subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    x, y = torch.load(tmp_path / "got.pt")
+    assert torch.equal(x, ref.x_train[:5]) and torch.equal(y, ref.y_test)
 
 
 def test_cache_key_follows_every_setting_that_shapes_the_slice() -> None:

@@ -17,11 +17,13 @@ from fedskew.config import ConfigError, validate
 from fedskew.experiments import load_suite
 from fedskew.report import (
     Evidence,
+    Numbers,
     Row,
     generate,
     leaderboard_md,
     numbers,
     render_reason,
+    shown_verdict,
     spread_of_gain,
 )
 from fedskew.resultfile import CellResult, ResultSet, Stat, dump_results, export_suite, load_all, load_results
@@ -64,6 +66,16 @@ def test_editing_a_committed_number_changes_the_docs(tmp_path: Path) -> None:
     # a "holds" whose gain now has the other sign than the paper's is flagged for re-judging
     assert "(re-judge: our gain has the other sign)" in results and "re-judge" not in before
     assert "-2.0 ± 1.1" in readme  # the headline table follows too
+
+
+def test_only_a_flip_outside_the_seeds_spread_is_flagged_for_re_judging() -> None:
+    """A "level" claim (the paper -0.4, ours +0.2 +- 0.9) has no established sign: not flagged; the
+    same gain with a spread of 0.1, or without one, is."""
+    row = Row("level", "f/p/m", "global.last10", paper=66.9, vs="f/p/b", vs_paper=67.3, verdict="holds")
+    for spread, flagged in ((0.9, False), (0.1, True), (None, True)):
+        nums = Numbers(Stat(67.0), Stat(66.8), 0.2, spread, -0.4)
+        assert ("re-judge" in shown_verdict(row, nums)) is flagged, spread
+    assert shown_verdict(row, Numbers(Stat(67.0), Stat(66.8), -0.2, 0.1, -0.4)) == "**holds**"
 
 
 def test_reasons_take_their_numbers_from_the_result_files() -> None:
