@@ -130,7 +130,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
             print(warning)
         return 0
     if args.export:
-        path = export_suite(suite, args.suite, app_defaults(app_dir), app_dir / "results")
+        path = export_suite(suite, args.suite, app_defaults(app_dir), app_dir / "results", cells=chosen)
         print(f"exported: {path} (then `fedskew report` regenerates the docs)")
         return 0
     if args.report:
@@ -211,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
     exp.add_argument(
         "--export",
         action="store_true",
-        help="write the finished cells' numbers into results/<suite>.yaml (other cells there are kept)",
+        help="write the finished cells' numbers into results/<suite>.yaml (only those --methods, --partitions and "
+        "--seeds choose; other cells there are kept)",
     )
     exp.add_argument("--stream", action="store_true", help="show each run's log")
     exp.add_argument(

@@ -345,6 +345,7 @@ def export_suite(
     name: str = "",
     source: str = "",
     upto: int = 0,
+    cells: list[Any] | None = None,
 ) -> Path:
     """Write the finished cells of `suite` (a `fedskew.experiments.Suite`) into `<folder>/<name>.yaml`
     (`name` defaults to the suite's) from their runs' `metrics.jsonl`, replacing those cells there and
@@ -355,7 +356,9 @@ def export_suite(
     restarted: `MethodSpec.resume_note`). `source` says which command made the runs (default
     `fedskew experiment`). `upto` R > 0: every run's first R rounds, finished or stopped part-way
     (a run that has not reached round R is left out, with a warning), the cell's `rounds` R and its
-    source saying so: runs of a lent machine cut at its deadline, compared at the rounds all reached."""
+    source saying so: runs of a lent machine cut at its deadline, compared at the rounds all reached.
+    `cells`: only these of the suite's cells (`fedskew experiment --export --methods/--partitions/
+    --seeds`); the file's other cells are kept."""
     from fedskew.experiments import changes_from, read_saved
     from fedskew.registry import get_method
     from fedskew.server_app.results import read_jsonl, resumed_rounds, round_statistics
@@ -370,7 +373,7 @@ def export_suite(
     for p in suite.partition_labels:
         for m in suite.method_labels:
             per_run, seeds, hashes, rounds, config = [], [], set(), 0, None
-            for c in (c for c in suite.cells if c.partition == p and c.method == m):
+            for c in (c for c in (suite.cells if cells is None else cells) if c.partition == p and c.method == m):
                 run_dir = run_folder / c.run_name
                 if not (run_dir / ("metrics.jsonl" if upto else "summary.json")).is_file():
                     continue

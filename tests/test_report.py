@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from fedskew.config import ConfigError, validate
-from fedskew.experiments import load_suite
+from fedskew.experiments import load_suite, select
 from fedskew.report import (
     Evidence,
     Numbers,
@@ -220,6 +220,25 @@ def test_export_of_runs_elsewhere_under_overrides_names_them_and_checks_them(tmp
     assert [(c.method, c.seeds) for c in rs.cells] == [("fedavg", [0, 1])]
     assert rs.cells[0].config["device"] == "cuda" and rs.cells[0].stats["global.final"].per_seed == [60.0, 50.0]
     assert not (folder / "t.yaml").exists()
+
+
+def test_export_writes_only_the_chosen_cells_and_keeps_the_others(tmp_path: Path) -> None:
+    """`fedskew experiment --export --methods fedavg`: a cell not chosen (rs, one seed finished of a
+    run under way) is not written, and what the file held for it stays."""
+    suite_path = tmp_path / "t.yaml"
+    suite_path.write_text(SUITE.format(out=tmp_path / "out"))
+    suite = load_suite(suite_path, app_defaults())
+    cells = {(c.method, c.seed): c for c in suite.cells}
+    for key in [("fedavg", 0), ("fedavg", 1), ("rs", 0)]:
+        fake_run(suite, cells[key], [0.5, 0.6, 0.7])
+    folder = tmp_path / "results"
+    folder.mkdir()
+    kept = CellResult("iid", "rs", [0, 1], {"global.last10": Stat(1.0)}, source="earlier")
+    dump_results(ResultSet("t", "t", "suites/t.yaml", [kept]), folder / "t.yaml")
+    chosen = select(suite, ["fedavg"])
+    rs = load_results(export_suite(suite, "suites/t.yaml", app_defaults(), folder, cells=chosen))
+    assert [(c.method, c.seeds, c.source) for c in rs.cells][1] == ("rs", [0, 1], "earlier")
+    assert (rs.cells[0].method, rs.cells[0].seeds) == ("fedavg", [0, 1])
 
 
 def test_export_upto_takes_every_runs_first_rounds_stopped_part_way_included(tmp_path: Path) -> None:
