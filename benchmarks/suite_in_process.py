@@ -168,6 +168,7 @@ def main() -> None:
             name=args.export,
             source=command,
             upto=args.upto,
+            cells=cells,
         )
         print(f"wrote {path}")
         return
