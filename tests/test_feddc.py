@@ -81,44 +81,79 @@ def test_one_round_equals_the_authors_procedure() -> None:
     assert reply["metrics"]["feddc-drift-norm"] > 0
 
 
-def test_server_averages_the_drift_corrected_models_and_updates_c_from_the_local_updates(task_identity) -> None:
+def feddc_replies(x: dict[str, np.ndarray], updates: list[dict[str, np.ndarray]], drifts, parts) -> list[Message]:
+    """Replies of clients `parts` whose local update is `updates[i]` and drift after it `drifts[i]`:
+    upload theta_i + h_i, `feddc-update` theta_i - w."""
+    replies = []
+    for p, u, h in zip(parts, updates, drifts, strict=True):
+        upload = {k: v + u[k] + h[k] if k in u else v for k, v in x.items()}
+        records = {
+            "arrays": ArrayRecord({k: torch.from_numpy(v.astype(np.float32)) for k, v in upload.items()}),
+            FEDDC_UPDATE: ArrayRecord({k: torch.from_numpy(v) for k, v in u.items()}),
+            "metrics": MetricRecord({"num-examples": 100, "partition-id": p}),
+        }
+        replies.append(Message(RecordDict(records), dst_node_id=1, message_type="train"))
+    return replies
+
+
+def test_server_adds_the_mean_drift_of_all_clients_and_updates_c_from_the_local_updates(task_identity) -> None:
+    """Two rounds of 2 of 10 clients: w = mean of the round's theta_i + (1/10) sum_j h_j over all
+    clients (the code's `avg_mdl_param_sel + np.mean(parameter_drifts)`), not the mean of the round's
+    uploads theta_i + h_i; c is SCAFFOLD's from the local updates."""
     cfg = validate({"method": "feddc", "model": "mlp", "partition": "iid", "lr": 0.1})
     strategy = FedDCStrategy(cfg)
     strategy.num_partitions = 10
     strategy.sent_arrays = strategy.initial_arrays()
-    x = arrays_to_numpy(strategy.sent_arrays)
-    c0 = {k: v.numpy() for k, v in strategy.broadcast(1)["control"].items()}
     rng = np.random.default_rng(0)
-    uploads = [{k: v + rng.normal(size=v.shape).astype(np.float32) for k, v in x.items()} for _ in range(2)]
-    updates = [{k: 0.01 * rng.normal(size=x[k].shape).astype(np.float32) for k in LIKE} for _ in range(2)]
-    replies = [
-        Message(
-            RecordDict(
-                {
-                    "arrays": ArrayRecord({k: torch.from_numpy(v) for k, v in up.items()}),
-                    FEDDC_UPDATE: ArrayRecord({k: torch.from_numpy(v) for k, v in u.items()}),
-                    "metrics": MetricRecord({"num-examples": 100, "partition-id": p}),
-                }
-            ),
-            dst_node_id=1,
-            message_type="train",
-        )
-        for p, up, u in zip((1, 2), uploads, updates, strict=True)
-    ]
-    got = arrays_to_numpy(strategy.aggregate_arrays(1, replies))
-    want = weighted_average(uploads, [100, 100])  # the uploads theta_i + h_i, no server step
-    assert all(np.array_equal(got[k], want[k]) for k in want)
-    steps = [strategy.local_steps(m) for m in replies]
-    local = [{k: x[k] + u[k] for k in u} for u in updates]
-    c = scaffold_control_update(c0, scaffold_control_deltas(c0, x, local, steps, 0.1), 10)
-    state = strategy.state_dict()
-    assert all(np.allclose(state[f"control/{k}"].numpy(), c[k], atol=1e-6) for k in LIKE)
-    # the diagnostic model is the average of the theta_i alone: the global model without the drift
-    [(name, model)] = strategy.diagnostic_models(numpy_to_arrays(got)).items()
-    mean_local = weighted_average(local, [100, 100])
-    assert name == "feddc-local-average"
-    assert all(np.allclose(model.state_dict()[k].numpy(), mean_local[k], atol=1e-6) for k in mean_local)
-    assert not all(np.allclose(mean_local[k], got[k]) for k in mean_local)
+    drifts = {p: {k: np.zeros(v.shape) for k, v in LIKE.items()} for p in range(10)}  # the clients' h_j
+    for server_round, parts in ((1, (1, 2)), (2, (2, 3))):
+        x = arrays_to_numpy(strategy.sent_arrays)
+        c0 = {k: v.numpy() for k, v in strategy.broadcast(server_round)["control"].items()}
+        updates = [{k: 0.01 * rng.normal(size=x[k].shape).astype(np.float32) for k in LIKE} for _ in parts]
+        for p, u in zip(parts, updates, strict=True):
+            drifts[p] = {k: drifts[p][k] + u[k] for k in LIKE}
+        replies = feddc_replies(x, updates, [drifts[p] for p in parts], parts)
+        got = arrays_to_numpy(strategy.aggregate_arrays(server_round, replies))
+        local = [{k: x[k] + u[k] for k in u} for u in updates]
+        mean_local = weighted_average(local, [100, 100])
+        for k in LIKE:
+            want = mean_local[k] + sum(drifts[j][k] for j in range(10)) / 10
+            assert np.allclose(got[k], want, atol=1e-6), k
+        uploads = weighted_average([arrays_to_numpy(m.content["arrays"]) for m in replies], [100, 100])
+        assert not all(np.allclose(uploads[k], got[k], atol=1e-4) for k in LIKE)  # partial: not their mean
+        steps = [strategy.local_steps(m) for m in replies]
+        c = scaffold_control_update(c0, scaffold_control_deltas(c0, x, local, steps, 0.1), 10)
+        state = strategy.state_dict()
+        assert all(np.allclose(state[f"control/{k}"].numpy(), c[k], atol=1e-6) for k in LIKE)
+        # the diagnostic model is the average of the theta_i alone: the global model without the drift
+        [(name, model)] = strategy.diagnostic_models(numpy_to_arrays(got)).items()
+        assert name == "feddc-local-average"
+        assert all(np.allclose(model.state_dict()[k].numpy(), mean_local[k], atol=1e-6) for k in mean_local)
+        strategy.sent_arrays = numpy_to_arrays(got)
+    # H is checkpointed: a strategy loaded from the state gives the same next model
+    again = FedDCStrategy(cfg)
+    again.load_state_dict(strategy.state_dict())
+    assert all(np.array_equal(again.drift_sum.value[k], strategy.drift_sum.value[k]) for k in LIKE)
+
+
+def test_under_full_participation_the_server_model_is_the_mean_of_the_uploads(task_identity) -> None:
+    """Every client in every round: sum_j h_j / N over all clients is the round's mean drift, so w is
+    the plain mean of the uploads theta_i + h_i (FedDC's "average of the drift-corrected models")."""
+    cfg = validate({"method": "feddc", "model": "mlp", "partition": "iid", "aggregation-weights": "uniform"})
+    strategy = FedDCStrategy(cfg)
+    strategy.num_partitions = 3
+    strategy.sent_arrays = strategy.initial_arrays()
+    rng = np.random.default_rng(1)
+    drifts = [{k: np.zeros(v.shape) for k, v in LIKE.items()} for _ in range(3)]
+    for server_round in (1, 2):
+        x = arrays_to_numpy(strategy.sent_arrays)
+        updates = [{k: 0.01 * rng.normal(size=x[k].shape).astype(np.float32) for k in LIKE} for _ in range(3)]
+        drifts = [{k: h[k] + u[k] for k in LIKE} for h, u in zip(drifts, updates, strict=True)]
+        replies = feddc_replies(x, updates, drifts, (0, 1, 2))
+        got = arrays_to_numpy(strategy.aggregate_arrays(server_round, replies))
+        want = weighted_average([arrays_to_numpy(m.content["arrays"]) for m in replies], [1, 1, 1])
+        assert all(np.allclose(got[k], want[k], atol=1e-5) for k in want)
+        strategy.sent_arrays = numpy_to_arrays(got)
 
 
 def test_a_run_logs_the_drift_and_the_local_average_beside_the_global_model(tmp_path, task_identity) -> None:

@@ -22,9 +22,10 @@ Decisions (the paper's text was not at hand; the details follow the authors' cod
   size), the same on equal partitions. alpha is the same for every client (`feddc-alpha`); the code
   divides it, and c, by the client's relative data size, which is 1 on equal partitions.
 - Upload: theta_i + h_i (the drift-corrected model) for the trainable parameters; buffers as
-  trained. The server averages the uploads of the round's clients (the code averages theta_i over
-  the round's clients and h_i over all clients: the same under full participation). The server's
-  `max-update-ratio` bound applies to this upload, drift included, and to the local update.
+  trained; and theta_i - w. The server, as the code, averages the theta_i over the round's clients
+  and adds the mean drift of all clients, which it keeps as their sum from the local updates
+  (`fedskew/strategies/feddc.py`). The server's `max-update-ratio` bound applies to this upload,
+  drift included, and to the local update.
 - h_i and c_i are this client's state (two model-sized float32 tensors per trainable parameter,
   each written with its round); a client without them starts from zero (the code's
   initialisation) and logs it. The code's gradient clipping at norm 10 is `grad-clip` here.

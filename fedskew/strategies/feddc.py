@@ -2,17 +2,37 @@
 and Correction", CVPR'22; the authors' code `gaoliang13/FedDC` at 13440c23, utils_methods_FedDC.py
 `train_FedDC`). Client side: `fedskew/client_app/feddc.py`.
 
-The server model is the average of the clients' drift-corrected models theta_i + h_i (their
-uploads, `aggregation-weights`; no server step). The gradient correction's control c is SCAFFOLD's
-(`ScaffoldStrategy`): each client's theta_i = w + (its `feddc-update`) gives
-Delta c_i = (w - theta_i) / (K_i eta_l) - c, and c <- c + (1/N) sum_i Delta c_i, as the code's
-`state_gadient_diffs[-1] += delta_g_sum / n_clnt`. c is server state (in `checkpoint.pt`). The
-local update is screened like the upload (declared form, value bound, `max-update-ratio`).
-Metrics: SCAFFOLD's, `feddc-drift-norm` (the clients' mean ||h_i||) and `feddc-local-average-accuracy`
-(the average of the theta_i without their drift, on the test set, as the authors' code logs it).
+The server model is the average of the round's local models plus the mean drift of all N clients,
+
+    w <- mean_{i in S} theta_i + (1/N) sum_{j=1..N} h_j          (the code's
+         `cld_mdl_param = avg_mdl_param_sel + np.mean(parameter_drifts, axis=0)`)
+
+with no server step. The server keeps H = sum_j h_j (server state, in `checkpoint.pt`): a client's
+drift moves by its local update, h_i <- h_i + (theta_i - w), so H <- H + sum_{i in S} (theta_i - w)
+from the replies' `feddc-update`, and no client's drift is held here. Under full participation this
+is the average of the uploads theta_i + h_i; under partial participation the uploads of the round's
+few clients carry only their own drifts, whose mean swings with the sample (on 2 classes a client,
+5 of 20 a round, that average diverged in every seed), while the code adds every client's.
+The gradient correction's control c is SCAFFOLD's (`ScaffoldStrategy`): each client's
+theta_i = w + (its `feddc-update`) gives Delta c_i = (w - theta_i) / (K_i eta_l) - c, and
+c <- c + (1/N) sum_i Delta c_i, as the code's `state_gadient_diffs[-1] += delta_g_sum / n_clnt`.
+Decisions:
+- mean_{i in S} follows `aggregation-weights` (by sample count by default; the code's plain mean,
+  the same on equal partitions). N is `num_clients`; drifts of clients not yet sampled are zero, the
+  code's initialisation.
+- As SCAFFOLD's c, H misses a drift step whose reply was lost, and keeps the drift of a client that
+  lost its state (and restarts from h_i = 0); both are logged by the client side.
+- The local update is screened like the upload (declared form, value bound, `max-update-ratio`):
+  H and c move by it. The upload theta_i + h_i is screened and its buffers averaged (they carry no
+  drift).
+Metrics: SCAFFOLD's, `feddc-drift-norm` (the clients' mean ||h_i||), `feddc-mean-drift-norm`
+(||H / N||, the server's drift term) and `feddc-local-average-accuracy` (the average of the theta_i
+without the drift, on the test set, as the authors' code logs it).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 import torch
@@ -21,16 +41,28 @@ from torch import nn
 
 from fedskew import wire
 from fedskew.records import Rejected
-from fedskew.strategies.aggregate import update_ratio, weighted_average
-from fedskew.strategies.base import arrays_to_numpy
+from fedskew.strategies.aggregate import l2_norm, update_ratio, weighted_average
+from fedskew.strategies.base import RoundState, arrays_to_numpy, numpy_to_arrays
 from fedskew.strategies.scaffold import ScaffoldStrategy
 from fedskew.wire import FEDDC_UPDATE
 
 
 class FedDCStrategy(ScaffoldStrategy):
-    """Average of theta_i + h_i; SCAFFOLD's control variate from the uploaded local updates."""
+    """Average of the theta_i plus the mean drift of all clients; SCAFFOLD's control variate from
+    the uploaded local updates."""
 
     wire = wire.FEDDC
+
+    def __init__(self, cfg: dict[str, Any], device: torch.device | None = None) -> None:
+        super().__init__(cfg, device)
+        self.drift_sum = RoundState.zeros("drift-sum", self.dims)  # H = sum_j h_j over all clients
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), **self.drift_sum.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.drift_sum.load_state_dict(state)
 
     def check_reply(self, content: RecordDict, partition: int) -> None:
         """The base's rules, and the same `max-update-ratio` bound on the local update theta_i - w as
@@ -51,7 +83,23 @@ class FedDCStrategy(ScaffoldStrategy):
         updates = [arrays_to_numpy(m.content[FEDDC_UPDATE]) for m in replies]
         models = [{k: x[k].astype(np.float64) + u[k] for k in u} for u in updates]
         self.local_average = weighted_average(models, self.aggregation_weights(replies))
+        self.round_updates = updates
         return models
+
+    def aggregate_arrays(self, server_round: int, replies: list[Message]) -> ArrayRecord:
+        """SCAFFOLD's control update and the uploads' average (for the buffers), then each trainable
+        parameter theta-bar + H / N with H <- H + sum_i (theta_i - w)."""
+        h = self.drift_sum.before(server_round)
+        average = arrays_to_numpy(super().aggregate_arrays(server_round, replies))
+        self.drift_sum.value = {k: (v + sum(u[k] for u in self.round_updates)).astype(np.float32) for k, v in h.items()}
+        n = self.num_clients()
+        for k, v in self.drift_sum.value.items():
+            average[k] = (self.local_average[k] + v.astype(np.float64) / n).astype(average[k].dtype)
+        return numpy_to_arrays(average)
+
+    def aggregate_extras(self, server_round: int, replies: list[Message]) -> dict[str, float]:
+        mean = {k: v / self.num_clients() for k, v in self.drift_sum.value.items()}
+        return {**super().aggregate_extras(server_round, replies), "feddc-mean-drift-norm": l2_norm(mean)}
 
     def server_step(self, x: dict[str, np.ndarray], average: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The average itself (FedDC has no server learning rate)."""
