@@ -10,6 +10,9 @@ seconds the cells still running are stopped and keep the rounds they finished. P
 `--every` seconds; at the end, per cell: rounds done, wall, seconds a round, the suite's last-k-round
 mean of the global accuracy (over the rounds done), and the final round's. A cell folder that holds
 an earlier run's results is refused (nothing is deleted): use another `--tag`, or `--set overwrite=true`.
+`--into-suite` writes into the suite's own folder instead and does there what `fedskew experiment`
+does (`plan_cells`: a finished cell is skipped, a stopped one resumed, one of another config left as
+it is), so that `fedskew experiment --export` and the suite's report read its cells as their own.
 `--export NAME` runs nothing and writes the finished cells of that folder into `results/NAME.yaml`
 (with `--upto R`: every run's first R rounds, runs stopped at the deadline included),
 checked against the suite's config plus the `--set` overrides, which the file records (e.g.
@@ -39,7 +42,7 @@ import yaml
 from _common import ROOT, in_process_setup
 
 from fedskew.config import ConfigError
-from fedskew.experiments import Cell, labels, load_suite, select
+from fedskew.experiments import Cell, labels, load_suite, plan_cells, select
 from fedskew.launcher import app_defaults
 from fedskew.resources import available_cores
 from fedskew.resultfile import export_suite
@@ -76,6 +79,13 @@ def cell_stats(run_dir: Path, last: int) -> dict[str, Any]:
         **{k: None if v is None else 100 * v for k, v in percent.items()},
         "round-seconds": seconds[len(seconds) // 2] if seconds else None,
     }
+
+
+def cell_config(cell: Cell, sets: dict[str, Any], folder: Path) -> dict[str, Any]:
+    """The overrides of `cell` run into `folder` with the `--set` ones on top."""
+    cfg = {**cell.overrides, **sets, "out-dir": str(folder), "run-name": cell.run_name}
+    cfg["num-partitions"] = cell.num_supernodes  # as `fedskew run` saves it
+    return cfg
 
 
 def run_one(spec: str) -> None:
@@ -124,6 +134,12 @@ def main() -> None:
     ap.add_argument("--deadline", type=float, default=0.0, help="stop running cells after this many s (0: none)")
     ap.add_argument("--tag", default="in-process", help="the output folder is <out-dir>/<suite>-<tag>")
     ap.add_argument("--out-dir", help="default: the suite's out-dir")
+    ap.add_argument(
+        "--into-suite",
+        action="store_true",
+        help="write into the suite's own folder, skipping finished cells and resuming stopped ones as "
+        "`fedskew experiment` does (no --set, --tag or --out-dir)",
+    )
     ap.add_argument("--every", type=float, default=30.0, help="progress every this many s")
     ap.add_argument(
         "--export",
@@ -153,6 +169,10 @@ def main() -> None:
     except ConfigError as e:
         raise SystemExit(f"suite_in_process.py: {e}") from None
     folder = Path(args.out_dir or suite.out_dir).absolute() / f"{suite.name}-{args.tag}"
+    if args.into_suite:
+        if sets or args.out_dir or args.tag != ap.get_default("tag") or args.export:
+            ap.error("--into-suite runs the suite's own cells: no --set, --tag, --out-dir or --export")
+        folder = suite.folder.absolute()
     if args.export:
         if args.upto < 0:
             ap.error(f"--upto {args.upto}: must be a number of rounds, 1 or more (0: finished runs only)")
@@ -172,9 +192,19 @@ def main() -> None:
         )
         print(f"wrote {path}")
         return
-    print(f"{len(cells)} cells of {suite.name}, {args.jobs} at once, overrides {sets} -> {folder}", flush=True)
+    todo = [(cell, cell_config(cell, sets, folder)) for cell in cells]
+    if args.into_suite:
+        try:
+            plans = plan_cells(suite, ROOT, cells)
+        except ConfigError as e:
+            raise SystemExit(f"suite_in_process.py: {e}") from None
+        for plan in plans:
+            if plan.action != "run":
+                print(f"{plan.cell.run_name}: {plan.action}{f' ({plan.note})' if plan.note else ''}", flush=True)
+        todo = [(plan.cell, plan.overrides) for plan in plans if plan.runs]
+        cells = [cell for cell, _ in todo]
+    print(f"{len(todo)} cells of {suite.name}, {args.jobs} at once, overrides {sets} -> {folder}", flush=True)
     t0 = time.perf_counter()
-    todo = list(cells)
     running: dict[str, tuple[subprocess.Popen, float]] = {}  # run name -> (process, start)
     ended: dict[str, float] = {}  # run name -> wall seconds
     next_report = args.every
@@ -182,9 +212,7 @@ def main() -> None:
     try:
         while todo or running:
             while todo and len(running) < args.jobs:
-                cell = todo.pop(0)
-                cfg = {**cell.overrides, **sets, "out-dir": str(folder), "run-name": cell.run_name}
-                cfg["num-partitions"] = cell.num_supernodes  # as `fedskew run` saves it
+                cell, cfg = todo.pop(0)
                 threads = max(1, available_cores() // args.jobs)  # the batched engine's torch threads
                 running[cell.run_name] = (start(cell, cfg, folder, threads), time.perf_counter())
             time.sleep(1.0)

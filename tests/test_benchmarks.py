@@ -135,6 +135,34 @@ def test_suite_in_process_runs_the_chosen_cells_at_once_and_stops_them_at_the_de
     assert bad.returncode != 0 and "no method 'fedprox'" in bad.stderr, bad.stderr
 
 
+def test_suite_in_process_into_suite_fills_the_suite_s_own_folder_as_fedskew_experiment_would(tmp_path: Path) -> None:
+    """`--into-suite`: the cells land in the suite's folder, where `plan_cells` (what `fedskew
+    experiment` runs and exports) counts them done; a second call skips them; --set is refused."""
+    from fedskew.experiments import load_suite, plan_cells
+    from fedskew.launcher import app_defaults
+
+    suite = tmp_path / "s.yaml"
+    suite.write_text(
+        f"name: s\nnum-supernodes: 5\nseeds: [0]\nout-dir: {tmp_path}\n"
+        "base: {num-server-rounds: 2, local-epochs: 1, partition: classes-per-client, classes-per-client: 2}\n"
+        "methods: {fedavg: {}, fedrs-0.5: {method: fedrs, fedrs-alpha: 0.5}}\n"
+    )
+    ok = run_benchmark("suite_in_process.py", str(suite), "--into-suite", "--jobs", "2")
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    assert "2 cells of s, 2 at once" in ok.stdout, ok.stdout
+    loaded = load_suite(str(suite), app_defaults(ROOT))
+    plans = plan_cells(loaded, ROOT)
+    assert [p.action for p in plans] == ["done", "done"], [(p.cell.run_name, p.action, p.note) for p in plans]
+    for p in plans:
+        rows = (tmp_path / "s" / p.cell.run_name / "metrics.jsonl").read_text().splitlines()
+        assert [json.loads(r)["round"] for r in rows] == [1, 2]
+    again = run_benchmark("suite_in_process.py", str(suite), "--into-suite")
+    assert again.returncode == 0 and "0 cells of s" in again.stdout, again.stdout + again.stderr[-2000:]
+    assert f"{run_name('default', 'fedavg', 0)}: done" in again.stdout, again.stdout
+    bad = run_benchmark("suite_in_process.py", str(suite), "--into-suite", "--set", "lr=0.1")
+    assert bad.returncode != 0 and "--into-suite runs the suite's own cells" in bad.stderr, bad.stderr
+
+
 def test_update_ratio_reports_each_cell_s_largest_ratio_and_refusals_and_fills_the_note(
     tmp_path: Path,
 ) -> None:
