@@ -478,6 +478,24 @@ def leaderboard_gains(suite: dict[str, Any], results: ResultSet | None, last: in
     return gains
 
 
+def leaderboard_verdict(suite: dict[str, Any], results: ResultSet | None) -> str:
+    """One line: per setting, the method(s) of the best global accuracy with their gain over FedAvg,
+    and how many methods beat FedAvg by more than both cells' seed spreads ('' before any result)."""
+    last = int(suite.get("last-rounds", 10))
+    key, gains = f"global.last{last}", leaderboard_gains(suite, results, last)
+    parts = []
+    for p in suite.get("partitions") or {}:
+        mine = {m: g for (m, q), g in gains.items() if q == p and m != "fedavg"}
+        if not mine:
+            continue
+        top = max(mine.values())
+        best = "/".join(m for m, g in mine.items() if g == top)
+        base = results.cell(p, "fedavg").stats[key]
+        above = sum(g > (results.cell(p, m).stats[key].std or 0.0) + (base.std or 0.0) for m, g in mine.items())
+        parts.append(f"{p}: {best} {fmt_gain(top)}, {above} of {len(mine)} above FedAvg beyond the seeds' spread")
+    return ("Best global accuracy over FedAvg per setting (" + "; ".join(parts) + ").") if parts else ""
+
+
 def leaderboard_md(suite_path: Path, suite: dict[str, Any], results: ResultSet | None) -> str:
     last = int(suite.get("last-rounds", 10))
     partitions = list(suite.get("partitions") or {})
@@ -485,11 +503,7 @@ def leaderboard_md(suite_path: Path, suite: dict[str, Any], results: ResultSet |
     lines = ["# Leaderboard: every method on three label-skew settings", "", GENERATED, ""]
     lines += [
         f"The suite [`{suite_path.as_posix()}`](../{suite_path.as_posix()}) runs every registered method on "
-        f"the same settings, seeds and budget. Its protocol, as its header gives it:",
-        "",
-        "```text",
-        *header,
-        "```",
+        "the same settings, seeds and budget (its protocol: below).",
         "",
     ]
     if results is None or not results.cells:
@@ -500,6 +514,8 @@ def leaderboard_md(suite_path: Path, suite: dict[str, Any], results: ResultSet |
             "",
         ]
     gains = leaderboard_gains(suite, results, last)
+    if verdict := leaderboard_verdict(suite, results):
+        lines += [verdict, ""]
     lines += [
         f"## Global accuracy (mean of the last {last} rounds, %, mean ± std over seeds; gain over FedAvg)",
         "",
@@ -519,6 +535,12 @@ def leaderboard_md(suite_path: Path, suite: dict[str, Any], results: ResultSet |
     lines += [
         "",
         "![gain over FedAvg, methods x settings](img/leaderboard-gain.png)",
+        "",
+        "## Protocol, as the suite's header gives it",
+        "",
+        "```text",
+        *header,
+        "```",
         "",
         "## Balanced, worst-class and personalized accuracy",
         "",
@@ -558,7 +580,7 @@ def leaderboard_headline(suite: dict[str, Any], results: ResultSet | None) -> li
         mine = [gains[(m, p)] for p in partitions if (m, p) in gains]
         mean = fmt_gain(float(np.mean(mine))) if mine and m != "fedavg" else "-"
         lines.append(f"| {m} | " + " | ".join(cells) + f" | {mean} |")
-    return lines
+    return [*lines, "", leaderboard_verdict(suite, results)]
 
 
 def leaderboard_figure(suite: dict[str, Any], results: ResultSet | None, path: Path) -> None:
@@ -581,7 +603,8 @@ def leaderboard_figure(suite: dict[str, Any], results: ResultSet | None, path: P
         aspect="auto",
     )
     for i, j in zip(*np.where(np.isfinite(grid)), strict=True):
-        ax.text(j, i, f"{grid[i, j]:+.1f}", ha="center", va="center", fontsize=8)
+        dark = abs(grid[i, j]) > 0.6 * bound  # white on the deep colours
+        ax.text(j, i, f"{grid[i, j]:+.1f}", ha="center", va="center", fontsize=8, color="white" if dark else "black")
     ax.set_xticks(range(len(partitions)), partitions)
     ax.set_yticks(range(len(methods)), methods)
     ax.set_title(f"global accuracy gain over FedAvg (points, last-{last} mean)", fontsize=9)

@@ -21,6 +21,7 @@ from fedskew.report import (
     Row,
     generate,
     leaderboard_md,
+    leaderboard_verdict,
     numbers,
     render_reason,
     shown_verdict,
@@ -314,6 +315,13 @@ def test_leaderboard_reads_balanced_and_worst_class_when_present(tmp_path: Path)
     assert "| fedrs | c2 | 70.00 ± 1.00 | 69.00 ± 1.00 | n/a | 90.00 ± 0.50 |" in md
     assert "| fedrs | n/a | 70.00 ± 1.00 (+10.0) | n/a |" in md  # the gain over FedAvg on that setting
     assert "Not run yet" not in md
+    # the verdict line: the best method per setting, and who beats FedAvg by more than both spreads
+    cells.append(CellResult("c2", "moon", [0, 1, 2], {**stats, "global.last10": Stat(61.5, 1.0)}))
+    results = ResultSet("leaderboard", "leaderboard", "", cells)
+    assert leaderboard_verdict(suite, results) == (
+        "Best global accuracy over FedAvg per setting (c2: fedrs +10.0, 1 of 2 above FedAvg beyond the seeds' spread)."
+    )
+    assert leaderboard_verdict(suite, None) == ""
 
 
 def test_the_leaderboard_suite_runs_every_registered_method_on_three_settings() -> None:
