@@ -572,14 +572,17 @@ def leaderboard_headline(suite: dict[str, Any], results: ResultSet | None) -> li
         f"Global accuracy (%, mean of the last {last} rounds over 3 seeds; [docs/leaderboard.md](docs/leaderboard.md) "
         "has balanced, worst-class and personalized accuracy):",
         "",
-        "| method | " + " | ".join(partitions) + " | mean gain over FedAvg |",
-        "|---|" + "---|" * (len(partitions) + 1),
+        "| method | " + " | ".join(partitions) + " | mean gain over FedAvg | personalized, mean of the settings |",
+        "|---|" + "---|" * (len(partitions) + 2),
     ]
     for m in suite.get("methods") or {}:
         cells = [_lb_value(results.cell(p, m), "global", last).split(" ±")[0] for p in partitions]
         mine = [gains[(m, p)] for p in partitions if (m, p) in gains]
         mean = fmt_gain(float(np.mean(mine))) if mine and m != "fedavg" else "-"
-        lines.append(f"| {m} | " + " | ".join(cells) + f" | {mean} |")
+        key = f"personalized.last{last}"
+        own = [c.stats[key].mean for p in partitions if (c := results.cell(p, m)) and key in c.stats]
+        own_text = f"{np.mean(own):.2f}" if own and len(own) == len(partitions) else "n/a"
+        lines.append(f"| {m} | " + " | ".join(cells) + f" | {mean} | {own_text} |")
     return [*lines, "", leaderboard_verdict(suite, results)]
 
 

@@ -20,6 +20,7 @@ from fedskew.report import (
     Numbers,
     Row,
     generate,
+    leaderboard_headline,
     leaderboard_md,
     leaderboard_verdict,
     numbers,
@@ -322,6 +323,11 @@ def test_leaderboard_reads_balanced_and_worst_class_when_present(tmp_path: Path)
         "Best global accuracy over FedAvg per setting (c2: fedrs +10.0, 1 of 2 above FedAvg beyond the seeds' spread)."
     )
     assert leaderboard_verdict(suite, None) == ""
+    # README's headline: the personalized mean only once every setting has it
+    assert "| fedrs | n/a | 70.00 | n/a | +10.0 | n/a |" in leaderboard_headline(suite, results)
+    full = [CellResult(p, "fedrs", [0], {"personalized.last10": Stat(v)}) for p, v in (("dir01", 80), ("lt10", 70))]
+    headline = leaderboard_headline(suite, ResultSet("leaderboard", "leaderboard", "", [*cells, *full]))
+    assert "| fedrs | n/a | 70.00 | n/a | +10.0 | 80.00 |" in headline  # (80 + 90 + 70) / 3
 
 
 def test_the_leaderboard_suite_runs_every_registered_method_on_three_settings() -> None:
