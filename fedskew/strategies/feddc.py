@@ -10,9 +10,9 @@ The server model is the average of the round's local models plus the mean drift 
 with no server step. The server keeps H = sum_j h_j (server state, in `checkpoint.pt`): a client's
 drift moves by its local update, h_i <- h_i + (theta_i - w), so H <- H + sum_{i in S} (theta_i - w)
 from the replies' `feddc-update`, and no client's drift is held here. Under full participation this
-is the average of the uploads theta_i + h_i; under partial participation the uploads of the round's
-few clients carry only their own drifts, whose mean swings with the sample (on 2 classes a client,
-5 of 20 a round, that average diverged in every seed), while the code adds every client's.
+is the average of the uploads theta_i + h_i (on equal partitions); under partial participation the
+uploads of the round's few clients carry only their own drifts, whose mean swings with the sample,
+while the code adds every client's.
 The gradient correction's control c is SCAFFOLD's (`ScaffoldStrategy`): each client's
 theta_i = w + (its `feddc-update`) gives Delta c_i = (w - theta_i) / (K_i eta_l) - c, and
 c <- c + (1/N) sum_i Delta c_i, as the code's `state_gadient_diffs[-1] += delta_g_sum / n_clnt`.
@@ -20,8 +20,9 @@ Decisions:
 - mean_{i in S} follows `aggregation-weights` (by sample count by default; the code's plain mean,
   the same on equal partitions). N is `num_clients`; drifts of clients not yet sampled are zero, the
   code's initialisation.
-- As SCAFFOLD's c, H misses a drift step whose reply was lost, and keeps the drift of a client that
-  lost its state (and restarts from h_i = 0); both are logged by the client side.
+- As SCAFFOLD's c, H misses a drift step whose reply was lost (the server counts the lost reply),
+  and keeps the drift of a client that lost its state and restarts from h_i = 0 (which that client
+  logs).
 - The local update is screened like the upload (declared form, value bound, `max-update-ratio`):
   H and c move by it. The upload theta_i + h_i is screened and its buffers averaged (they carry no
   drift).
