@@ -192,7 +192,6 @@ def main() -> None:
         )
         print(f"wrote {path}")
         return
-    todo = [(cell, cell_config(cell, sets, folder)) for cell in cells]
     if args.into_suite:
         try:
             plans = plan_cells(suite, ROOT, cells)
@@ -203,6 +202,8 @@ def main() -> None:
                 print(f"{plan.cell.run_name}: {plan.action}{f' ({plan.note})' if plan.note else ''}", flush=True)
         todo = [(plan.cell, plan.overrides) for plan in plans if plan.runs]
         cells = [cell for cell, _ in todo]
+    else:
+        todo = [(cell, cell_config(cell, sets, folder)) for cell in cells]
     print(f"{len(todo)} cells of {suite.name}, {args.jobs} at once, overrides {sets} -> {folder}", flush=True)
     t0 = time.perf_counter()
     running: dict[str, tuple[subprocess.Popen, float]] = {}  # run name -> (process, start)

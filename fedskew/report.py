@@ -575,11 +575,11 @@ def leaderboard_headline(suite: dict[str, Any], results: ResultSet | None) -> li
         "| method | " + " | ".join(partitions) + " | mean gain over FedAvg | personalized, mean of the settings |",
         "|---|" + "---|" * (len(partitions) + 2),
     ]
+    key = f"personalized.last{last}"
     for m in suite.get("methods") or {}:
         cells = [_lb_value(results.cell(p, m), "global", last).split(" ±")[0] for p in partitions]
         mine = [gains[(m, p)] for p in partitions if (m, p) in gains]
         mean = fmt_gain(float(np.mean(mine))) if mine and m != "fedavg" else "-"
-        key = f"personalized.last{last}"
         own = [c.stats[key].mean for p in partitions if (c := results.cell(p, m)) and key in c.stats]
         own_text = f"{np.mean(own):.2f}" if own and len(own) == len(partitions) else "n/a"
         lines.append(f"| {m} | " + " | ".join(cells) + f" | {mean} | {own_text} |")
