@@ -61,6 +61,10 @@ METRICS = {
     # the personal models' mean on the central test set (`personalized-central-eval`): the GA of a
     # method without one global model, as FedGELA's and FedRoD's papers define it
     "personalized-central": "personalized_central_accuracy",
+    # MuPFL under `mupfl-init="cluster"`: a returning client's start, and that start after PKCF's
+    # classifier fine-tune (the personalized model Alg. 1 evaluates)
+    "mupfl-start": "start_accuracy",
+    "mupfl-pkcf": "pkcf_accuracy",
 }
 STAT_NAME = re.compile(r"^[a-z][a-z0-9-]*\.(last\d+|osc\d+|osc\d+-\d+|r\d+-\d+|final|best)$")
 FILE_KEYS = {"suite", "suite-file", "overrides", "cells"}

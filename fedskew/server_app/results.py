@@ -174,6 +174,10 @@ TRACKED = (
     "personalized-central-accuracy",
     "personalized-held-accuracy",
     "personalized-missing-accuracy",
+    # MuPFL's cluster reading: the returning client's start (its cluster-updated extractor with the
+    # global classifier) before and after PKCF's classifier fine-tune, the model the paper evaluates
+    "start-accuracy",
+    "pkcf-accuracy",
 )
 LAST_ROUNDS = 10
 
