@@ -66,6 +66,11 @@ METRICS = {
     "mupfl-start": "start_accuracy",
     "mupfl-pkcf": "pkcf_accuracy",
 }
+# how a table's caption names a metric whose key does not say it
+METRIC_WORDS = {
+    "mupfl-start": "MuPFL's returning-client start",
+    "mupfl-pkcf": "MuPFL's returning-client start after PKCF's fine-tune",
+}
 STAT_NAME = re.compile(r"^[a-z][a-z0-9-]*\.(last\d+|osc\d+|osc\d+-\d+|r\d+-\d+|final|best)$")
 FILE_KEYS = {"suite", "suite-file", "overrides", "cells"}
 CELL_KEYS = {"partition", "method", "seeds", "rounds", "config", "config-sha256", "source", "note", "stats"}
@@ -113,7 +118,7 @@ class ResultSet:
 def describe_stat(name: str) -> str:
     """'global.last10' -> 'global accuracy, mean of the last 10 rounds' (for tables and captions)."""
     metric, stat = name.split(".", 1)
-    what = f"{metric} accuracy"
+    what = f"{METRIC_WORDS.get(metric, metric)} accuracy"
     if m := re.fullmatch(r"last(\d+)", stat):
         return f"{what}, mean of the last {m[1]} rounds"
     if m := re.fullmatch(r"osc(\d+)", stat):

@@ -341,7 +341,8 @@ def test_the_leaderboard_suite_runs_every_registered_method_on_three_settings() 
 def test_readme_is_short_and_reaches_every_doc() -> None:
     readme = (ROOT / "README.md").read_text()
     assert len(readme.splitlines()) < 200
-    assert len((ROOT / "docs" / "results.md").read_text().splitlines()) < 350
+    # the verdicts, then one small table per paper protocol and per reading the papers leave open
+    assert len((ROOT / "docs" / "results.md").read_text().splitlines()) < 400
     linked = set(re.findall(r"\]\((docs/[^)#]+)\)", readme))
     for doc in [*(ROOT / "docs").glob("*.md"), *(ROOT / "docs" / "notes").glob("*.md")]:
         assert doc.relative_to(ROOT).as_posix() in linked, f"README.md does not link {doc.relative_to(ROOT)}"

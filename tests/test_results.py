@@ -30,13 +30,15 @@ def test_round_statistics_ignores_non_finite_values_and_handles_no_rows() -> Non
 def test_mupfl_cluster_starts_are_tracked_and_exported_as_their_own_statistic() -> None:
     """Under `mupfl-init="cluster"` the model the paper evaluates is the returning client's start after
     PKCF's fine-tune (`pkcf-accuracy`): its last-k mean is a statistic a result file can hold."""
-    from fedskew.resultfile import cell_stats
+    from fedskew.resultfile import cell_stats, describe_stat
 
     rows = [{"round": r, "start-accuracy": 0.6, "pkcf-accuracy": 0.5 + r / 100} for r in range(1, 21)]
     runs = [round_statistics(rows, last=10), round_statistics([{**r, "pkcf-accuracy": 0.9} for r in rows], last=10)]
     assert runs[0]["last10_pkcf_accuracy"] == pytest.approx(0.5 + 15.5 / 100)
     stats = cell_stats(runs, [0, 1], 10)
     assert stats["mupfl-pkcf.last10"].per_seed == [65.5, 90.0] and stats["mupfl-start.last10"].mean == 60.0
+    words = describe_stat("mupfl-pkcf.last10")
+    assert words.startswith("MuPFL's returning-client start after PKCF's fine-tune accuracy")
     assert "mupfl-pkcf.last10" not in cell_stats([round_statistics([{"round": 1, "global-accuracy": 0.5}])], [0], 10)
 
 

@@ -44,7 +44,10 @@ Decisions and deviations (the paper has no public code):
   defaults to FedAvg" (Sec. 4.5) and Table I's "FedAvg with clustering" is FedAvg whose update is
   ACMU's; Alg. 1 L6's w_i^(t-1) reuses the superscript that L18 uses for SGD steps. With "personal"
   nothing trains from w_glo, an average of drifting personal models (`docs/notes/mupfl.md`). "global"
-  stays the default until federated runs measure "cluster" against it (no such run yet).
+  stays the default: measured against it at IF 10 x Dir 0.5, "cluster" gives ACMU a gain (its
+  returning clients' starts are moved by their cluster's update, not by a stale round's mean) but
+  its evaluated model stays under the default's locally trained one, and its global model under
+  the default's (`suites/paper-mupfl.yaml`, `docs/results.md`).
   "personal" keeps every w~_i on the server (N models).
 - ACMU on the client's path (`mupfl-init="cluster"`): Alg. 1 L6 trains from w_i^(t-1) and L7
   subtracts it, L8 / Eq. 14 update w~_i from the same w_i^(t-1), and Sec. 3.5 ends "client i will
