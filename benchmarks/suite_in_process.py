@@ -140,6 +140,11 @@ def main() -> None:
         help="write into the suite's own folder, skipping finished cells and resuming stopped ones as "
         "`fedskew experiment` does (no --set, --tag or --out-dir)",
     )
+    ap.add_argument(
+        "--rerun-changed",
+        action="store_true",
+        help="with --into-suite: run again a finished cell whose config has changed (its earlier files set aside)",
+    )
     ap.add_argument("--every", type=float, default=30.0, help="progress every this many s")
     ap.add_argument(
         "--export",
@@ -194,7 +199,7 @@ def main() -> None:
         return
     if args.into_suite:
         try:
-            plans = plan_cells(suite, ROOT, cells)
+            plans = plan_cells(suite, ROOT, cells, rerun_changed=args.rerun_changed)
         except ConfigError as e:
             raise SystemExit(f"suite_in_process.py: {e}") from None
         for plan in plans:

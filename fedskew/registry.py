@@ -258,10 +258,10 @@ METHODS: dict[str, MethodSpec] = {
             ),
             bavd_mask=Param(
                 str,
-                "batch",
-                "MuPFL BAVD: one mask from the batch-mean map ('batch'), or per sample: its own mean"
-                " ('sample-mean'), its top-K ('sample-topk', Sec. 3.6), the map's mean as its threshold"
-                " ('map-threshold')",
+                "sample-topk",
+                "MuPFL BAVD: per sample its top-K ('sample-topk', Sec. 3.6), or its own mean ('sample-mean'),"
+                " or the map's mean as its threshold ('map-threshold'), or one mask from the batch-mean map"
+                " for every sample ('batch')",
                 choices=("batch", "sample-mean", "sample-topk", "map-threshold"),
             ),
             bavd_top=Param(
@@ -274,9 +274,9 @@ METHODS: dict[str, MethodSpec] = {
             ),
             bavd_site=Param(
                 str,
-                "convs",
-                "MuPFL BAVD: after every conv block ('convs'), after the last only ('last-conv'), or on the"
-                " flattened features before the classifier ('features')",
+                "features",
+                "MuPFL BAVD: on the flattened features before the classifier ('features'), after every conv"
+                " block ('convs'), or after the last only ('last-conv')",
                 choices=("convs", "last-conv", "features"),
             ),
             bavd_reset=Param(

@@ -161,6 +161,15 @@ def test_suite_in_process_into_suite_fills_the_suite_s_own_folder_as_fedskew_exp
     assert f"{run_name('default', 'fedavg', 0)}: done" in again.stdout, again.stdout
     bad = run_benchmark("suite_in_process.py", str(suite), "--into-suite", "--set", "lr=0.1")
     assert bad.returncode != 0 and "--into-suite runs the suite's own cells" in bad.stderr, bad.stderr
+    # a cell whose config changed is left alone, and run again (earlier files set aside) on request
+    suite.write_text(suite.read_text().replace("fedavg: {}", "fedavg: {eval-batch-size: 512}"))
+    left = run_benchmark("suite_in_process.py", str(suite), "--into-suite", "--methods", "fedavg")
+    assert left.returncode == 0 and "0 cells of s" in left.stdout and ": changed" in left.stdout, left.stdout
+    rerun = run_benchmark("suite_in_process.py", str(suite), "--into-suite", "--rerun-changed", "--methods", "fedavg")
+    assert rerun.returncode == 0 and "1 cells of s" in rerun.stdout, rerun.stdout + rerun.stderr[-2000:]
+    plans = plan_cells(load_suite(str(suite), app_defaults(ROOT)), ROOT)
+    assert [p.action for p in plans] == ["done", "done"], [(p.cell.run_name, p.action, p.note) for p in plans]
+    assert list((tmp_path / "s" / run_name("default", "fedavg", 0)).glob("aside-*")), "earlier files not set aside"
 
 
 def test_update_ratio_reports_each_cell_s_largest_ratio_and_refusals_and_fills_the_note(

@@ -16,14 +16,15 @@ dimensions ... across all B x C slices"; Fig. 4's model "retains only high activ
 readings, each a {0, 1} mask (with `rescale`, `mupfl-bavd-rescale`, the kept values of each slice
 scaled by positions / kept, as the standard (inverted) dropout layer BAVD replaces, Sec. 3.3):
 
-- "batch" (default): one mask for every sample, the positions where the min-max normalised map of
+- "batch": one mask for every sample, the positions where the min-max normalised map of
   iteration lambda-1 is >= its per-channel mean over H x W (`bavd_mask`; invariant to any positive
   affine normalisation). The zero map keeps everything. It drops the same positions of every image
   (about 56 % of them in the paper's CNN), wherever that image is active, and psi cancels out of it;
 - "sample-mean": each sample's own min-max normalised activations below their own mean, per sample
   and channel (`sample_mean_mask`; the map plays no part in the mask);
-- "sample-topk": each sample and channel keeps its ceil(K x H W) largest activations
-  (`sample_topk_mask`, K = `mupfl-bavd-top`, the paper gives no K);
+- "sample-topk" (default): each sample and channel keeps its ceil(K x H W) largest activations
+  (`sample_topk_mask`, K = `mupfl-bavd-top`, the paper gives no K; at "features" one slice per
+  sample keeps its K d largest features);
 - "map-threshold": mu_c, the mean of the normalised map's channel c, applied to each sample's own
   normalised activations (`map_threshold_mask`): the map sets the level, the sample the positions.
 
@@ -34,9 +35,10 @@ less than half the mass when it drops the weak ones.
 
 BAVD is attached by forward hooks (`attach_bavd`) at `mupfl-bavd-site` (`BAVD_SITES`): after every
 conv-block ReLU (a ReLU preceded by a Conv2d/BatchNorm2d inside an nn.Sequential) and after every
-ResNet BasicBlock ("convs", the default: "after the activation function in different layers", Sec.
-3.3); after the last of those only ("last-conv"); or on the network's features, the flattened input
-of the classifier ("features", one slice per sample). The model's state_dict is unchanged. Nets
+ResNet BasicBlock ("convs": "after the activation function in different layers", Sec. 3.3); after
+the last of those only ("last-conv"); or on the network's features, the flattened input of the
+classifier ("features", the default: one slice per sample; Fig. 4's model "retains only high
+activation values" of the representation it classifies). The model's state_dict is unchanged. Nets
 without conv blocks (mlp) get a BAVD layer only at "features".
 
 PKCF, prior-knowledge classifier fine-tuning (Sec. 3.5, Eqs. 16-21). The fedskew classifier is a
@@ -78,12 +80,13 @@ form at lr 1.0 converges within a round (the measurements: `docs/notes/mupfl.md`
 loss reported (`pkcf-match-loss-first/last`) is the mean cosine distance per compared vector, in
 [0, 2], for either form.
 
-Defaults: the batch mask after both convolutions, no rescaling, and N(0, 1) synthetic features stay
-the defaults they were before the readings above were added. Only single-process measurements exist
-so far (`benchmarks/mupfl_bavd.py`: on 5 clients of the IF 10 x Dir 0.5 cell every per-sample
-reading costs a client's own model less than the batch mask, 0.2-1.4 points against 3.2 from a
-trained start, none gains over plain SGD; the PKCF start norms in `docs/notes/mupfl.md`); a default
-changes only on the federated runs (3 seeds) that compare the readings.
+Defaults, chosen by the federated runs that compare the readings (`suites/paper-mupfl.yaml`, the
+IF 10 x Dir 0.5 cell of Table VI, 3 seeds, personalized accuracy; `docs/results.md`): BAVD per
+sample, top K = 50 % on the features ("sample-topk" at "features", Sec. 3.6's torch.topk), the best
+of the readings. It zeroes half the features but little of their mass (after the ReLU most of the
+weak half is near zero), and it is level with no BAVD; the batch mask after both convolutions, the
+earlier default, cost about 6 points, and every reading on the features 0.4-1 point. No rescaling,
+and N(0, 1) synthetic features, stay the defaults.
 """
 
 from __future__ import annotations

@@ -25,17 +25,15 @@ ACMU and PKCF are timed each round (metrics `acmu-seconds`, `pkcf-seconds`; CUDA
 
 Decisions and deviations (the paper has no public code):
 - BAVD: psi = previous loss - current loss (`mupfl-psi-sign="paper"` for Eq. 6's printed sign);
-  C x H x W maps from batch means; the map restarts each local epoch (`mupfl-bavd-reset` "round" /
-  "never"; "never" keeps the maps in the client's `ClientState`); by default one mask for the batch,
-  a mean threshold on the min-max normalised map, `>=`, per channel, no rescaling
-  (`mupfl-bavd-rescale` scales the kept activations as inverted dropout), identity at eval. The
-  per-sample readings (`mupfl-bavd-mask`) and the sites (`mupfl-bavd-site`) the paper supports are
-  in `fedskew/losses/mupfl.py`; the default stays the batch map after both convolutions until the
-  federated runs of `suites/paper-mupfl.yaml` pick among them. No rescaling stays the default: from a trained global
-  model, a federated round's situation, every reading of Eqs. 5-6 costs personalized accuracy, the
-  rescaled one included (`benchmarks/mupfl_bavd.py`; `docs/notes/mupfl.md`). BAVD sits after every
-  conv-block ReLU (LeNet: 2 layers) and after each ResNet block; nets without conv blocks get none
-  (then maps are not sent and ACMU uses the update cosine only, alpha = 1).
+  maps from batch means; the map restarts each local epoch (`mupfl-bavd-reset` "round" / "never";
+  "never" keeps the maps in the client's `ClientState`); identity at eval, no rescaling
+  (`mupfl-bavd-rescale` scales the kept activations as inverted dropout). Which activations it
+  zeroes (`mupfl-bavd-mask`) and where (`mupfl-bavd-site`) are the readings of
+  `fedskew/losses/mupfl.py`; the default, each sample's top half on the features before the
+  classifier, is the one the federated runs of `suites/paper-mupfl.yaml` measured best (the batch
+  map after both convolutions, the earlier default, cost about 6 points of personalized accuracy).
+  At "convs" BAVD sits after every conv-block ReLU (LeNet: 2 layers) and after each ResNet block;
+  with BAVD off no maps are sent and ACMU uses the update cosine only (alpha = 1).
 - ACMU: silhouette on the distance 1 - Sim, k-means on the embedding phi (exactly Eq. 8), k-means++
   with 10 restarts seeded by (seed, round); numpy implementation (no scikit-learn dependency).
 - Start model: the global model, not the client's own w~_i. The paper supports it: ACMU yields
