@@ -129,8 +129,11 @@ def test_suite_in_process_runs_the_chosen_cells_at_once_and_stops_them_at_the_de
     )  # fmt: skip
     assert late.returncode == 0, late.stderr[-3000:]
     assert "deadline 15 s: stopped 1 running" in late.stdout, late.stdout
-    done = (tmp_path / "s-late" / run_name("default", "fedavg", 1) / "metrics.jsonl").read_text().splitlines()
-    assert 0 < len(done) < 500 and f"| {run_name('default', 'fedavg', 1)} | {len(done)} | " in late.stdout
+    # how many rounds ended before the deadline depends on the machine's load (none on a busy one):
+    # the table reports what the run's metrics hold, and the run ended long before its 500 rounds
+    metrics = tmp_path / "s-late" / run_name("default", "fedavg", 1) / "metrics.jsonl"
+    done = metrics.read_text().splitlines() if metrics.is_file() else []
+    assert len(done) < 500 and f"| {run_name('default', 'fedavg', 1)} | {len(done)} | " in late.stdout, late.stdout
     bad = run_benchmark("suite_in_process.py", str(suite), "--methods", "fedprox")
     assert bad.returncode != 0 and "no method 'fedprox'" in bad.stderr, bad.stderr
 
