@@ -42,6 +42,19 @@ def test_mupfl_cluster_starts_are_tracked_and_exported_as_their_own_statistic() 
     assert "mupfl-pkcf.last10" not in cell_stats([round_statistics([{"round": 1, "global-accuracy": 0.5}])], [0], 10)
 
 
+def test_every_result_file_metric_is_a_tracked_accuracy() -> None:
+    """A result file's metric names a `round_statistics` key; one whose accuracy `TRACKED` does not
+    hold would be silently absent from every export."""
+    from fedskew.resultfile import METRICS
+    from fedskew.server_app.results import TRACKED
+
+    rows = [{"round": 1, **{key: 0.5 for key in TRACKED}}]
+    stats = round_statistics(rows, last=1)
+    for metric, key in METRICS.items():
+        assert key.replace("_", "-") in TRACKED, metric
+        assert stats[f"last1_{key}"] == 0.5, metric
+
+
 def test_a_run_records_client_global_accuracy_and_last_rounds_means(tmp_path, task_identity) -> None:
     """Through the real ServerApp and ClientApp (in process): every round has the clients' mean
     client-global accuracy, and summary.json's statistics are those of metrics.jsonl."""

@@ -165,6 +165,8 @@ def read_records(path: Path) -> Records:
     return Records(rows, torn)
 
 
+# the accuracies `round_statistics` summarises; a result file's metrics (`fedskew.resultfile.METRICS`)
+# name some of them by a short name
 TRACKED = (
     "global-accuracy",
     "client-global-accuracy",
