@@ -480,6 +480,17 @@ def test_default_run_sends_every_client_the_global_model_and_its_classifier(tmp_
     assert rows[0]["pkcf-match-loss-first"] > 0.9 and all(r["pkcf-match-loss-last"] < 0.1 for r in rows)
 
 
+def test_no_finetune_epochs_trains_nothing_and_fails_no_reply(tmp_path, task_identity) -> None:
+    """tau = 0 (the fine-tune off, PKCF's synthesis on): the clients report no fine-tune loss (a
+    NaN one was refused by the server's screen, so every reply of round 2 failed) and the start
+    after the 0-epoch fine-tune is the global model."""
+    cfg = {"method": "mupfl", "model": "mlp", "partition": "iid", "fraction-train": 0.15, "num-server-rounds": 2}
+    run_in_process(cfg | {"mupfl-tau": 0, "out-dir": str(tmp_path), "run-name": "r"}, 20)
+    rows = read_metrics(tmp_path / "r")
+    assert [r["failures"] for r in rows] == [0, 0] and rows[1]["replies"] == 3
+    assert rows[1]["pkcf-accuracy"] == pytest.approx(rows[1]["client-global-accuracy"])
+
+
 def test_personal_start_reports_client_global_accuracy_of_w_glo() -> None:
     """Under init 'personal' a client receives w~_i; `client-global-accuracy` must still be w_glo's
     (sent beside it), and `start-accuracy` w~_i's."""

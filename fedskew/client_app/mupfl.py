@@ -92,7 +92,7 @@ class MuPFLTrainer(BaseTrainer):
             if len(feats["features"]) != len(feats["labels"]):
                 n, m = len(feats["features"]), len(feats["labels"])
                 raise Rejected(f"server {FEATURES!r} holds {n} features but {m} labels")
-            stats["finetune-loss"] = finetune_classifier(
+            loss = finetune_classifier(
                 model.classifier,
                 feats["features"].to(self.device),
                 feats["labels"].to(self.device),
@@ -101,6 +101,8 @@ class MuPFLTrainer(BaseTrainer):
                 self.cfg["lr"],
                 self.ctx.generator,
             )
+            if math.isfinite(loss):  # NaN: nothing was trained (tau = 0), no loss to report
+                stats["finetune-loss"] = loss
             stats["pkcf-client-seconds"] = time.perf_counter() - t0
             if len(self.data.y_test):  # the start model after the fine-tune, before local training
                 _, stats["pkcf-accuracy"] = self.evaluate_local(model)
