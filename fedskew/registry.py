@@ -304,9 +304,9 @@ METHODS: dict[str, MethodSpec] = {
             feature_batch=Param(int, 64, "MuPFL PKCF: batch size of the classifier fine-tune", low=1),
             feature_init=Param(
                 str,
-                "normal",
-                "MuPFL PKCF: synthetic features start N(0,1) (CReFF), as the global extractor's outputs"
-                " (Sec. 3.5, on N(0,1) inputs), or N(0,1) rescaled to the clients' real-feature norm",
+                "extractor",
+                "MuPFL PKCF: synthetic features start as the global extractor's outputs (Sec. 3.5, on"
+                " N(0,1) inputs), N(0,1) (CReFF), or N(0,1) rescaled to the clients' real-feature norm",
                 choices=("normal", "extractor", "rescaled"),
             ),
             feature_lr=Param(float, 1.0, "MuPFL PKCF: SGD lr of the feature synthesis", low=0.0, low_open=True),

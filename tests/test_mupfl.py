@@ -461,7 +461,8 @@ def test_default_start_model_is_the_global_model() -> None:
 
 def test_default_run_sends_every_client_the_global_model_and_its_classifier(tmp_path, task_identity) -> None:
     """In process, defaults: every client of a round gets the same start model (w_glo), and the PKCF
-    matching classifier equals its classifier; the global model learns (not stuck at chance)."""
+    matching classifier equals its classifier; the global model learns (not stuck at chance); the
+    synthesis, started from the global extractor's outputs, matches the clients' gradients."""
     grid = run_in_process(
         {"method": "mupfl", "model": "mlp", "partition": "iid", "fraction-train": 0.15, "num-server-rounds": 3}
         | {"out-dir": str(tmp_path), "run-name": "r"},
@@ -477,7 +478,8 @@ def test_default_run_sends_every_client_the_global_model_and_its_classifier(tmp_
             assert torch.equal(weight, sent[0]["classifier.weight"])
     rows = read_metrics(tmp_path / "r")
     assert rows[-1]["global-accuracy"] > 0.5
-    assert rows[0]["pkcf-match-loss-first"] > 0.9 and all(r["pkcf-match-loss-last"] < 0.1 for r in rows)
+    first, last = rows[0]["pkcf-match-loss-first"], rows[0]["pkcf-match-loss-last"]
+    assert first > 10 * last and all(r["pkcf-match-loss-last"] < 0.1 for r in rows)  # the synthesis converges
 
 
 def test_no_finetune_epochs_trains_nothing_and_fails_no_reply(tmp_path, task_identity) -> None:

@@ -57,10 +57,11 @@ Decisions and deviations (the paper has no public code):
   before the fine-tune), measured at the client's next participation (with 10 of 50 clients a
   round, a few rounds after its cluster update). "personal" and "cluster" keep every w~_i on the
   server (N models) and send w_glo beside the start for `client-global-accuracy`.
-- PKCF synthesis: h_glo starts at first use as `mupfl-feature-init` says (N(0, 1) by default, the
-  global extractor's outputs on N(0, 1) inputs, or N(0, 1) rescaled to the median of the clients'
-  reported real-feature norms: `fedskew/losses/mupfl.py`), then is warm-started; SGD for `mupfl-match-iters` = 100
-  iterations (CReFF); only classes seen so far are sent. Distance and lr follow CReFF's public code
+- PKCF synthesis: h_glo starts at first use as `mupfl-feature-init` says (by default the global
+  extractor's outputs on N(0, 1) inputs, Sec. 3.5's Eq. 18; N(0, 1) as CReFF's code; or N(0, 1)
+  rescaled to the median of the clients' reported real-feature norms: `fedskew/losses/mupfl.py`),
+  then is warm-started; SGD for `mupfl-match-iters` = 100 iterations (CReFF); only classes seen so
+  far are sent. Distance and lr follow CReFF's public code
   (`distance_wb`, 1 - cos per row of each class gradient, summed over rows and classes, at lr
   `mupfl-feature-lr` = 1.0), not one cosine per class averaged over classes at CReFF's lr 0.1, which
   leaves the features where they start (`fedskew/losses/mupfl.py`). The paper's form stays as
