@@ -114,14 +114,27 @@ def start(cell: Cell, cfg: dict[str, Any], folder: Path, threads: int) -> subpro
         )
 
 
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        os.killpg(proc.pid, signal.SIGTERM)
+def stop(procs: list[subprocess.Popen], grace: float = 10.0) -> None:
+    """SIGTERM every cell's process group at once, then SIGKILL those still running `grace` seconds
+    later: one grace for all (stopped one after the other, nine GPU cells took longer than the
+    minute left to archive their files on the GPU machine)."""
+    live = [proc for proc in procs if proc.poll() is None]
+    for proc in live:
+        signal_group(proc, signal.SIGTERM)
+    end = time.monotonic() + grace
+    for proc in live:
         try:
-            proc.wait(10)
+            proc.wait(max(0.0, end - time.monotonic()))
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            signal_group(proc, signal.SIGKILL)
             proc.wait()
+
+
+def signal_group(proc: subprocess.Popen, sig: signal.Signals) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:  # ended since it was polled
+        pass
 
 
 def main() -> None:
@@ -230,8 +243,8 @@ def main() -> None:
                     if proc.returncode:
                         print(f"{name}: exit {proc.returncode}, see its run.log", flush=True)
             if args.deadline and now >= args.deadline:
-                for name, (proc, began) in running.items():
-                    stop(proc)
+                stop([proc for proc, _ in running.values()])
+                for name, (_, began) in running.items():
                     ended[name] = time.perf_counter() - began
                 print(f"deadline {args.deadline:.0f} s: stopped {len(running)} running, {len(todo)} not started")
                 running, todo = {}, []
@@ -240,8 +253,7 @@ def main() -> None:
                 done = {name: len(rounds_done(folder / name)) for name in running}
                 print(f"{now:6.0f} s: rounds done {done}", flush=True)
     finally:  # interrupted (Ctrl-C, SIGTERM): the cells run in their own sessions, so stop them here
-        for proc, _ in running.values():
-            stop(proc)
+        stop([proc for proc, _ in running.values()])
     print(f"| cell | rounds | wall (s) | median s a round | last {suite.last_rounds} rounds (%) | final (%) |")
     print("|---|---|---|---|---|---|")
     for cell in cells:

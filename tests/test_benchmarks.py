@@ -98,6 +98,43 @@ def test_map_hpm_pairs_the_runs_by_round_and_refuses_unpaired_or_missing_runs(tm
     assert wrong.returncode == 2 and "need 1 <= FIRST <= LAST" in wrong.stderr, wrong.stderr[-3000:]
 
 
+def test_suite_in_process_stops_every_cell_within_one_grace(monkeypatch) -> None:
+    """At the deadline every running cell gets SIGTERM before any is waited for, the waits share one
+    grace (not one each: nine GPU cells stopped one by one outran the GPU machine's command), a cell
+    still running after it gets SIGKILL, and one that ended meanwhile is not an error."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import suite_in_process as sip
+
+    clock, events = [0.0], []
+
+    class Cell:
+        def __init__(self, pid: int, ended: bool = False) -> None:
+            self.pid, self.ended = pid, ended
+
+        def poll(self) -> int | None:
+            return 0 if self.ended else None
+
+        def wait(self, timeout: float | None = None) -> int:
+            events.append(("wait", self.pid, timeout))
+            if timeout is None:  # after SIGKILL
+                return -9
+            clock[0] += timeout  # ignores SIGTERM until the timeout
+            raise subprocess.TimeoutExpired("cell", timeout)
+
+    def killpg(pid: int, sig) -> None:
+        if pid == 3:
+            raise ProcessLookupError  # ended between poll and signal
+        events.append((sig.name, pid))
+
+    monkeypatch.setattr(sip.os, "killpg", killpg)
+    monkeypatch.setattr(sip.time, "monotonic", lambda: clock[0])
+    sip.stop([Cell(1), Cell(2), Cell(3), Cell(4, ended=True)], grace=10.0)
+    assert events[:2] == [("SIGTERM", 1), ("SIGTERM", 2)]  # all signalled first; 4 had ended
+    waited = [e[2] for e in events if e[0] == "wait" and e[2] is not None]
+    assert sum(waited) == pytest.approx(10.0) and clock[0] == pytest.approx(10.0)
+    assert ("SIGKILL", 1) in events and ("SIGKILL", 2) in events and all(e[1] != 4 for e in events)
+
+
 def test_suite_in_process_runs_the_chosen_cells_at_once_and_stops_them_at_the_deadline(tmp_path: Path) -> None:
     suite = tmp_path / "s.yaml"
     suite.write_text(
