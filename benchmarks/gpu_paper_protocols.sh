@@ -54,6 +54,7 @@ step fedgela-ew && $PY $B suites/paper-fedgela.yaml --partitions full-a01 \
   --jobs "${EW_JOBS:-12}" --deadline $((END - SECONDS)) --set device="$DEVICE" engine=batched \
   num-server-rounds="${FEDGELA_ROUNDS:-50}" --tag batched-gpu --out-dir outputs/gpu --every 30 2>&1 | tee "$OUT/fedgela-ew.log"
 if step mupfl-tau; then  # each PARTITIONS:METHODS of $MUPFL_CELLS its own call, all its cells at once
+  groups=()
   for c in ${MUPFL_CELLS:-if10-a05:mupfl-tau0,mupfl-extractor-tau10}; do
     IFS=, read -ra m <<< "${c#*:}"; IFS=, read -ra p <<< "${c%%:*}"
     (  # archived as soon as its cells end, each log named in the letters a returned file may have
@@ -61,8 +62,9 @@ if step mupfl-tau; then  # each PARTITIONS:METHODS of $MUPFL_CELLS its own call,
         --jobs $((3 * ${#m[@]} * ${#p[@]})) --deadline $((END - SECONDS)) --every 30 > "$OUT/mupfl-${p[0]}.log" 2>&1
       pack "${p[@]}"
     ) &
+    groups+=($!)
   done
-  wait
+  wait "${groups[@]}"  # these alone: a bare `wait` waits for the nvidia-smi sampler too, which never ends
   cat "$OUT"/mupfl-*.log
 fi
 [ -n "${SMI:-}" ] && kill "$SMI"

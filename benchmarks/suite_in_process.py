@@ -116,8 +116,8 @@ def start(cell: Cell, cfg: dict[str, Any], folder: Path, threads: int) -> subpro
 
 def stop(procs: list[subprocess.Popen], grace: float = 10.0) -> None:
     """SIGTERM every cell's process group at once, then SIGKILL those still running `grace` seconds
-    later: one grace for all (stopped one after the other, nine GPU cells took longer than the
-    minute left to archive their files on the GPU machine)."""
+    later: one grace for all, where stopping them one after the other could take a grace each (on a
+    GPU machine lent for minutes, n cells that ignore SIGTERM would hold the command n x 10 s)."""
     live = [proc for proc in procs if proc.poll() is None]
     for proc in live:
         signal_group(proc, signal.SIGTERM)

@@ -100,8 +100,8 @@ def test_map_hpm_pairs_the_runs_by_round_and_refuses_unpaired_or_missing_runs(tm
 
 def test_suite_in_process_stops_every_cell_within_one_grace(monkeypatch) -> None:
     """At the deadline every running cell gets SIGTERM before any is waited for, the waits share one
-    grace (not one each: nine GPU cells stopped one by one outran the GPU machine's command), a cell
-    still running after it gets SIGKILL, and one that ended meanwhile is not an error."""
+    grace (not one each, which for many cells could outlast a GPU machine's command), a cell still
+    running after it gets SIGKILL, and one that ended meanwhile is not an error."""
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import suite_in_process as sip
 
