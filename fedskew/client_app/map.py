@@ -22,8 +22,8 @@ Stage lengths (`map-schedule`, `fedskew.losses.map.map_stage_steps`, nb = ceil(n
   max(int(E nb), 5) steps, `update_local_hpm` max(int(0.1 x that), 5) (a median client of the
   benchmark: 7 steps, against 15 for one epoch), and `generate_mu` divides by int(Q T).
 "epochs" is the schedule every recorded MAP row ran under; on the authors' benchmark (150 rounds, 3
-seeds, uniform mean) "algorithm1" scored above it on both models (global +0.5, HPM +0.6, the HPM
-+0.8 over FedAvg's locally trained model), where at 50 rounds the two were level.
+seeds, uniform mean) "algorithm1" scored above it on both models (global +0.5, HPM +0.6, and the
+HPM 0.8 above FedAvg's locally trained model), where at 50 rounds the two were level.
 
 The authors' code as a whole (`suites/paper-map.yaml`, `map-authors-code`): `map-scale="fraction"`
 (their stage-1 mask thresholds class *fractions* at `min_samples` = 1, so every logit of a client
