@@ -29,6 +29,7 @@ and its rows compare with the suite's own.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -120,21 +121,16 @@ def stop(procs: list[subprocess.Popen], grace: float = 10.0) -> None:
     GPU machine lent for minutes, n cells that ignore SIGTERM would hold the command n x 10 s)."""
     live = [proc for proc in procs if proc.poll() is None]
     for proc in live:
-        signal_group(proc, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):  # ended since it was polled
+            os.killpg(proc.pid, signal.SIGTERM)
     end = time.monotonic() + grace
     for proc in live:
         try:
             proc.wait(max(0.0, end - time.monotonic()))
         except subprocess.TimeoutExpired:
-            signal_group(proc, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-
-
-def signal_group(proc: subprocess.Popen, sig: signal.Signals) -> None:
-    try:
-        os.killpg(proc.pid, sig)
-    except ProcessLookupError:  # ended since it was polled
-        pass
 
 
 def main() -> None:
