@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 from flwr.app import RecordDict
@@ -97,3 +99,65 @@ def test_papers_fmnist_networks_have_their_sizes(name: str, dim: int, params: in
     model = build_model(name, "fashion-mnist")
     assert model.feature_dim == dim and sum(p.numel() for p in model.parameters()) == params
     assert len(attach_bavd(model)) == 2
+
+
+# ----------------------------------------------------------------------------- finite extremes (issue 59)
+@pytest.mark.parametrize("value", [1e30, 3e38, -1e7])
+def test_a_state_holding_a_value_beyond_the_reply_bound_is_lost(tmp_path, caplog, value: float) -> None:
+    """The value bound replies are held to (+-1e6) holds for what a client reads back from its state
+    (context.state or state-dir): beyond it the state is lost, with a warning naming it; at the bound
+    it loads."""
+    for directory in (None, tmp_path / "p4"):
+        caplog.clear()
+        st = ClientState(RecordDict(), 64, 4, directory)
+        st.save_tensors("moon-previous", {"w": torch.tensor([0.5, value]), "n": torch.tensor(7)})
+        with caplog.at_level(logging.WARNING, logger="fedskew.client"):
+            assert st.load_tensors("moon-previous") is None, directory
+        assert "'moon-previous' refused, treated as lost" in caplog.text and "beyond +-1e+06" in caplog.text
+        st.save_tensors("moon-previous", {"w": torch.tensor([0.5, -1e6]), "n": torch.tensor(2**40)})
+        assert st.load_tensors("moon-previous")["w"][1] == -1e6  # at the bound; integers are counters
+
+
+def _extreme(state: RecordDict, name: str) -> None:
+    """The client's stored tensors `name` with one entry set to 1e30 (their round tag kept)."""
+    st = ClientState(state, 64, 0)
+    tensors = st.load_tensors(name)
+    first = next(k for k, v in tensors.items() if v.is_floating_point())
+    tensors[first].view(-1)[0] = 1e30
+    st.save_tensors(name, tensors)
+
+
+def test_a_moon_previous_model_or_a_fedrep_head_at_1e30_restarts_the_client_as_new(caplog) -> None:
+    """The issue's cases: the node answers (no exception), as a new client would: MOON without a
+    negative, FedRep from the initial head, and a reply within every bound."""
+    from flwr.app import ArrayRecord
+
+    from fedskew.client_app.fedrep import HEAD, FedRepTrainer
+    from fedskew.client_app.moon import MOONTrainer
+    from fedskew.models import body_state
+    from fedskew.records import VALUE_BOUND
+    from tests.test_trainers import global_content, make_data, make_trainer
+
+    def message(body_only: bool, server_round: int) -> RecordDict:
+        content = global_content(server_round=server_round)
+        if body_only:  # FedRep's server sends the body alone
+            content["arrays"] = ArrayRecord(body_state(content["arrays"].to_torch_state_dict()))
+        return content
+
+    cases = (
+        (MOONTrainer, "moon-previous", {"method": "moon"}),
+        (FedRepTrainer, HEAD, {"method": "fedrep", "fedrep-head-epochs": 1}),
+    )
+    for cls, name, over in cases:
+        caplog.clear()
+        body_only = cls is FedRepTrainer
+        state = RecordDict()
+        make_trainer(cls, make_data(), state=state, **over).fit(message(body_only, 1))
+        _extreme(state, name)
+        new = make_trainer(cls, make_data(), server_round=2, **over).fit(message(body_only, 2))
+        with caplog.at_level(logging.WARNING, logger="fedskew.client"):
+            again = make_trainer(cls, make_data(), state=state, server_round=2, **over).fit(message(body_only, 2))
+        assert f"{name!r} refused, treated as lost" in caplog.text
+        assert again["metrics"]["train-loss"] == new["metrics"]["train-loss"]  # as a new client
+        for k, v in again["arrays"].to_torch_state_dict().items():
+            assert torch.equal(v, new["arrays"].to_torch_state_dict()[k]) and v.abs().max() < VALUE_BOUND

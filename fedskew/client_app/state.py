@@ -9,7 +9,8 @@ Policy (see docs/usage.md, "Client state"):
   `<state-dir>/run-<run_id>/partition-<id>/` instead (atomic and durable writes), with no bound
   and surviving a SuperNode restart.
 - What is read back is verified: a state that does not load (unreadable, not UTF-8, not JSON, not
-  tensors, a folder where a file should be), holds NaN or inf, or whose values do not have the
+  tensors, a folder where a file should be), holds NaN, inf or a floating value beyond +-1e6 (the
+  value bound of every record on the wire, `fedskew.records.VALUE_BOUND`), or whose values do not have the
   declared form (`load_values(name, schema)`: each key's kind and range, e.g. a participation count
   between 1 and the trainings the run can have sent so far, `most_trainings`) counts as lost
   (logged), and the method starts the client as its paper starts a new one. A folder or other
@@ -37,7 +38,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
 from fedskew.files import atomic_write
-from fedskew.records import Number, check_number
+from fedskew.records import VALUE_BOUND, Number, check_number
 
 log = logging.getLogger("fedskew.client")
 
@@ -109,7 +110,8 @@ class ClientState:
     # ------------------------------------------------------------------ tensors
     def load_tensors(self, name: str) -> dict[str, torch.Tensor] | None:
         """The tensors saved under `name`, or None if this client has none (yet, or lost): a state
-        that does not load as a dict of tensors, or holds NaN or inf, is lost (with a warning)."""
+        that does not load as a dict of tensors, or holds NaN, inf or a floating value beyond
+        +-`VALUE_BOUND`, is lost (with a warning)."""
         try:
             if self.directory:
                 path = self.directory / f"{name}.pt"
@@ -239,3 +241,8 @@ def _check_tensors(tensors: object) -> None:
     bad = [k for k, t in tensors.items() if t.is_floating_point() and not torch.isfinite(t).all()]
     if bad:
         raise ValueError(f"tensors {bad[:3]} hold NaN or inf")
+    # the bound replies are held to: trained weights, statistics, control variates and drifts are
+    # orders of magnitude below it; a finite extreme (1e30) would fail the node every round
+    extreme = [k for k, t in tensors.items() if t.is_floating_point() and t.numel() and t.abs().max() > VALUE_BOUND]
+    if extreme:
+        raise ValueError(f"tensors {extreme[:3]} hold values beyond +-{VALUE_BOUND:g}")
