@@ -177,3 +177,49 @@ def test_in_process_run_keeps_c_the_mean_of_the_clients_c_i_and_resumes_exactly(
     assert held >= 2
     for k in LIKE:
         assert torch.allclose(c[f"control/{k}"], mean[k], atol=1e-6), k
+
+
+def authors_feddc_round(content, data, h, c_i, c, alpha, wd, lr, steps, max_norm) -> dict[str, torch.Tensor]:
+    """`steps` full-batch steps of `train_model_FedDC` (`gaoliang13/FedDC` at 13440c23, utils_general.py),
+    written out in float64: the loss CE + alpha/2 ||theta - (w - h_i)||^2 + <theta, c - c_i> (the
+    correction is a linear term of the loss), then `clip_grad_norm_` of its whole gradient at
+    `max_norm` (the code's max_norm = 10; 0: none), then plain SGD with weight decay."""
+    net = build_model("mlp", "fashion-mnist").double()
+    net.load_state_dict(content["arrays"].to_torch_state_dict())
+    w = {k: p.detach().clone() for k, p in net.named_parameters()}
+    h, diff = ({k: v.double() for k, v in t.items()} for t in (h, {k: c[k] - c_i[k] for k in c}))
+    opt = torch.optim.SGD(net.parameters(), lr=lr, weight_decay=wd)
+    for _ in range(steps):
+        cp = sum(alpha / 2 * (p - (w[k] - h[k])).pow(2).sum() for k, p in net.named_parameters())
+        cg = sum((p * diff[k]).sum() for k, p in net.named_parameters())
+        opt.zero_grad()
+        (F.cross_entropy(net(data.x_train.double()), data.y_train) + cp + cg).backward()
+        if max_norm > 0:
+            torch.nn.utils.clip_grad_norm_(net.parameters(), max_norm)
+        opt.step()
+    return {k: p.detach() for k, p in net.named_parameters()}
+
+
+@pytest.mark.parametrize("clip", [0.1, 1000.0])
+def test_grad_clip_clips_the_correction_with_the_loss_gradient(clip: float) -> None:
+    """`grad-clip` clips the gradient of the loss and the correction c - c_i together, as the code's
+    `clip_grad_norm_` after `loss.backward()` does: two full-batch steps against the code's arithmetic
+    in float64, at a clip that binds (0.1; ||grad CE|| about 4, ||c - c_i|| about 6) and one that does
+    not (1000: the unclipped round). Applying the correction after the clipped step instead, unclipped,
+    moved the model by 6e-3 from the code's at 0.1; now 1e-8, as without a binding clip."""
+    alpha, wd, lr = 0.1, 1e-3, 0.05
+    h, c_i, c = vectors(1), vectors(2), vectors(3)
+    state = RecordDict()
+    ClientState(state, 64, 0).save_round_tensors(DRIFT, h, 1)
+    ClientState(state, 64, 0).save_round_tensors(CLIENT_CONTROL, c_i, 1)
+    cfg = {"feddc-alpha": alpha, "lr": lr, "momentum": 0.0, "weight-decay": wd, "batch-size": 80, "local-epochs": 2}
+    data, content = make_data(), global_content(server_round=2, control=ArrayRecord(c))
+    reply = make_trainer(FedDCTrainer, data, state=state, server_round=2, **cfg, **{"grad-clip": clip}).fit(content)
+    got = reply[FEDDC_UPDATE].to_torch_state_dict()  # theta - w
+    want = authors_feddc_round(content, data, h, c_i, c, alpha, wd, lr, 2, clip)
+    w = content["arrays"].to_torch_state_dict()
+    gap = max(float((got[k].double() + w[k].double() - want[k]).abs().max()) for k in want)
+    assert gap < 1e-6, gap
+    if clip > 100:  # the clip does not bind: the round is the unclipped one
+        plain = authors_feddc_round(content, data, h, c_i, c, alpha, wd, lr, 2, 0.0)
+        assert all(torch.equal(plain[k], want[k]) for k in want)

@@ -119,3 +119,48 @@ def test_in_process_run_keeps_h_the_mean_of_the_gradient_states_and_resumes_exac
     assert held >= 2
     for k in LIKE:  # h = -alpha/m sum of every accepted (theta_k - theta^{t-1}) = (1/m) sum_k g_k
         assert torch.allclose(h[f"h/{k}"], mean[k], atol=1e-7), k
+
+
+def authors_feddyn_round(content, data, grads, alpha, wd, lr, steps, max_norm) -> dict[str, torch.Tensor]:
+    """`steps` full-batch steps of `train_feddyn_mdl` (`alpemreacar/FedDyn` at 48a19fac, utils_general.py;
+    the same in `gaoliang13/FedDC` utils_general.py `train_model_alg`), written out in float64: the loss
+    CE + alpha <theta, -theta^{t-1} + lambda_k> (lambda_k = -g_k / alpha), then `clip_grad_norm_` of its
+    gradient at `max_norm` (0: none), then plain SGD with weight decay alpha + weight_decay, so the
+    decay's alpha theta is outside the clip."""
+    net = build_model("mlp", "fashion-mnist").double()
+    net.load_state_dict(content["arrays"].to_torch_state_dict())
+    w = {k: p.detach().clone() for k, p in net.named_parameters()}
+    lam = {k: -v.double() / alpha for k, v in grads.items()}
+    opt = torch.optim.SGD(net.parameters(), lr=lr, weight_decay=alpha + wd)
+    for _ in range(steps):
+        linear = sum((p * (-w[k] + lam[k])).sum() for k, p in net.named_parameters())
+        opt.zero_grad()
+        (F.cross_entropy(net(data.x_train.double()), data.y_train) + alpha * linear).backward()
+        if max_norm > 0:
+            torch.nn.utils.clip_grad_norm_(net.parameters(), max_norm)
+        opt.step()
+    return {k: p.detach() for k, p in net.named_parameters()}
+
+
+@pytest.mark.parametrize("clip", [0.1, 1000.0])
+def test_grad_clip_clips_what_the_authors_code_clips(clip: float) -> None:
+    """`grad-clip` acts on the gradient of CE + alpha <theta, -theta^{t-1} + lambda_k>, not on the
+    decay's alpha theta: two full-batch steps against the code's arithmetic in float64, at a clip that
+    binds (0.1; the clipped vector's norm is about 4) and one that does not (1000: the unclipped
+    round). Clipping the whole gradient, alpha (theta - theta^{t-1}) included, moved the model by 7e-4
+    from the code's at 0.1; now 1e-8, as without a binding clip."""
+    alpha, wd, lr = 0.1, 1e-3, 0.05
+    g = torch.Generator().manual_seed(3)
+    grads = {k: 0.01 * torch.randn(v.shape, generator=g) for k, v in LIKE.items()}
+    state = RecordDict()
+    ClientState(state, 64, 0).save_round_tensors(GRADIENT_STATE, grads, 1)
+    cfg = {"feddyn-alpha": alpha, "lr": lr, "momentum": 0.0, "weight-decay": wd, "batch-size": 80, "local-epochs": 2}
+    data, content = make_data(), global_content(server_round=2)
+    got = make_trainer(FedDynTrainer, data, state=state, server_round=2, **cfg, **{"grad-clip": clip}).fit(content)
+    got = got["arrays"].to_torch_state_dict()
+    want = authors_feddyn_round(content, data, grads, alpha, wd, lr, 2, clip)
+    gap = max(float((got[k].double() - want[k]).abs().max()) for k in want)
+    assert gap < 1e-6, gap
+    if clip > 100:  # the clip does not bind: the round is the unclipped one
+        plain = authors_feddyn_round(content, data, grads, alpha, wd, lr, 2, 0.0)
+        assert all(torch.equal(plain[k], want[k]) for k in want)

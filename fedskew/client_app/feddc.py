@@ -18,6 +18,10 @@ Decisions (the paper's text was not at hand; the details follow the authors' cod
   `ScaffoldTrainer` plus the drift. As for SCAFFOLD, the correction is applied after each step of
   the common `sgd`, outside its momentum buffer (identical to the code's loss term without
   momentum, which the code uses; see `correct_after_step` for why not through the momentum).
+- `grad-clip` (default off; the code clips at max_norm = 10) clips what the code's
+  `clip_grad_norm_` clips: the gradient of CE + penalty and the correction c - c_i as one vector,
+  s = min(1, clip / (||grad + c - c_i|| + 1e-6)), both parts scaled by s (`correct_after_step`);
+  weight decay stays outside the clip, as in the code's optimiser.
 - K is this client's own step count; the code uses one K for all clients (that of the mean client
   size), the same on equal partitions. alpha is the same for every client (`feddc-alpha`); the code
   divides it, and c, by the client's relative data size, which is 1 on equal partitions.
@@ -28,7 +32,7 @@ Decisions (the paper's text was not at hand; the details follow the authors' cod
   drift included, and to the local update.
 - h_i and c_i are this client's state (two model-sized float32 tensors per trainable parameter,
   each written with its round); a client without them starts from zero (the code's
-  initialisation) and logs it. The code's gradient clipping at norm 10 is `grad-clip` here.
+  initialisation) and logs it.
 Personalized model: the locally trained theta_i (not the drift-corrected upload). Metric:
 `feddc-drift-norm` (||h_i|| after the update).
 """
@@ -46,6 +50,8 @@ from fedskew import wire
 from fedskew.client_app.scaffold import ScaffoldTrainer
 from fedskew.losses import proximal_term
 from fedskew.losses.feddc import drift_update, penalty_target
+from fedskew.losses.scaffold import correct_after_step
+from fedskew.training import sgd
 from fedskew.wire import FEDDC_UPDATE
 
 DRIFT = "feddc-drift"
@@ -61,6 +67,14 @@ class FedDCTrainer(ScaffoldTrainer):
         super().load_global(model, content)
         self.drift = self.parameter_state(DRIFT, model)
         self.target = penalty_target(self.start, self.drift)
+
+    def optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        """The common `sgd` without its own clip: `grad-clip` clips the loss gradient and the
+        correction together (`correct_after_step`)."""
+        opt = sgd(model.parameters(), {**self.cfg, "grad-clip": 0.0})
+        diff = [c - ci for c, ci in zip(self.control, self.client_control, strict=True)]
+        correct_after_step(opt, diff, self.cfg["grad-clip"])
+        return opt
 
     def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         return super().loss(model, x, y) + proximal_term(model.parameters(), self.target, self.cfg["feddc-alpha"])

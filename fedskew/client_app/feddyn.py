@@ -11,7 +11,9 @@ uploads theta_k^t and keeps g_k <- g_k - alpha (theta_k^t - theta^{t-1}). Decisi
   `train_feddyn_mdl`, puts alpha + weight_decay into SGD's weight decay and the linear term
   alpha <theta, -theta^{t-1} + lambda_k> into the loss, which is the same objective). The update of
   g_k is the first-order condition of the local problem, so momentum does not change it.
-- The authors' code clips gradients at norm 10: here `grad-clip` (default off).
+- `grad-clip` (default off; the code clips at norm 10) clips what the code clips: the gradient
+  less the alpha theta that the code keeps in its weight decay, clip(G - alpha theta) + alpha theta
+  (`clip_outside_decay`); weight decay stays outside the clip.
 - `train-loss` is the mean L_k (cross-entropy) without the regulariser, whose linear term can be
   negative (a loss metric is declared >= 0).
 - g_k is this client's state (`ClientState`, one model-sized float32 tensor per trainable
@@ -31,7 +33,8 @@ from torch import nn
 
 from fedskew import wire
 from fedskew.client_app.base import BaseTrainer
-from fedskew.losses.feddyn import feddyn_gradient_update, feddyn_penalty
+from fedskew.losses.feddyn import clip_outside_decay, feddyn_gradient_update, feddyn_penalty
+from fedskew.training import sgd
 
 GRADIENT_STATE = "feddyn-gradient"
 
@@ -47,6 +50,12 @@ class FedDynTrainer(BaseTrainer):
         self.start = [p.detach().clone() for p in model.parameters()]
         self.gradient_state = self.parameter_state(GRADIENT_STATE, model)
         self.data_loss = torch.zeros((), device=self.device)
+
+    def optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        """The common `sgd` with `grad-clip` acting outside alpha theta (`clip_outside_decay`)."""
+        opt = sgd(model.parameters(), {**self.cfg, "grad-clip": 0.0})
+        clip_outside_decay(opt, self.cfg["grad-clip"], self.cfg["feddyn-alpha"])
+        return opt
 
     def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         data_loss = super().loss(model, x, y)

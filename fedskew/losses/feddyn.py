@@ -8,11 +8,17 @@ The second line is the first-order condition of the first at its minimiser, so i
 optimiser finds that minimiser (momentum SGD included). The authors' code (`alpemreacar/FedDyn` at
 48a19fac) stores lambda_k = -g_k / alpha instead of g_k. The server's h and model are
 `fedskew.strategies.aggregate.feddyn_server_update`.
+
+The code (utils_general.py `train_feddyn_mdl`) splits the regulariser: the loss holds the linear
+term alpha <theta, -theta^{t-1} + lambda_k>, the optimiser's weight decay alpha + weight_decay the
+rest, so its `clip_grad_norm_` (max_norm = 10) clips grad L_k - g_k - alpha theta^{t-1} and never
+alpha theta. `clip_outside_decay` clips that vector of the same gradient.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -43,3 +49,27 @@ def feddyn_gradient_update(
 ) -> list[torch.Tensor]:
     """g_k <- g_k - alpha (theta_k^t - theta^{t-1})."""
     return [g - alpha * (p - w) for g, p, w in zip(gradient_state, params, global_params, strict=True)]
+
+
+def clip_outside_decay(optimizer: torch.optim.Optimizer, max_norm: float, alpha: float) -> None:
+    """Before every step (`max_norm` > 0; the optimiser must not clip itself), clip the gradient of
+    L_k + regulariser less its alpha theta part, as the code clips the gradient of its loss with
+    alpha theta in the weight decay:
+
+        G = grad L_k - g_k + alpha (theta - theta^{t-1}),     G <- clip(G - alpha theta) + alpha theta
+
+    (`clip_grad_norm_`'s arithmetic). The optimiser's own weight decay is applied after, unclipped."""
+    if max_norm <= 0:
+        return
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+
+    @torch.no_grad()
+    def hook(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        with_grad = [p for p in params if p.grad is not None]
+        for p in with_grad:
+            p.grad.sub_(p, alpha=alpha)
+        torch.nn.utils.clip_grad_norm_(with_grad, max_norm)
+        for p in with_grad:
+            p.grad.add_(p, alpha=alpha)
+
+    optimizer.register_step_pre_hook(hook)

@@ -1,5 +1,5 @@
 """SCAFFOLD's corrected local step (Karimireddy et al., "SCAFFOLD: Stochastic Controlled Averaging
-for Federated Learning", ICML'20, Alg. 1 line 10), also FedDC's gradient correction:
+for Federated Learning", ICML'20, Alg. 1 line 10), also FedDC's gradient correction (and its clip):
 
     y <- y - eta_l (g_i(y) - c_i + c)
 
@@ -15,7 +15,9 @@ from typing import Any
 import torch
 
 
-def correct_after_step(optimizer: torch.optim.Optimizer, corrections: Sequence[torch.Tensor]) -> None:
+def correct_after_step(
+    optimizer: torch.optim.Optimizer, corrections: Sequence[torch.Tensor], max_norm: float = 0.0
+) -> None:
     """After every `optimizer.step()`, move each parameter by -lr * (c - c_i) (`corrections`, one
     tensor per parameter in the optimiser's order; lr of its group).
 
@@ -28,16 +30,37 @@ def correct_after_step(optimizer: torch.optim.Optimizer, corrections: Sequence[t
     through the momentum buffer instead would amplify it by 1 / (1 - rho) while option II still
     divides by K: the deviation c_i - c would then be multiplied by -rho / (1 - rho) (-9 at rho 0.9)
     every round, which diverges.
+
+    `max_norm` > 0 (FedDC's clip; the optimiser must not clip itself) clips the corrected gradient
+    g_i + c - c_i as one vector before each step, as `clip_grad_norm_` after a loss with the linear
+    term <y, c - c_i> does (`gaoliang13/FedDC` utils_general.py `train_model_FedDC`):
+
+        s = min(1, max_norm / (||g_i + c - c_i|| + 1e-6)),   g_i <- s g_i,   correction s (c - c_i)
+
+    With momentum 0 this is the code's step exactly; the scaled correction still bypasses momentum.
     """
     params = [p for group in optimizer.param_groups for p in group["params"]]
     if len(params) != len(corrections):
         raise ValueError(f"{len(corrections)} corrections for {len(params)} parameters")
     by_param = dict(zip(map(id, params), corrections, strict=True))
+    scale: list[torch.Tensor] = []  # this step's clip factor s (none: unclipped)
+
+    @torch.no_grad()
+    def clip(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        norms = [torch.linalg.vector_norm(c if p.grad is None else p.grad + c) for p, c in zip(params, corrections)]
+        s = (max_norm / (torch.linalg.vector_norm(torch.stack(norms)) + 1e-6)).clamp(max=1.0)
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(s)
+        scale[:] = [s]
 
     @torch.no_grad()
     def hook(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         for group in opt.param_groups:
             for p in group["params"]:
-                p.sub_(by_param[id(p)], alpha=group["lr"])
+                correction = by_param[id(p)]
+                p.sub_(correction * scale[0] if scale else correction, alpha=group["lr"])
 
+    if max_norm > 0:
+        optimizer.register_step_pre_hook(clip)
     optimizer.register_step_post_hook(hook)
