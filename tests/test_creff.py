@@ -124,6 +124,43 @@ def test_one_matching_step_equals_the_authors_update_feature_syn() -> None:
     assert not torch.allclose(ours, start)
 
 
+def authors_matching_step(start, weight, real, lr) -> torch.Tensor:
+    """One iteration of main.py `Global.update_feature_syn` in float64, `distance_wb`'s cosine
+    <a, b> / (||a|| ||b|| + 1e-6) as the code computes it (bias-free classifier, as fedskew's)."""
+    k, m, d = start.shape
+    syn = start.double().reshape(k * m, d).clone().requires_grad_(True)
+    net = torch.nn.Linear(d, k, bias=False).double()
+    net.weight.data = weight.double().clone()
+    loss = torch.tensor(0.0, dtype=torch.float64)
+    for c, gwr in real.items():
+        out = net(syn[c * m : (c + 1) * m])
+        (gws,) = torch.autograd.grad(F.cross_entropy(out, torch.full((m,), c)), [net.weight], create_graph=True)
+        gwr = gwr.double()
+        loss = loss + torch.sum(1 - torch.sum(gwr * gws, dim=-1) / (gwr.norm(dim=-1) * gws.norm(dim=-1) + 1e-6))
+    opt = torch.optim.SGD([syn], lr=lr)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return syn.detach().reshape(k, m, d)
+
+
+def test_near_zero_gradients_match_with_the_codes_cosine_only() -> None:
+    """Real class gradients of norm about 1e-5 a row (a confident classifier's): the code's
+    1 - <a, b> / (||a|| ||b|| + 1e-6) is far from a cosine there, so `cosine="creff-code"` follows
+    the code's step (float64 both sides: 1e-16) where `F.cosine_similarity` (eps 1e-8, MuPFL's
+    arithmetic and CReFF's before) does not (1e-2 apart)."""
+    torch.manual_seed(1)
+    k, m, d, lr = 4, 6, 8, 0.1
+    weight = torch.randn(k, d, dtype=torch.float64) * 0.3
+    real = {c: 3e-6 * torch.randn(k, d, dtype=torch.float64) for c in (0, 1, 3)}
+    start = torch.randn(k, m, d, dtype=torch.float64)
+    want = authors_matching_step(start, weight, real, lr)
+    code, _ = synthesize_features(start, weight, real, lr=lr, iterations=1, cosine="creff-code")
+    plain, _ = synthesize_features(start, weight, real, lr=lr, iterations=1)
+    assert float((code - want).abs().max()) < 1e-12
+    assert float((plain - want).abs().max()) > 1e-3
+
+
 def creff_content(weight: torch.Tensor):
     content = global_content()
     content[CREFF_CLASSIFIER] = ArrayRecord({"weight": weight})

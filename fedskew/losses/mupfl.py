@@ -60,6 +60,9 @@ averaged:
 
     L_match = 1/|K_t| sum_{k in K_t} (1 - cos(vec z_hat^k, vec z^k))                       ("paper")
 
+Each cos is torch's `F.cosine_similarity` (norms floored at 1e-8), as MuPFL's runs were recorded;
+CReFF's code divides by ||a|| ||b|| + 1e-6 instead (`cosine_similarity`, "creff-code").
+
 The clients then fine-tune their classifier on (h_glo, y) for tau epochs (Eq. 21).
 
 Where h_glo starts (`mupfl-feature-init`, `initial_features`): the global extractor's outputs as
@@ -367,6 +370,7 @@ def aggregate_class_gradients(uploads: Sequence[Mapping[int, torch.Tensor]]) -> 
 
 
 MATCH_DISTANCES = ("creff", "paper")
+COSINES = ("torch", "creff-code")  # the cosine's denominator (`cosine`)
 FEATURE_INITS = ("normal", "extractor", "rescaled")
 
 
@@ -413,17 +417,33 @@ def feature_norm(features: torch.Tensor) -> float:
     return float(features.detach().norm(dim=-1).mean())
 
 
-def gradient_distance(synth: torch.Tensor, real: torch.Tensor, form: str = "creff") -> torch.Tensor:
+def cosine_similarity(a: torch.Tensor, b: torch.Tensor, dim: int, cosine: str = "torch") -> torch.Tensor:
+    """cos(a, b) along `dim`. "torch": `F.cosine_similarity` with eps 1e-8, <a, b> / (max(||a||, eps)
+    max(||b||, eps)) (MuPFL's, as its runs were recorded); "creff-code": <a, b> / (||a|| ||b|| + 1e-6),
+    CReFF's code (shangxinyi/CReFF-FL, Dataset/Gradient_matching_loss.py `distance_wb`). The two
+    differ where ||a|| ||b|| is not far above 1e-6, e.g. the near-zero gradient rows of a confident
+    classifier."""
+    if cosine == "torch":
+        return F.cosine_similarity(a, b, dim=dim, eps=1e-8)
+    if cosine == "creff-code":
+        return (a * b).sum(dim) / (torch.linalg.vector_norm(a, dim=dim) * torch.linalg.vector_norm(b, dim=dim) + 1e-6)
+    raise ValueError(f"unknown cosine {cosine!r}; expected one of {COSINES}")
+
+
+def gradient_distance(
+    synth: torch.Tensor, real: torch.Tensor, form: str = "creff", cosine: str = "torch"
+) -> torch.Tensor:
     """Distance of synthetic to real class gradients, both (n, K, d): one value per class.
 
     creff (CReFF's `distance_wb`): D_k = sum_r (1 - cos(z_hat^k_r, z^k_r)) over the K rows r of the
     weight gradient, each row compared on its own; paper (Eq. 20 as a distance):
-    D_k = 1 - cos(vec z_hat^k, vec z^k), one cosine over the flattened gradient.
+    D_k = 1 - cos(vec z_hat^k, vec z^k), one cosine over the flattened gradient. `cosine`: the
+    cosine's arithmetic (`cosine_similarity`).
     """
     if form == "creff":
-        return (1.0 - F.cosine_similarity(synth, real, dim=2, eps=1e-8)).sum(1)
+        return (1.0 - cosine_similarity(synth, real, 2, cosine)).sum(1)
     if form == "paper":
-        return 1.0 - F.cosine_similarity(synth.flatten(1), real.flatten(1), dim=1, eps=1e-8)
+        return 1.0 - cosine_similarity(synth.flatten(1), real.flatten(1), 1, cosine)
     raise ValueError(f"unknown matching distance {form!r}; expected one of {MATCH_DISTANCES}")
 
 
@@ -433,7 +453,11 @@ def matching_terms(num_targets: int, num_classes: int, form: str = "creff") -> i
 
 
 def gradient_matching_loss(
-    features: torch.Tensor, weight: torch.Tensor, targets: Mapping[int, torch.Tensor], distance: str = "creff"
+    features: torch.Tensor,
+    weight: torch.Tensor,
+    targets: Mapping[int, torch.Tensor],
+    distance: str = "creff",
+    cosine: str = "torch",
 ) -> torch.Tensor:
     """Eq. 20: distance of z_hat^k, the classifier gradient of the synthetic features features[k]
     (shape (K, m, d)) at `weight`, to the real z^k, over the classes k in `targets`:
@@ -443,7 +467,7 @@ def gradient_matching_loss(
     z_hat = class_gradients(weight, features.reshape(-1, d), labels)
     ks = sorted(targets)
     real = torch.stack([targets[k].to(features.device, features.dtype) for k in ks])
-    per_class = gradient_distance(z_hat[ks], real, distance)
+    per_class = gradient_distance(z_hat[ks], real, distance, cosine)
     return per_class.sum() if distance == "creff" else per_class.mean()
 
 
@@ -454,9 +478,11 @@ def synthesize_features(
     lr: float = 1.0,
     iterations: int = 100,
     distance: str = "creff",
+    cosine: str = "torch",
 ) -> tuple[torch.Tensor, list[float]]:
     """Eqs. 18-20: SGD on the synthetic features (K, m, d) to match the real per-class gradients,
-    the classifier `weight` frozen (the one the clients computed z^k with).
+    the classifier `weight` frozen (the one the clients computed z^k with); `cosine`: MuPFL's
+    "torch", CReFF's "creff-code" (`cosine_similarity`).
 
     Returns the new features and, per iteration, the mean cosine distance per compared vector
     (the loss / `matching_terms`, in [0, 2]: 1 for orthogonal gradients, 0 when matched)."""
@@ -468,7 +494,7 @@ def synthesize_features(
     opt = torch.optim.SGD([h], lr=lr)
     losses = []
     for _ in range(iterations):
-        loss = gradient_matching_loss(h, weight, targets, distance)
+        loss = gradient_matching_loss(h, weight, targets, distance, cosine)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
