@@ -22,8 +22,14 @@ Decisions (the authors' code `lgcollins/FedRep` at d82e62982e107bb3322541604f059
 - Freezing is `requires_grad = False` on the other part, as the code does (no gradient, no weight
   decay, no update); BatchNorm running statistics of the body still move during the head epochs
   (the code keeps `net.train()` throughout).
-- Optimiser: the common `sgd` (the code: SGD, momentum 0.5, weight decay 1e-4 on weights), one per
-  phase: the code's single optimiser touches only parameters with a gradient, so it is the same.
+- Optimiser: the common `sgd` (`momentum`, `weight-decay`, `grad-clip`; the code: SGD, momentum 0.5,
+  weight decay 1e-4) with the code's two parameter groups: `weight-decay` on the weights, 0 on the
+  biases (a parameter whose name holds "bias", as the code splits them; `decay_groups`). Two groups
+  keep FedRep off the batched engine, which stacks one-group optimisers only (FedRep is not stacked).
+- One optimiser per phase where the code keeps one for both: the same steps under torch >= 2.0,
+  whose `zero_grad` leaves a frozen part without a gradient, so its step skips it. Under torch 1.x's
+  in-place zeroing the code's head would keep moving by momentum and weight decay during the body
+  epochs; that is not reproduced.
 - `client-global-accuracy` is the round's start model on the local test split: the received body
   under the client's head (its personalized model of its last participation with the new body; a
   first-time client's w^0 head). There is no single global model: see `FedRepStrategy`.
@@ -31,6 +37,8 @@ Decisions (the authors' code `lgcollins/FedRep` at d82e62982e107bb3322541604f059
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 from flwr.app import ArrayRecord, RecordDict
 from torch import nn
@@ -43,11 +51,25 @@ from fedskew.training import sgd, train_only
 HEAD = "fedrep-head"
 
 
+def decay_groups(model: nn.Module, part: nn.Module) -> list[dict[str, Any]]:
+    """`part` alone trainable (`train_only`), as the optimiser's parameter groups of the authors' code
+    (`models/Update.py` `LocalUpdate.train`: `weight_p` with weight decay, `bias_p` with 0): its
+    parameters whose name holds "bias" in a group of weight decay 0, the others in the default group
+    (`weight-decay`). An empty group is left out."""
+    train_only(model, part)
+    named = list(part.named_parameters())
+    weights = [p for name, p in named if "bias" not in name]
+    biases = [p for name, p in named if "bias" in name]
+    groups = [{"params": weights}, {"params": biases, "weight_decay": 0.0}]
+    return [g for g in groups if g["params"]]
+
+
 class FedRepTrainer(BaseTrainer):
     """Head epochs (body frozen), then body epochs (head frozen); the body travels, the head stays."""
 
     wire = wire.FEDREP
     keeps_state = "the personal head"
+    kept_arrays = ("head",)
 
     def load_global(self, model: nn.Module, content: RecordDict) -> None:
         """The received body (exactly the body's names, shapes and dtypes) under the client's head."""
@@ -58,8 +80,8 @@ class FedRepTrainer(BaseTrainer):
 
     def local_train(self, model: nn.Module, content: RecordDict) -> dict[str, float]:
         epochs = self.cfg["fedrep-head-epochs"]
-        head = self.run_epochs(model, sgd(train_only(model, model.classifier), self.cfg), epochs)
-        body = self.run_epochs(model, sgd(train_only(model, model.features), self.cfg), self.cfg["local-epochs"])
+        head = self.run_epochs(model, sgd(decay_groups(model, model.classifier), self.cfg), epochs)
+        body = self.run_epochs(model, sgd(decay_groups(model, model.features), self.cfg), self.cfg["local-epochs"])
         model.requires_grad_(True)
         self.keep(HEAD, model.classifier)
         steps = head["train-steps"] + body["train-steps"]
