@@ -50,6 +50,9 @@ class Param:
     low_open: bool = False
     high_open: bool = False
     rule: Callable[[Any, dict[str, Any]], object] | None = None
+    # the default reproduces, to the last digit, runs made before the key existed: a run config with
+    # the key at its default hashes as one without it (`fedskew.resultfile.config_sha256`)
+    neutral: bool = False
 
     def allowed(self) -> str:
         if self.choices is not None:
@@ -216,6 +219,14 @@ COMMON: dict[str, Param] = {
     "tensorboard": Param(bool, True, "write TensorBoard event files (metrics, per-class heatmap) in the run folder"),
     "wandb-project": Param(str, "", "also log to this Weights & Biases project when wandb is installed ('' = off)"),
     "device": Param(str, "auto", "'auto' (cuda when present), 'cpu', 'cuda' or 'cuda:N'"),
+    "compute-dtype": Param(
+        str,
+        "float32",
+        "the clients' arithmetic (training and evaluation); the wire stays float32 (replies rounded to it). "
+        "'float64': for comparing numerical paths, e.g. the batched engine against the per-client one",
+        choices=("float32", "float64"),
+        neutral=True,
+    ),
     "torch-threads": Param(
         int,
         1,

@@ -29,6 +29,10 @@ checked as its run would check it (`plan_cells`; `--dry-run` stops there) and gi
   method whose clients keep state across rounds (`MethodSpec.resume_note`: the resumed run's
   clients would start without it, so it would not equal the uninterrupted run): runs again, its
   earlier files set aside (never deleted);
+- recorded: nothing there, but the suite's result file (`results/<name>.yaml`) holds this seed of
+  this cell under the same config (`fedskew.resultfile.config_sha256`): skipped, so a long suite
+  resumes on another machine or in another session from its committed numbers (an `--export`
+  then adds the new seeds to the recorded ones: `fedskew.resultfile.merge_seeds`);
 - run: nothing there yet.
 
 `--methods`, `--partitions` and `--seeds` run only the cells with those labels (`select`). A cell
@@ -62,6 +66,7 @@ from fedskew.files import check_folder
 from fedskew.launcher import RunFailed, app_defaults, prepare_config, resources_for, run_simulation, simulation_link
 from fedskew.partitions import PartitionError
 from fedskew.registry import get_method
+from fedskew.resultfile import config_sha256, load_results
 from fedskew.server_app.results import LAST_ROUNDS, RESULTS, config_changes, read_jsonl, round_statistics
 
 SUITE_KEYS = {"name", "num-supernodes", "seeds", "out-dir", "base", "methods", "partitions", "last-rounds"}
@@ -229,13 +234,13 @@ class CellPlan:
     submits and the reason of a `changed` or `afresh` action."""
 
     cell: Cell
-    action: str  # done, changed, rerun, resume, afresh or run
+    action: str  # done, changed, rerun, resume, afresh, recorded or run
     overrides: dict[str, Any]
     note: str = ""
 
     @property
     def runs(self) -> bool:
-        return self.action not in ("done", "changed")
+        return self.action not in ("done", "changed", "recorded")
 
 
 def plan_cells(
@@ -250,16 +255,38 @@ def plan_cells(
     device, results folder, checkpoint; `resources_for`: actors, here or on `cluster`) and decide its
     action from what its folder holds. Raises ConfigError naming the first cell a run would refuse."""
     plans = []
+    recorded = recorded_seeds(suite, app_dir)
     for cell in suite.cells if cells is None else cells:
         run_dir = suite.folder / cell.run_name
         over = {**cell.overrides, "out-dir": str(suite.folder), "run-name": cell.run_name}
         try:
             cfg, subm = prepare_config(app_dir, {**over, "overwrite": True}, cell.num_supernodes)
             resources_for(cfg, actors, cluster)
-            plans.append(_plan(cell, run_dir, cfg, subm, app_dir, rerun_changed))
+            plan = _plan(cell, run_dir, cfg, subm, app_dir, rerun_changed)
         except (ConfigError, PartitionError, FileNotFoundError) as e:
             raise ConfigError(f"suite {suite.name}: cell {cell.run_name}: {e}") from None
+        sha = recorded.get((cell.partition, cell.method, cell.seed))
+        if plan.action == "run" and sha is not None and sha == config_sha256(cfg):
+            plan = CellPlan(cell, "recorded", {}, f"in results/{suite.name}.yaml")
+        plans.append(plan)
     return plans
+
+
+def recorded_seeds(suite: Suite, app_dir: Path) -> dict[tuple[str, str, int], str]:
+    """(partition, method, seed) -> config hash of every seed the suite's result file records with
+    its per-seed values (empty without a result file of this suite)."""
+    path = app_dir / "results" / f"{suite.name}.yaml"
+    if not path.is_file():
+        return {}
+    results = load_results(path)
+    if results.suite != suite.name:
+        return {}
+    return {
+        (c.partition, c.method, seed): c.config_sha256
+        for c in results.cells
+        if c.config_sha256 and all(s.per_seed is not None and s.seeds is None for s in c.stats.values())
+        for seed in c.seeds
+    }
 
 
 def _plan(cell: Cell, run_dir: Path, cfg: dict, subm: dict, app_dir: Path, rerun_changed: bool) -> CellPlan:

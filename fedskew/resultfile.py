@@ -309,9 +309,22 @@ def dump_results(results: ResultSet, path: str | Path) -> None:
 
 
 def config_sha256(saved: dict[str, Any]) -> str:
-    """The hash of a run's saved config without where it ran and its seed (`UNHASHED`): equal for
-    every seed of a cell, and for the same cell run again with the same code defaults."""
-    what = {k: v for k, v in saved.items() if k not in UNHASHED}
+    """The hash of what a run's saved config decides about its numbers: without where it ran and
+    its seed (`UNHASHED`), without the keys of other methods than its own (`MethodSpec.config_keys`:
+    a default of MuPFL's changes no FedAvg run) and without a `neutral` key at its default (one added
+    later that changes nothing at that value). Equal for every seed of a cell, and for the same cell
+    run again with the same defaults of its keys: seeds recorded under one hash are one population."""
+    from fedskew.config import all_params
+    from fedskew.registry import METHODS
+
+    params = all_params()
+    method = METHODS.get(str(saved.get("method")))
+    others = set().union(*(m.params for m in METHODS.values())) - (method.config_keys() if method else set())
+    what = {
+        k: v
+        for k, v in saved.items()
+        if k not in UNHASHED and k not in others and not (k in params and params[k].neutral and v == params[k].default)
+    }
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
 
@@ -324,6 +337,46 @@ def _summarise(values: list[float | None], seeds: list[int]) -> Stat | None:
     arr = np.array([v for _, v in kept])
     partial = [s for s, _ in kept] if len(kept) < len(seeds) else None
     return Stat(round(float(arr.mean()), 4), round(float(arr.std()), 4), per_seed, partial)
+
+
+def per_seed_values(cell: CellResult, name: str) -> dict[int, float] | None:
+    """Seed -> value of the stat `name` of `cell`; None when its per-seed values were not kept."""
+    stat = cell.stats[name]
+    if stat.per_seed is None:
+        return None
+    return dict(zip(cell.stat_seeds(name), stat.per_seed, strict=True))
+
+
+def merge_seeds(old: CellResult, fresh: CellResult) -> CellResult | None:
+    """`fresh` with the seeds `old` recorded that `fresh` did not run, when both ran one config
+    (`config_sha256`, the same rounds) and `old` kept every stat's per-seed values; None otherwise.
+    A seed in both takes `fresh`'s values. A long suite's seeds thus accumulate across machines and
+    sessions: the run folders of earlier seeds are gone, their values are in the file."""
+    if not old.config_sha256 or old.config_sha256 != fresh.config_sha256 or old.rounds != fresh.rounds:
+        return None
+    kept = [s for s in old.seeds if s not in fresh.seeds]
+    if not kept:
+        return fresh
+    values: dict[str, dict[int, float]] = {}
+    for name in {*old.stats, *fresh.stats}:
+        mine = per_seed_values(old, name) if name in old.stats else {}
+        if mine is None:
+            return None
+        values[name] = {s: v for s, v in mine.items() if s in kept} | (
+            per_seed_values(fresh, name) or {} if name in fresh.stats else {}
+        )
+    seeds = sorted({*fresh.seeds, *kept})
+    stats = {}
+    for name, by_seed in values.items():
+        have = [s for s in seeds if s in by_seed]
+        arr = np.array([by_seed[s] for s in have])
+        stats[name] = Stat(
+            round(float(arr.mean()), 4),
+            round(float(arr.std()), 4),
+            [by_seed[s] for s in have],
+            have if len(have) < len(seeds) else None,
+        )
+    return replace(fresh, seeds=seeds, stats=stats, source=f"{fresh.source}; seeds {kept} as recorded before")
 
 
 def cell_stats(runs: list[dict[str, Any]], seeds: list[int], last: int) -> dict[str, Stat]:
@@ -424,6 +477,18 @@ def export_suite(
                 )
     notes = {(c.partition, c.method): c.note for c in old.cells if c.note}
     fresh = [replace(c, note=notes.get((c.partition, c.method), "")) for c in fresh]
+    for i, cell in enumerate(fresh):
+        if (before := old.cell(cell.partition, cell.method)) is None or set(before.seeds) <= set(cell.seeds):
+            continue
+        if (merged := merge_seeds(before, cell)) is not None:
+            fresh[i] = merged
+        else:
+            lost = sorted(set(before.seeds) - set(cell.seeds))
+            warnings.warn(
+                f"{name}: {cell.partition}/{cell.method}: seeds {lost} were recorded under another config "
+                "(or without per-seed values): replaced by the runs' seeds",
+                stacklevel=2,
+            )
     replaced = {(c.partition, c.method) for c in fresh}
     kept = [c for c in old.cells if (c.partition, c.method) not in replaced]
     order = {(p, m): i for i, (p, m) in enumerate((p, m) for p in suite.partition_labels for m in suite.method_labels)}

@@ -45,6 +45,11 @@ def built_with_seed(build: Callable[[], M], seed: int) -> M:
         return build()
 
 
+def compute_dtype(cfg: dict[str, Any]) -> torch.dtype:
+    """The clients' floating dtype (`compute-dtype`): torch.float32, or torch.float64 for checks."""
+    return torch.float64 if cfg.get("compute-dtype") == "float64" else torch.float32
+
+
 def pick_device(name: str = "auto") -> torch.device:
     """`auto` gives cuda when present, else cpu; a CUDA device that is not here raises ConfigError.
     A CUDA device is put in deterministic mode first (`cuda_deterministic`)."""
@@ -224,9 +229,10 @@ def confusion(
     if len(x) == 0:
         return float("nan"), np.zeros((0, 0), dtype=np.int64)
     model.eval()
+    dtype = next(model.parameters()).dtype  # the central test set is float32; a float64 model reads it so
     loss, counts = 0.0, None
     for i in range(0, len(x), batch_size):
-        xb, yb = x[i : i + batch_size].to(device), y[i : i + batch_size].to(device)
+        xb, yb = x[i : i + batch_size].to(device, dtype), y[i : i + batch_size].to(device)
         out = model(xb)
         c = out.shape[1]
         loss += float(F.cross_entropy(out, yb, reduction="sum"))

@@ -36,11 +36,16 @@ from tests.harness import ROOT, app_defaults, run_in_process
 STACKED = ["fedavg", "fedprox", "fedrs", "fedlc", "fedgela", "fednova", "creff"]
 NODES = 40  # 4 of them sampled (fraction-train 0.1): ~1,200 examples each, different sizes (Dirichlet)
 ROUND = {"model": "mlp", "partition": "dirichlet", "fraction-train": 0.1, "local-epochs": 2, "batch-size": 32}
-# Uploads are compared on short clients: 400 nodes, 4 sampled (~100-200 examples, 6-14 steps). The
-# stacked kernels round some sums differently from the per-client ones in the last bit on some CPUs,
-# and over ~100 steps a ReLU that flips on such a bit moves the weights by ~1e-3 (a 1e-7 change of the
-# start moves the per-client path itself by up to 1e-2 there); over a few steps neither compounds.
-SHORT = {"num-partitions": 400, "fraction-train": 0.01}
+# Uploads are compared in float64 (`compute-dtype`), on short clients: 400 nodes, 4 sampled (~100-200
+# examples, 6-14 steps). The stacked kernels sum in another order than the per-client ones, and how
+# that rounds depends on the CPU's vector width: in float32, 84 of CReFF's 40,000 weights differed by up
+# to 6e-5 on an AVX-512 CPU and none on an AVX2 one (over ~100 steps a ReLU flipping on a last bit moves
+# weights by 1e-3). In float64 the two orders differ by a few units of its epsilon (2.2e-16) a sum,
+# grown over the steps to ~1e-11; the replies are then rounded to float32 (the wire's dtype), so they
+# may differ by one float32 rounding (2^-23 relative) plus that difference, which `WIRE_ROUNDING`
+# bounds by 1e-9 = 1e7 float64 epsilons: any CPU, and 6e4 times below the float32 discrepancy.
+SHORT = {"num-partitions": 400, "fraction-train": 0.01, "compute-dtype": "float64"}
+WIRE_ROUNDING = {"rtol": 2.0**-23, "atol": 1e-9}
 
 
 @pytest.fixture(autouse=True)
@@ -201,7 +206,7 @@ def test_each_client_uploads_what_the_per_client_path_uploads(method: str, overr
         a, b = uploads(got), uploads(want)
         assert a.keys() == b.keys()
         for k in a:
-            torch.testing.assert_close(a[k], b[k], rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(a[k], b[k], **WIRE_ROUNDING)
         assert max(float((b[k] - start[k]).abs().max()) for k in b if k in start) > 1e-2  # training moved it
         m, n = got.content["metrics"], want.content["metrics"]
         assert m.keys() == n.keys()

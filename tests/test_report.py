@@ -4,32 +4,36 @@ number changes them, result files are checked when read, a suite's runs export i
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 
 from fedskew.config import ConfigError, validate
 from fedskew.experiments import load_suite, select
 from fedskew.report import (
+    Board,
     Evidence,
     Numbers,
     Row,
     generate,
+    judged_verdict,
     leaderboard_headline,
     leaderboard_md,
     leaderboard_verdict,
     numbers,
     render_reason,
     shown_verdict,
-    spread_of_gain,
 )
 from fedskew.resultfile import CellResult, ResultSet, Stat, dump_results, export_suite, load_all, load_results
 from fedskew.server_app.results import resumed_rounds, saved_config
+from fedskew.stats import Interval
 from tests.harness import ROOT, app_defaults
 
 GENERATED = ("docs/results.md", "docs/leaderboard.md", "README.md")
@@ -54,7 +58,7 @@ def test_committed_docs_are_what_the_committed_results_give() -> None:
 def test_editing_a_committed_number_changes_the_docs(tmp_path: Path) -> None:
     root = copy_inputs(tmp_path)
     before = generate(root, figures=False)[root / "docs" / "results.md"]
-    assert "| C10-100-2 FedRS (alpha 0.5) | 70.8 (+14.9) | 85.28 ± 0.43 (+8.0) | **holds** |" in before
+    assert "| C10-100-2 FedRS (alpha 0.5) | 70.8 (+14.9) | 85.28 ± 0.43 (+8.0 [" in before
     path = root / "results" / "paper-fedrs.yaml"
     text = path.read_text()
     old = "- partition: c10-100-2\n  method: fedrs-0.5\n"
@@ -64,20 +68,43 @@ def test_editing_a_committed_number_changes_the_docs(tmp_path: Path) -> None:
     path.write_text(text[:start] + cell.replace("mean: 85.28,", "mean: 75.28,") + text[start + len(cell) :])
     after = generate(root, figures=False)
     results, readme = after[root / "docs" / "results.md"], after[root / "README.md"]
-    assert "| C10-100-2 FedRS (alpha 0.5) | 70.8 (+14.9) | 75.28 ± 0.43 (-2.0) |" in results
-    # a "holds" whose gain now has the other sign than the paper's is flagged for re-judging
-    assert "(re-judge: our gain has the other sign)" in results and "re-judge" not in before
-    assert "-2.0 ± 1.1" in readme  # the headline table follows too
+    row = next(line for line in results.splitlines() if line.startswith("| C10-100-2 FedRS (alpha 0.5) |"))
+    assert "| 75.28 ± 0.43 (-2.0 [" in row and "(unpaired)" in row  # Welch: no per-seed values kept
+    # a "holds" whose gain now lies on the other side of 0 is re-judged, the written verdict shown
+    old_row = next(line for line in before.splitlines() if line.startswith("| C10-100-2 FedRS (alpha 0.5) |"))
+    assert "**fails** (written: holds" in row and "written:" not in old_row
+    assert "-2.0 [" in readme  # the headline table follows too
 
 
-def test_only_a_flip_outside_the_seeds_spread_is_flagged_for_re_judging() -> None:
-    """A "level" claim (the paper -0.4, ours +0.2 +- 0.9) has no established sign: not flagged; the
-    same gain with a spread of 0.1, or without one, is."""
-    row = Row("level", "f/p/m", "global.last10", paper=66.9, vs="f/p/b", vs_paper=67.3, verdict="holds")
-    for spread, flagged in ((0.9, False), (0.1, True), (None, True)):
-        nums = Numbers(Stat(67.0), Stat(66.8), 0.2, spread, -0.4)
-        assert ("re-judge" in shown_verdict(row, nums)) is flagged, spread
-    assert shown_verdict(row, Numbers(Stat(67.0), Stat(66.8), -0.2, 0.1, -0.4)) == "**holds**"
+def iv(low: float, high: float, n: int = 10) -> Interval:
+    return Interval((low + high) / 2, low, high, n, 1.0)
+
+
+@pytest.mark.parametrize(
+    ("written", "interval", "level", "judged"),
+    [
+        ("holds", iv(0.5, 3.0), False, "holds"),  # on the paper's side (+): stays
+        ("holds", iv(-0.5, 3.0), False, "direction holds"),  # includes 0, mean on the paper's side
+        ("holds", iv(-3.0, 0.5), False, "fails"),  # mean on the other side
+        ("direction holds", iv(-3.0, -0.5), False, "fails"),  # the other side, established
+        ("direction holds", iv(-0.5, 3.0), False, "direction holds"),
+        ("fails", iv(0.2, 0.8), False, "direction holds"),  # a small gain, but established
+        ("fails", iv(-0.5, 3.0), False, "fails"),
+        ("holds", iv(-0.6, 0.8), True, "holds"),  # level: the whole interval within +-1 point
+        ("fails", iv(-0.6, 0.8), True, "holds"),
+        ("holds", iv(1.4, 3.2), True, "fails"),  # level: beyond +-1 point on one side
+        ("direction holds", iv(-0.5, 3.0), True, "direction holds"),  # level: too wide to tell
+        ("holds", Interval(2.0, math.nan, math.nan, 1, math.nan), False, "holds"),  # 1 seed: no interval
+    ],
+)
+def test_a_written_verdict_is_re_judged_by_its_paired_interval(
+    written: str, interval: Interval, level: bool, judged: str
+) -> None:
+    row = Row("r", "f/p/m", "global.last10", paper=70.0, vs="f/p/b", vs_paper=65.0, verdict=written, level=level)
+    nums = Numbers(Stat(70.0), Stat(65.0), interval.mean, interval, True, 5.0)
+    assert judged_verdict(row, nums) == judged
+    shown = shown_verdict(row, nums)
+    assert shown.startswith(f"**{judged}**") and (f"written: {written}" in shown) == (judged != written)
 
 
 def test_reasons_take_their_numbers_from_the_result_files() -> None:
@@ -92,7 +119,8 @@ def test_reasons_take_their_numbers_from_the_result_files() -> None:
         reason="{gain}; {f/p/b:global.osc10 / f/p/a:global.osc10}x; {f/p/a}",
     )
     nums = numbers(row, ev)
-    assert nums.gain == 10.0 and nums.spread == pytest.approx(5**0.5)  # stds combined: no per-seed values
+    assert nums.gain == 10.0 and not nums.paired  # no per-seed values: Welch's interval from the stds
+    assert nums.interval is not None and nums.interval.low < 0 < 10.0 < nums.interval.high  # 2 seeds: wide
     assert render_reason(row, nums, ev) == "+10.0; 4.0x; 80.00"
     with pytest.raises(ConfigError, match=r"no statistic 'global\.best'"):
         numbers(Row("x", "f/p/a", "global.best"), ev)
@@ -100,11 +128,17 @@ def test_reasons_take_their_numbers_from_the_result_files() -> None:
         ev.cell("f/p/c")
 
 
-def test_the_spread_of_a_gain_pairs_seeds_when_both_kept_them() -> None:
-    a, b = Stat(2.0, 0.8, [1.0, 2.0, 3.0]), Stat(1.0, 0.8, [0.0, 1.0, 2.0])
-    assert spread_of_gain(a, b, [0, 1, 2], [0, 1, 2]) == 0.0  # the same gain on every seed
-    assert spread_of_gain(a, b, [0, 1, 2], [1, 2, 3]) == pytest.approx(0.8 * 2**0.5)  # other seeds: combined
-    assert spread_of_gain(Stat(1.0), b, [0], [0]) is None
+def test_a_gain_is_paired_by_seed_when_both_cells_kept_their_values() -> None:
+    """The same +1 on every seed: a zero-width paired interval, where the cells' stds (0.8 each)
+    would give Welch's a wide one; other seeds pair only on those both hold."""
+    a = CellResult("p", "a", [0, 1, 2], {"global.last10": Stat(2.0, 0.8165, [1.0, 2.0, 3.0])})
+    b = CellResult("p", "b", [0, 1, 2], {"global.last10": Stat(1.0, 0.8165, [0.0, 1.0, 2.0])})
+    c = CellResult("p", "c", [1, 2, 3], {"global.last10": Stat(1.5, 0.8165, [0.5, 1.5, 2.5])})
+    ev = Evidence({"f": ResultSet("f", "s", "suites/s.yaml", [a, b, c])})
+    nums = numbers(Row("a over b", "f/p/a", "global.last10", vs="f/p/b"), ev)
+    assert nums.paired and (nums.interval.low, nums.interval.high, nums.interval.n) == (1.0, 1.0, 3)
+    nums = numbers(Row("a over c", "f/p/a", "global.last10", vs="f/p/c"), ev)
+    assert nums.paired and nums.interval.n == 2 and nums.gain == pytest.approx(1.5)  # seeds 1 and 2
 
 
 @pytest.mark.parametrize(
@@ -301,33 +335,36 @@ def test_export_leaves_out_a_resumed_run_of_a_method_whose_clients_keep_state(tm
     assert [(c.method, c.seeds) for c in rs.cells] == [("fedavg", [0, 1]), ("scaffold", [1])]
 
 
-def test_leaderboard_reads_balanced_and_worst_class_when_present(tmp_path: Path) -> None:
+def test_leaderboard_pages_give_paired_gains_with_intervals_and_the_seed_counts() -> None:
     suite = yaml.safe_load((ROOT / "suites" / "leaderboard.yaml").read_text())
-    empty = leaderboard_md(Path("suites/leaderboard.yaml"), suite, None)
-    assert "**Not run yet.**" in empty and "| mupfl | lt10 | n/a | n/a | n/a | n/a |" in empty
-    stats = {"global.last10": Stat(60.0, 1.0), "personalized.last10": Stat(90.0, 0.5)}
+    empty = leaderboard_md(Path("suites/leaderboard.yaml"), Board(suite, None), ROOT)
+    assert "**Not run yet.**" in empty and "| mupfl | lt10 | 0 | n/a | n/a | n/a | n/a |" in empty
+
+    def cell(method: str, values: list[float], **more: Stat) -> CellResult:
+        stat = Stat(float(np.mean(values)), float(np.std(values)), values)
+        return CellResult("c2", method, [0, 1, 2, 3], {"global.last10": stat, **more})
+
+    base = [60.0, 50.0, 70.0, 65.0]  # the seeds move FedAvg by 20 points ...
     cells = [
-        CellResult("c2", "fedavg", [0, 1, 2], dict(stats)),
-        CellResult(
-            "c2", "fedrs", [0, 1, 2], {**stats, "global.last10": Stat(70.0, 1.0), "balanced.last10": Stat(69.0, 1.0)}
-        ),
+        cell("fedavg", base, **{"personalized.last10": Stat(90.0, 0.5)}),
+        cell("fedrs", [v + 2.0 + e for v, e in zip(base, (0.1, -0.1, 0.2, -0.2), strict=True)]),  # ... +2 each
+        cell("moon", [v + d for v, d in zip(base, (3.0, -3.0, 4.0, -4.0), strict=True)]),  # level, noisy
+        cell("fedlc", [v - 1.0 for v in base]),
+        cell("fedprox", [v + 0.5 for v in base]),
     ]
-    md = leaderboard_md(Path("suites/leaderboard.yaml"), suite, ResultSet("leaderboard", "leaderboard", "", cells))
-    assert "| fedrs | c2 | 70.00 ± 1.00 | 69.00 ± 1.00 | n/a | 90.00 ± 0.50 |" in md
-    assert "| fedrs | n/a | 70.00 ± 1.00 (+10.0) | n/a |" in md  # the gain over FedAvg on that setting
-    assert "Not run yet" not in md
-    # the verdict line: the best method per setting, and who beats FedAvg by more than both spreads
-    cells.append(CellResult("c2", "moon", [0, 1, 2], {**stats, "global.last10": Stat(61.5, 1.0)}))
-    results = ResultSet("leaderboard", "leaderboard", "", cells)
-    assert leaderboard_verdict(suite, results) == (
-        "Best global accuracy over FedAvg per setting (c2: fedrs +10.0, 1 of 2 above FedAvg beyond the seeds' spread)."
-    )
-    assert leaderboard_verdict(suite, None) == ""
-    # README's headline: the personalized mean only once every setting has it
-    assert "| fedrs | n/a | 70.00 | n/a | +10.0 | n/a |" in leaderboard_headline(suite, results)
-    full = [CellResult(p, "fedrs", [0], {"personalized.last10": Stat(v)}) for p, v in (("dir01", 80), ("lt10", 70))]
-    headline = leaderboard_headline(suite, ResultSet("leaderboard", "leaderboard", "", [*cells, *full]))
-    assert "| fedrs | n/a | 70.00 | n/a | +10.0 | 80.00 |" in headline  # (80 + 90 + 70) / 3
+    board = Board(suite, ResultSet("leaderboard", "leaderboard", "", cells))
+    assert board.gain("c2", "fedrs").excludes_zero()  # paired: +2 +- 0.3, where the stds are 7.4
+    assert not board.gain("c2", "moon").excludes_zero()
+    md = leaderboard_md(Path("suites/leaderboard.yaml"), board, ROOT)
+    assert "| fedrs | - | - | **+2.0 [+1.7, +2.3]** | " in md and "c2 (4 seeds)" in md
+    assert "| fedavg | c2 | 4 | 61.25 ± 7.40 | n/a | n/a | 90.00 ± 0.50 |" in md
+    verdict = leaderboard_verdict(board)
+    assert verdict.startswith("**c2** (4 seeds): 2 of 4 methods above FedAvg (fedprox, fedrs), 1 below")
+    chance = board.top_chance("c2")
+    assert chance["fedrs"] == 1.0 and chance["fedlc"] < 0.5  # always above FedAvg, fedlc always below it
+    headline = "\n".join(leaderboard_headline(board))
+    assert "| fedrs | - | **+2.0 [+1.7, +2.3]** | - | n/a |" in headline and "c2 4" in headline
+    assert leaderboard_verdict(Board(suite, None)) == ""
 
 
 def test_the_leaderboard_suite_runs_every_registered_method_on_three_settings() -> None:
@@ -335,7 +372,8 @@ def test_the_leaderboard_suite_runs_every_registered_method_on_three_settings() 
 
     suite = load_suite(ROOT / "suites" / "leaderboard.yaml", app_defaults())
     assert set(suite.method_labels) == set(METHODS)
-    assert suite.partition_labels == ["dir01", "c2", "lt10"] and sorted({c.seed for c in suite.cells}) == [0, 1, 2]
+    assert suite.partition_labels == ["dir01", "c2", "lt10"]
+    assert sorted({c.seed for c in suite.cells}) == list(range(10))
 
 
 def test_readme_is_short_and_reaches_every_doc() -> None:
@@ -353,3 +391,54 @@ def test_every_claim_cites_existing_cells() -> None:
     every result file loads."""
     assert load_all(ROOT / "results")
     generate(ROOT, figures=False)
+
+
+def test_seeds_accumulate_across_sessions_from_the_committed_result_file(tmp_path: Path) -> None:
+    """Session 1 runs and exports seed 0; its run folders are gone in session 2 (another machine):
+    the plan skips seed 0 as recorded in the result file, seed 1 runs, and the export keeps seed 0's
+    values beside seed 1's. A default that changes the cell's config (its hash) makes seed 0 run
+    again, and an export without it replaces the recorded seeds with a warning."""
+    from fedskew.experiments import plan_cells
+
+    suite_path = tmp_path / "t.yaml"
+    suite_path.write_text(SUITE.format(out=tmp_path / "out"))
+    suite = load_suite(suite_path, app_defaults())
+    cells = {(c.method, c.seed): c for c in suite.cells}
+    (tmp_path / "results").mkdir()
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")  # the app's defaults
+    fake_run(suite, cells[("fedavg", 0)], [0.5, 0.6, 0.7])
+    export_suite(suite, "suites/t.yaml", app_defaults(), tmp_path / "results")
+    shutil.rmtree(suite.folder)  # session 2: no run folders
+
+    plans = {p.cell.run_name: p.action for p in plan_cells(suite, tmp_path, [cells[("fedavg", s)] for s in (0, 1)])}
+    assert plans == {"iid--fedavg--s0": "recorded", "iid--fedavg--s1": "run"}
+    fake_run(suite, cells[("fedavg", 1)], [0.4, 0.5, 0.6])
+    rs = load_results(export_suite(suite, "suites/t.yaml", app_defaults(), tmp_path / "results"))
+    fedavg = rs.cell("iid", "fedavg")
+    assert fedavg.seeds == [0, 1] and fedavg.stats["global.last10"].per_seed == [60.0, 50.0]
+    assert fedavg.stats["global.last10"].mean == 55.0 and "seeds [0] as recorded before" in fedavg.source
+
+    # another default of the cell's own keys: another hash, so seed 0 is not skipped ...
+    toml = (tmp_path / "pyproject.toml").read_text().replace("\nlr = 0.01\n", "\nlr = 0.02\n")
+    assert "lr = 0.02" in toml
+    (tmp_path / "pyproject.toml").write_text(toml)
+    plans = {p.cell.run_name: p.action for p in plan_cells(suite, tmp_path, [cells[("fedavg", 0)]])}
+    assert plans == {"iid--fedavg--s0": "run"}
+    # ... and a run under it does not join the recorded seeds: they are replaced, with a warning
+    shutil.rmtree(suite.folder)
+    fake_run(suite, cells[("fedavg", 0)], [0.9, 0.9, 0.9], lr=0.02)
+    with pytest.warns(UserWarning, match=r"seeds \[1\] were recorded under another config"):
+        rs = load_results(export_suite(suite, "suites/t.yaml", {**app_defaults(), "lr": 0.02}, tmp_path / "results"))
+    assert rs.cell("iid", "fedavg").seeds == [0]
+
+
+def test_the_hash_of_a_cell_ignores_other_methods_keys_and_neutral_defaults() -> None:
+    from fedskew.resultfile import config_sha256
+
+    cfg = validate({**app_defaults(), "method": "fedavg"})
+    assert config_sha256(cfg) == config_sha256({**cfg, "mupfl-tau": 3, "seed": 9, "out-dir": "/x"})
+    assert config_sha256(cfg) == config_sha256({k: v for k, v in cfg.items() if k != "compute-dtype"})
+    assert config_sha256(cfg) != config_sha256({**cfg, "compute-dtype": "float64"})
+    assert config_sha256(cfg) != config_sha256({**cfg, "lr": 0.5})
+    rs = validate({**app_defaults(), "method": "fedrs"})
+    assert config_sha256(rs) != config_sha256({**rs, "fedrs-alpha": 0.9})  # its own key counts

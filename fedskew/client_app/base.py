@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -73,8 +73,17 @@ from fedskew.data.augment import augmentation
 from fedskew.data.clients import ClientData
 from fedskew.diagnostics import held_and_missing_accuracy
 from fedskew.models import SplitNet, build_model, initial_model
-from fedskew.records import ArraysSpec, Rejected, check_arrays, decoded_content, tensor_like
-from fedskew.training import LossFn, confusion, cross_entropy_loss, evaluate, sgd, steps_per_round, train_steps
+from fedskew.records import ArraysSpec, Rejected, Tensor, check_arrays, decoded_content, tensor_like
+from fedskew.training import (
+    LossFn,
+    compute_dtype,
+    confusion,
+    cross_entropy_loss,
+    evaluate,
+    sgd,
+    steps_per_round,
+    train_steps,
+)
 from fedskew.wire import BASE, MODEL, Dims, Wire
 
 log = logging.getLogger("fedskew.client")
@@ -88,8 +97,27 @@ def checked_arrays(
     (the server logs it as this node's failure)."""
     if key not in content:
         raise Rejected(f"server message lacks the {key!r} ArrayRecord")
-    spec = ArraysSpec({name: tensor_like(t) for name, t in expected.items()})
+    spec = ArraysSpec({name: wire_form(t) for name, t in expected.items()})
     return as_tensors(check_arrays(content[key], spec, f"server {key}"))
+
+
+def wire_form(t: torch.Tensor) -> Tensor:
+    """The form a tensor like `t` has on the wire: its shape and dtype, float32 for a floating one
+    (a client computing in float64, `compute-dtype`, still receives and sends float32)."""
+    form = tensor_like(t)
+    return Tensor(form.shape, "float32") if t.is_floating_point() else form
+
+
+def to_wire(content: RecordDict) -> RecordDict:
+    """`content` with every floating array of its ArrayRecords in float32 (the wire's dtype)."""
+    out = RecordDict()
+    for key, record in content.items():
+        if isinstance(record, ArrayRecord):
+            record = ArrayRecord(
+                {k: t.float() if t.is_floating_point() else t for k, t in record.to_torch_state_dict().items()}
+            )
+        out[key] = record
+    return out
 
 
 def frozen(model: nn.Module) -> nn.Module:
@@ -133,6 +161,9 @@ class BaseTrainer:
     batched: ClassVar[bool] = False  # read from the class's own body only (`stacked_refusal`)
     # What its clients keep across rounds that shapes their training ("" when nothing; `kept_state`)
     keeps_state: ClassVar[str] = ""
+    # the model-sized arrays among them, one entry a copy: "model" (the network's state dict), "params"
+    # (its trainable parameters), "head" (the classifier's state dict); `state.kept_state_bytes`
+    kept_arrays: ClassVar[tuple[str, ...]] = ()
 
     @classmethod
     def kept_state(cls, cfg: dict[str, Any]) -> str:
@@ -146,19 +177,28 @@ class BaseTrainer:
         self.dims = Dims.of(self.cfg)
         self.data = ctx.data
         self.device = ctx.device
+        self.dtype = compute_dtype(self.cfg)  # float64 only to compare numerical paths
+        if self.dtype != torch.float32:
+            x_train, x_test = (x.to(self.dtype) for x in (ctx.data.x_train, ctx.data.x_test))
+            self.data = replace(ctx.data, x_train=x_train, x_test=x_test)
         self.augment = augmentation(self.cfg, dataset_info(self.cfg))  # of training batches, per `augment`
 
     # ------------------------------------------------------------------ hooks
     def build_model(self) -> SplitNet:
-        return build_model(self.cfg["model"], dataset_info(self.cfg)).to(self.device)
+        return build_model(self.cfg["model"], dataset_info(self.cfg)).to(self.device, self.dtype)
 
     def receive(self, content: RecordDict) -> dict[str, Any]:
         """The server's records but the model arrays, each checked against the method's
-        `wire.downlink_schema`: ArrayRecords as dicts of tensors, ConfigRecords as they are. A
-        record the method does not declare, or one of another form, is refused (raises `Rejected`)."""
+        `wire.downlink_schema`: ArrayRecords as dicts of tensors (floating ones in the compute dtype),
+        ConfigRecords as they are. A record the method does not declare, or one of another form, is
+        refused (raises `Rejected`)."""
         rest = RecordDict({k: v for k, v in content.items() if k != MODEL})
         decoded = decoded_content(rest, self.wire.downlink_schema(self.dims))
-        return {k: as_tensors(v) if isinstance(v, dict) else v for k, v in decoded.items()}
+        return {k: self.computed(as_tensors(v)) if isinstance(v, dict) else v for k, v in decoded.items()}
+
+    def computed(self, tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """`tensors` with the floating ones in the compute dtype (`compute-dtype`)."""
+        return {k: t.to(self.dtype) if t.is_floating_point() else t for k, t in tensors.items()}
 
     def load_global(self, model: nn.Module, content: RecordDict) -> None:
         model.load_state_dict(checked_arrays(content, model.state_dict()), strict=True)
@@ -304,7 +344,7 @@ class BaseTrainer:
 
     def initial_model(self) -> SplitNet:
         """The run's initial global model w^0 (`fedskew.models.initial_model`), on this device."""
-        return initial_model(self.cfg["model"], dataset_info(self.cfg), self.cfg["seed"]).to(self.device)
+        return initial_model(self.cfg["model"], dataset_info(self.cfg), self.cfg["seed"]).to(self.device, self.dtype)
 
     # ------------------------------------------------------------------ the round
     def evaluate_local(self, model: nn.Module) -> tuple[float, float]:
@@ -358,7 +398,10 @@ class BaseTrainer:
             if started.global_eval is not None:
                 g_loss, g_acc = started.global_eval
                 metrics.update({"client-global-accuracy": g_acc, "client-global-loss": g_loss})
-        return RecordDict({"arrays": self.upload(model), "metrics": MetricRecord(metrics), **self.extra_records(model)})
+        content = RecordDict(
+            {"arrays": self.upload(model), "metrics": MetricRecord(metrics), **self.extra_records(model)}
+        )
+        return content if self.dtype == torch.float32 else to_wire(content)
 
     def fit(self, content: RecordDict) -> RecordDict:
         """One round: returns the reply content (arrays, metrics and any extra records)."""

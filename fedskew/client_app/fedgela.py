@@ -72,7 +72,7 @@ class FedGELATrainer(BaseTrainer):
         return received
 
     def build_model(self) -> ETFNet:
-        return gela_model(self.cfg, self.etf, self.phi).to(self.device)
+        return gela_model(self.cfg, self.etf, self.phi).to(self.device, self.dtype)
 
     def received_global_model(self, model: nn.Module) -> nn.Module:
         """The received backbone with the plain ETF (phi = None): the server's global model."""
