@@ -47,7 +47,10 @@ def correct_after_step(
 
     @torch.no_grad()
     def clip(opt: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        norms = [torch.linalg.vector_norm(c if p.grad is None else p.grad + c) for p, c in zip(params, corrections)]
+        norms = [
+            torch.linalg.vector_norm(c if p.grad is None else p.grad + c)
+            for p, c in zip(params, corrections, strict=True)
+        ]
         s = (max_norm / (torch.linalg.vector_norm(torch.stack(norms)) + 1e-6)).clamp(max=1.0)
         for p in params:
             if p.grad is not None:
