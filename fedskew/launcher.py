@@ -113,6 +113,10 @@ def prepare_config(app_dir: Path, overrides: dict[str, Any], num_clients: int) -
     check_run_folder(Path(overrides["out-dir"]) / overrides["run-name"], cfg)
     client_indices(cfg, num_clients)  # raises DataMissingError / PartitionError early
     check_input(cfg["model"], dataset_info(cfg))  # the model takes the data set's images
+    from fedskew.client_app.state import state_bound_problem
+
+    if problem := state_bound_problem(cfg):  # its simulated clients would each fail every round they train
+        raise ConfigError(problem)
     return cfg, overrides
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import subprocess
 import time
 from pathlib import Path
@@ -424,12 +425,37 @@ def test_paper_scale_values_stay_allowed() -> None:
         (["-n", "3", "-c", 'min-nodes=4 partition="iid"'], "min-nodes=4 is not allowed: the simulation has 3 clients"),
         (["-c", 'out-dir="{tmp}/file"'], "is not a folder"),
         (["-c", 'out-dir="{tmp}/file/sub"'], "is not a folder"),
+        (
+            ["-c", 'method="feddc" state-max-mb=0.2'],
+            "state-max-mb=0.2 is below the 0.34 MB that each feddc client keeps (the drift h_i and the control "
+            "variate c_i) with model='lenet': set state-max-mb >= 0.35",
+        ),
     ],
 )
 def test_cli_refuses_late_failures_up_front(tmp_path, capsys, no_superlink, args: list, needle: str) -> None:
     (tmp_path / "file").write_text("x")
     assert needle in one_line_exit_2(capsys, ["run", *[a.replace("{tmp}", str(tmp_path)) for a in args]])
     assert no_superlink == []
+
+
+@pytest.mark.parametrize("method", ["feddc", "moon"])
+def test_the_smallest_state_max_mb_named_works_and_one_below_it_fails(tmp_path, task_identity, method) -> None:
+    """The two methods that keep two model-sized copies: at the value the refusal names every round is
+    answered, 0.01 MB below it every client fails once it holds both copies (as it would have, 30-68 s
+    into a run, before the check)."""
+    from fedskew.client_app.state import MB, kept_state_bytes, state_bound_problem
+    from fedskew.server_app.app import RoundFailedError
+    from tests.harness import run_in_process
+
+    cfg = {"method": method, "model": "mlp", "partition": "iid", "fraction-train": 1.0, "num-server-rounds": 3}
+    cfg.update({"eval-every": 3, "tensorboard": False, "out-dir": str(tmp_path), "num-partitions": 50})
+    smallest = math.ceil(kept_state_bytes(validate({**app_defaults(), **cfg})) / MB * 100) / 100
+    assert not state_bound_problem(validate({**app_defaults(), **cfg, "state-max-mb": smallest}))
+    run_in_process({**cfg, "run-name": "fits", "state-max-mb": smallest}, 2, num_partitions=50)
+    assert not (tmp_path / "fits" / "failures.jsonl").exists() or not read_jsonl(tmp_path / "fits" / "failures.jsonl")
+    with pytest.raises(RoundFailedError):
+        run_in_process({**cfg, "run-name": "short", "state-max-mb": smallest - 0.01}, 2, num_partitions=50)
+    assert "StateTooLargeError" in (tmp_path / "short" / "failures.jsonl").read_text()
 
 
 @pytest.mark.slow

@@ -63,6 +63,7 @@ class DittoTrainer(BaseTrainer):
 
     wire = wire.DITTO
     keeps_state = "the personal model"
+    kept_arrays = ("model",)
 
     def load_global(self, model: nn.Module, content: RecordDict) -> None:
         super().load_global(model, content)

@@ -62,6 +62,7 @@ class FedDCTrainer(ScaffoldTrainer):
 
     wire = wire.FEDDC
     keeps_state = "the drift h_i and the control variate c_i"
+    kept_arrays = ("params", "params")
 
     def load_global(self, model: nn.Module, content: RecordDict) -> None:
         super().load_global(model, content)

@@ -44,6 +44,7 @@ class FedDynTrainer(BaseTrainer):
 
     wire = wire.FEDDYN
     keeps_state = "the gradient state"
+    kept_arrays = ("params",)
 
     def load_global(self, model: nn.Module, content: RecordDict) -> None:
         super().load_global(model, content)

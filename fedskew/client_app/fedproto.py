@@ -83,6 +83,7 @@ class FedProtoTrainer(BaseTrainer):
 
     wire = wire.FEDPROTO
     keeps_state = "the personal model"
+    kept_arrays = ("model",)
 
     def load_global(self, model: nn.Module, content: RecordDict) -> None:
         """No model arrives (an array in `arrays` is refused): the client's own model from its state,

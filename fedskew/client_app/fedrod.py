@@ -63,6 +63,7 @@ class FedRoDTrainer(BaseTrainer):
 
     wire = wire.FEDROD
     keeps_state = "the personalized head"
+    kept_arrays = ("head",)
 
     def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """L_BSM(g) + CE(g + p) on one mini-batch; each step's parts are summed for the metrics."""

@@ -41,6 +41,7 @@ class HPMTrainer(BaseTrainer):
 
     hpm_prefix: ClassVar[str]
     keeps_state = "the inherited private model (HPM)"
+    kept_arrays = ("model",)
 
     def key(self, name: str) -> str:
         return f"{self.hpm_prefix}-{name}"

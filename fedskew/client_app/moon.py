@@ -52,6 +52,7 @@ class MOONTrainer(BaseTrainer):
 
     wire = wire.MOON
     keeps_state = "the previous local model"
+    kept_arrays = ("model", "model")  # the latest local model and the one before
 
     # ------------------------------------------------------------------ state
     def stored_models(self, reference: nn.Module) -> list[tuple[int, dict[str, torch.Tensor]]]:

@@ -57,6 +57,7 @@ class ScaffoldTrainer(BaseTrainer):
 
     wire = wire.SCAFFOLD
     keeps_state = "the control variate c_i"
+    kept_arrays = ("params",)
 
     def load_global(self, model: nn.Module, content: RecordDict) -> None:
         super().load_global(model, content)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import uuid
 from collections.abc import Mapping
@@ -246,3 +247,42 @@ def _check_tensors(tensors: object) -> None:
     extreme = [k for k, t in tensors.items() if t.is_floating_point() and t.numel() and t.abs().max() > VALUE_BOUND]
     if extreme:
         raise ValueError(f"tensors {extreme[:3]} hold values beyond +-{VALUE_BOUND:g}")
+
+
+def kept_state_bytes(cfg: Mapping[str, Any]) -> int:
+    """The most bytes of tensors a client of a run under the validated `cfg` keeps in `context.state`,
+    as `save_tensors` counts them: each model-sized array its trainer declares (`kept_arrays`: the
+    network's state dict, its parameters or its head) with the round tag, serialised as Flower holds
+    them. 0 for a method whose clients keep no state under `cfg` (`kept_state`); small states
+    (counters, MuPFL's BAVD maps: a few KB) are not counted."""
+    from fedskew.data import dataset_info
+    from fedskew.models import build_model
+    from fedskew.registry import get_method
+
+    trainer = get_method(cfg["method"]).trainer_class()
+    if not trainer.kept_state(cfg) or not trainer.kept_arrays:
+        return 0
+    model = build_model(cfg["model"], dataset_info(cfg))
+    parts = {
+        "model": model.state_dict(),
+        "params": {k: p.detach() for k, p in model.named_parameters()},
+        "head": model.classifier.state_dict(),
+    }
+    tag = {ROUND_KEY: torch.tensor(0, dtype=torch.int64)}
+    return sum(ClientState._nbytes(ArrayRecord({**parts[part], **tag})) for part in trainer.kept_arrays)
+
+
+def state_bound_problem(cfg: Mapping[str, Any]) -> str:
+    """'' when what a client of the validated `cfg` keeps fits `state-max-mb` (`kept_state_bytes`),
+    else one line naming the key, its value and the smallest value that works: such a client would
+    raise `StateTooLargeError` at the end of every round it trains, and never answer."""
+    from fedskew.registry import get_method
+
+    need = kept_state_bytes(cfg)
+    if need <= cfg["state-max-mb"] * MB:
+        return ""
+    kept = get_method(cfg["method"]).trainer_class().kept_state(cfg)
+    return (
+        f"state-max-mb={cfg['state-max-mb']:g} is below the {need / MB:.2f} MB that each {cfg['method']} client "
+        f"keeps ({kept}) with model={cfg['model']!r}: set state-max-mb >= {math.ceil(need / MB * 100) / 100:g}"
+    )

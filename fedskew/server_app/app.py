@@ -26,6 +26,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 from flwr.serverapp import Grid, ServerApp
 
 from fedskew.batched.grid import BatchedGrid
+from fedskew.client_app.state import state_bound_problem
 from fedskew.config import ConfigError, validate
 from fedskew.data import dataset_info
 from fedskew.data.clients import client_class_counts, load_test_set
@@ -285,6 +286,10 @@ def main(grid: Grid, context: Context) -> None:
     background = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="fedskew-start")
     test_set = background.submit(load_test_set, cfg)
     strategy: BaseStrategy = get_method(cfg["method"]).strategy_class()(cfg, device)
+    if problem := state_bound_problem(cfg):  # `fedskew run` refuses it; a deployment's nodes may keep state on disk
+        log.warning(
+            "fedskew: %s, or give the nodes a state-dir: a node without one fails every round it trains", problem
+        )
     try:
         ckpt = out.resume(strategy)  # a resume's checkpoint, checked against the strategy and restored into it
     except ConfigError as e:
