@@ -24,6 +24,9 @@ class MethodSpec:
     trainer: str  # "module:Class"
     params: dict[str, Param] = field(default_factory=dict)
     paper: str = ""
+    # raised when the method's arithmetic changes under the same config (a fix), so that results of
+    # the earlier code no longer share a hash with the new ones (`fedskew.resultfile.config_sha256`)
+    revision: int = 0
 
     def strategy_class(self) -> Any:
         return _load(self.strategy)
@@ -63,9 +66,9 @@ def _fedgen_batch_rule(iterations: int, cfg: dict[str, Any]) -> None:
         raise ValueError(f"the generator trains on batches of batch-size={cfg['batch-size']} labels; it needs >= 2")
 
 
-def _m(name: str, strategy: str, trainer: str, paper: str = "", **params: Param) -> MethodSpec:
+def _m(name: str, strategy: str, trainer: str, paper: str = "", revision: int = 0, **params: Param) -> MethodSpec:
     keys = {f"{name}-{k.rstrip('_').replace('_', '-')}": p for k, p in params.items()}  # lambda_: -lambda
-    return MethodSpec(name, f"fedskew.strategies.{strategy}", f"fedskew.client_app.{trainer}", keys, paper)
+    return MethodSpec(name, f"fedskew.strategies.{strategy}", f"fedskew.client_app.{trainer}", keys, paper, revision)
 
 
 # FedRS's restricted softmax (`fedskew.client_app.fedrs.FedRSTrainer`), for fedrs and scaffold-rs
@@ -172,6 +175,7 @@ METHODS: dict[str, MethodSpec] = {
             "feddc",
             "feddc:FedDCStrategy",
             "feddc:FedDCTrainer",
+            revision=1,  # 1: grad-clip clips the correction with the loss gradient, as the authors' code
             paper=(
                 'Gao et al., "FedDC: Federated Learning with Non-IID Data via Local Drift Decoupling and '
                 'Correction", CVPR 2022'
@@ -352,11 +356,11 @@ METHODS: dict[str, MethodSpec] = {
             personal_lr_factor=Param(float, 1.0, "MAP: stage-2 lr = lr * factor (code: 0.2)", low=0.0, low_open=True),
             schedule=Param(
                 str,
-                "epochs",
-                "MAP stage lengths: local-epochs + map-personal-epochs ('epochs'), local-epochs split in"
-                " halves (Alg. 1: 'algorithm1'), or the authors' code's steps ('code': max(E nb, 5), then"
-                " max(int(0.1 x that), 5); int(Q T) in mu)",
-                choices=("epochs", "algorithm1", "code"),
+                "algorithm1",
+                "MAP stage lengths: local-epochs split in halves (Alg. 1 as printed: 'algorithm1'),"
+                " local-epochs + map-personal-epochs ('epochs'), or the authors' code's steps ('code':"
+                " max(E nb, 5), then max(int(0.1 x that), 5); int(Q T) in mu)",
+                choices=("algorithm1", "epochs", "code"),
             ),
             hpm_init=Param(
                 str,
@@ -366,7 +370,7 @@ METHODS: dict[str, MethodSpec] = {
             ),
             uniform_aggregation=Param(
                 bool,
-                False,
+                True,
                 "MAP: average uploads uniformly (Alg. 1 line 6); false = aggregation-weights (code, FedAvg)",
             ),
         ),
@@ -561,6 +565,7 @@ METHODS: dict[str, MethodSpec] = {
             "creff",
             "creff:CReFFStrategy",
             "creff:CReFFTrainer",
+            revision=1,  # 1: the feature matching's cosine divides by |a| |b| + 1e-6, as the authors' code
             paper=(
                 'Shang et al., "Federated Learning on Heterogeneous and Long-Tailed Data via Classifier '
                 'Re-Training with Federated Features", IJCAI 2022'
@@ -603,6 +608,7 @@ METHODS: dict[str, MethodSpec] = {
             "fedrep",
             "fedrep:FedRepStrategy",
             "fedrep:FedRepTrainer",
+            revision=1,  # 1: no weight decay on biases, as the authors' code
             paper=(
                 'Collins, Hassani, Mokhtari & Shakkottai, "Exploiting Shared Representations for Personalized '
                 'Federated Learning", ICML 2021'

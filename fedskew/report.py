@@ -291,7 +291,8 @@ def fmt_gain(g: float | None, spread: float | None = None) -> str:
 
 def judged_verdict(row: Row, nums: Numbers) -> str:
     """The written verdict re-judged against the paired interval (module docstring); unchanged where
-    there is no interval (fewer than 2 shared seeds) or no paper gain to take a side from."""
+    there is no interval (fewer than 2 shared seeds), or neither a paper gain nor a claim to take a
+    side from (a claim without the paper's number is a "beats": the side above 0)."""
     written = row.verdict
     iv, paper = nums.interval, nums.paper_gain
     if written == "-" or iv is None or iv.n < 2:
@@ -302,9 +303,9 @@ def judged_verdict(row: Row, nums: Numbers) -> str:
         if iv.low > LEVEL_MARGIN or iv.high < -LEVEL_MARGIN:
             return "fails"
         return written  # too wide to tell at these seeds
-    if not paper:
+    if not paper and not row.claim:
         return written
-    side = 1 if paper > 0 else -1
+    side = -1 if paper and paper < 0 else 1  # a claim without the paper's number says "beats": above 0
     if written == "holds" and iv.sign() != side:
         return "direction holds" if side * iv.mean > 0 else "fails"
     if written == "direction holds" and (iv.sign() == -side or side * iv.mean <= 0):

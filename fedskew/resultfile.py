@@ -312,8 +312,9 @@ def config_sha256(saved: dict[str, Any]) -> str:
     """The hash of what a run's saved config decides about its numbers: without where it ran and
     its seed (`UNHASHED`), without the keys of other methods than its own (`MethodSpec.config_keys`:
     a default of MuPFL's changes no FedAvg run) and without a `neutral` key at its default (one added
-    later that changes nothing at that value). Equal for every seed of a cell, and for the same cell
-    run again with the same defaults of its keys: seeds recorded under one hash are one population."""
+    later that changes nothing at that value), with the method's `revision` (its arithmetic fixed
+    under the same config). Equal for every seed of a cell, and for the same cell run again with the
+    same defaults of its keys and the same revision: seeds recorded under one hash are one population."""
     from fedskew.config import all_params
     from fedskew.registry import METHODS
 
@@ -325,6 +326,8 @@ def config_sha256(saved: dict[str, Any]) -> str:
         for k, v in saved.items()
         if k not in UNHASHED and k not in others and not (k in params and params[k].neutral and v == params[k].default)
     }
+    if method is not None and method.revision:
+        what["method-revision"] = method.revision
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
 

@@ -212,7 +212,7 @@ def test_lost_state_restarts_and_server_flags_it(task_identity) -> None:
     assert out["hpm-state-lost"] == 1 and out["hpm-participations-max"] == 1 and out["hpm-first"] == 1
 
 
-def test_sample_weighted_aggregation_by_default_uniform_as_algorithm_one(task_identity) -> None:
+def test_uniform_aggregation_by_default_as_algorithm_one_sample_weighted_as_the_code(task_identity) -> None:
     def msg(value: float, n: int) -> Message:
         content = RecordDict(
             {
@@ -223,28 +223,32 @@ def test_sample_weighted_aggregation_by_default_uniform_as_algorithm_one(task_id
         return Message(content, dst_node_id=1, message_type="train")
 
     replies = [msg(0.0, 1), msg(4.0, 3)]
-    weighted = MAPStrategy(_cfg()).aggregate_arrays(1, replies)
-    uniform = MAPStrategy(_cfg(**{"map-uniform-aggregation": True})).aggregate_arrays(1, replies)
+    weighted = MAPStrategy(_cfg(**{"map-uniform-aggregation": False})).aggregate_arrays(1, replies)
+    uniform = MAPStrategy(_cfg()).aggregate_arrays(1, replies)
     assert math.isclose(float(weighted["w"].numpy()[0]), 3.0)  # num-examples weights (code, FedAvg)
     assert math.isclose(float(uniform["w"].numpy()[0]), 2.0)  # Alg. 1 line 6: 1/|S_t|
 
 
-def test_maps_global_model_is_fedrs_s_under_the_default_aggregation(tmp_path, task_identity) -> None:
-    """Stage 2 never touches the upload: with the same aggregation MAP trains FedRS's global model,
-    the comparison of Sec. IV-C ("RS" for aggregation); uniform weights (Alg. 1 line 6) do not."""
+def test_maps_global_model_is_fedrs_s_under_its_5_plus_1_schedule(tmp_path, task_identity) -> None:
+    """Stage 2 never touches the upload: with FedRS's local epochs before it (`map-schedule` epochs)
+    and the same aggregation MAP trains FedRS's global model, the comparison of Sec. IV-C ("RS" for
+    aggregation); uniform weights (Alg. 1 line 6) do not, nor Algorithm 1's E/2 + E/2 (its defaults)."""
     base = {"model": "mlp", "partition": "dirichlet", "dirichlet-alpha": 0.3, "fraction-train": 1.0}
     base |= {"num-server-rounds": 2}
     base |= {"fedrs-alpha": 0.5, "map-alpha": 0.5, "out-dir": str(tmp_path)}
+    epochs = {"method": "map", "map-schedule": "epochs"}
     runs = {
         "fedrs": {"method": "fedrs"},
-        "map": {"method": "map"},
-        "map-uniform": {"method": "map", "map-uniform-aggregation": True},
+        "map": {**epochs, "map-uniform-aggregation": False},
+        "map-uniform": {**epochs, "map-uniform-aggregation": True},
+        "map-defaults": {"method": "map"},
     }
     for name, over in runs.items():
         run_in_process({**base, **over, "run-name": name}, 4, num_partitions=20)
-    fedrs, map_, uniform = (torch.load(tmp_path / n / "model.pt", weights_only=True) for n in runs)
+    fedrs, map_, uniform, defaults = (torch.load(tmp_path / n / "model.pt", weights_only=True) for n in runs)
     assert all(torch.equal(fedrs[k], map_[k]) for k in fedrs)
     assert not all(torch.equal(fedrs[k], uniform[k]) for k in fedrs)
+    assert not all(torch.equal(fedrs[k], defaults[k]) for k in fedrs)
 
 
 # ---------------------------------------------------------------------- the authors' code (lxcnju/MAP)

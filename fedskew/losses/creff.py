@@ -16,7 +16,8 @@ warm-started across rounds, the code's `feature_syn`) take `creff-match-iters` S
     L_match = sum_k sum_r (1 - cos(z_hat^k_r, z^k_r))   (`synthesize_features`, distance "creff")
 
 (the code's `match_loss` with `dis_metric="ours"`: `distance_wb` per row of each class gradient,
-summed over rows and classes), z_hat^k the gradient of S_k at the same classifier W. Then a *fresh*
+summed over rows and classes, its cosine <a, b> / (|a| |b| + 1e-6): `cosine="creff-code"`), z_hat^k
+the gradient of S_k at the same classifier W. Then a *fresh*
 classifier (the code builds `nn.Linear(256, 10)` every round: PyTorch's default initialisation,
 U(-1/sqrt(d), 1/sqrt(d))) is trained on all K m features with their labels (a class no client has
 uploaded a gradient for yet keeps its N(0, 1) features, as in the code), `creff-retrain-epochs`

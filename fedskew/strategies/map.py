@@ -8,10 +8,10 @@ mean theta_{t+1} = sum_{k in S_t} theta^k_{a,t} / |S_t|, but Eq. 2 weights clien
 paper "follow[s] the architecture and training paradigm of FedAvg [7]" (Sec. IV-C), whose
 aggregation weights by sample count, and the authors' code, which produced the paper's numbers,
 weights by sample count (`lxcnju/MAP` `algorithms/fedap.py` `train`: weights = n_k / sum n, commit
-42b1478). Decision: sample-count weights by default (`map-uniform-aggregation=false`, following
-`aggregation-weights` as every fedskew method), so that MAP's global model is FedRS's, trained with
-the same restricted softmax and averaged the same way, the comparison Sec. IV-C makes ("RS" gives
-the aggregation, "HPM" the personalization); `true` is Alg. 1 line 6 as printed.
+42b1478). Decision: the uniform mean by default (`map-uniform-aggregation=true`), Algorithm 1 as
+printed together with its E/2 + E/2 schedule (`map-schedule`), the reading measured best on both
+models (`docs/notes/map.md`); `false` weights by sample count (`aggregation-weights`, the code), and
+with `map-schedule="epochs"` MAP's global model is then FedRS's, the comparison Sec. IV-C makes.
 
 The server also counts each partition's accepted replies to flag lost HPM states (`HPMStrategy`,
 shared with FedPHP: `fedskew/strategies/hpm.py`).
@@ -24,14 +24,14 @@ import math
 from flwr.app import Message
 
 from fedskew import wire
-from fedskew.strategies.aggregate import summarize_clients, weighted_average
+from fedskew.strategies.aggregate import summarize_clients
 from fedskew.strategies.base import arrays_to_numpy, numpy_to_arrays
 from fedskew.strategies.hpm import HPMStrategy
 
 
 class MAPStrategy(HPMStrategy):
-    """FedAvg of the uploaded stage-1 models (sample-weighted by default; uniform as Alg. 1 line 6
-    with `map-uniform-aggregation`) + HPM bookkeeping."""
+    """The mean of the uploaded stage-1 models (uniform as Alg. 1 line 6 by default; sample-weighted
+    without `map-uniform-aggregation`) + HPM bookkeeping."""
 
     wire = wire.MAP
 
@@ -39,7 +39,7 @@ class MAPStrategy(HPMStrategy):
         if not self.cfg["map-uniform-aggregation"]:
             return super().aggregate_arrays(server_round, replies)
         models = [arrays_to_numpy(m.content["arrays"]) for m in replies]
-        return numpy_to_arrays(weighted_average(models, [1.0] * len(models)))
+        return numpy_to_arrays(self.mean(models, [1.0] * len(models)))
 
     def aggregate_extras(self, server_round: int, replies: list[Message]) -> dict[str, float]:
         stage2 = [float(m.content["metrics"].get("stage2-accuracy", float("nan"))) for m in replies]
