@@ -21,7 +21,8 @@ from torch import nn
 
 from fedskew.config import ConfigError
 
-LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]
+# (model, x, y) -> the batch loss, or (loss, the training loss reported for it)
+LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor | tuple[torch.Tensor, torch.Tensor]]
 M = TypeVar("M", bound=nn.Module)
 Augment = Callable[[torch.Tensor, torch.Generator], torch.Tensor]  # (batch, generator) -> augmented batch
 
@@ -130,6 +131,9 @@ def sgd(params: Any, cfg: dict[str, Any]) -> torch.optim.SGD:
 
 
 CLIP_NORMS = "fedskew_clip_norms"  # the optimiser's attribute listing the norms `clip_before_step` clips to
+# the optimiser's attribute marking its one step post-hook as a fixed per-parameter correction
+# (`fedskew.losses.scaffold.correct_after_step`), which the batched engine applies as it does
+STEP_CORRECTION = "fedskew_step_correction"
 
 
 def clip_before_step(optimizer: torch.optim.Optimizer, max_norm: float) -> None:
@@ -184,7 +188,8 @@ def train_steps(
     """Run `steps` steps of mini-batch SGD over a cycling loader: the batches of one random
     permutation, then of a fresh one when it is used up (a shuffled DataLoader restarted when
     exhausted), so `epochs x ceil(n / B)` steps are `epochs` passes and any other count a fraction
-    of one. Returns mean loss and the number of steps."""
+    of one. Returns mean loss and the number of steps. `loss_fn` may return (loss, reported): the
+    step descends `loss`, the mean is of `reported` (FedDyn reports its cross-entropy alone)."""
     model.train()
     x, y = x.to(device), y.to(device)
     total, done = torch.zeros((), device=device), 0
@@ -193,10 +198,11 @@ def train_steps(
         for idx in itertools.islice(itertools.chain.from_iterable(passes), steps):
             xb = x[idx] if augment is None else augment(x[idx], generator)
             loss = loss_fn(model, xb, y[idx])
+            loss, reported = (loss, loss) if isinstance(loss, torch.Tensor) else loss
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-            total += loss.detach()
+            total += reported.detach()
             done += 1
     return {"train-loss": float(total) / max(done, 1), "train-steps": float(done)}
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 
 from fedskew.batched.executor import fitting_chunks, stacked_refusal
 from fedskew.batched.grid import BatchedGrid, run_batched
@@ -33,7 +33,7 @@ from fedskew.wire import CENTRAL_EVAL_METRICS
 from tests.conftest import read_metrics
 from tests.harness import ROOT, app_defaults, run_in_process
 
-STACKED = ["fedavg", "fedprox", "fedrs", "fedlc", "fedgela", "fednova", "creff"]
+STACKED = ["fedavg", "fedprox", "fedrs", "fedlc", "fedgela", "fednova", "creff", "scaffold", "scaffold-rs", "feddyn"]
 NODES = 40  # 4 of them sampled (fraction-train 0.1): ~1,200 examples each, different sizes (Dirichlet)
 ROUND = {"model": "mlp", "partition": "dirichlet", "fraction-train": 0.1, "local-epochs": 2, "batch-size": 32}
 # Uploads are compared in float64 (`compute-dtype`), on short clients: 400 nodes, 4 sampled (~100-200
@@ -153,7 +153,7 @@ def test_which_methods_and_models_are_stacked() -> None:
     for method in STACKED:
         assert stacked_refusal({**defaults, "method": method}) is None, method
     # subclasses of opted-in trainers (MAP and SCAFFOLD-RS reuse FedRS's loss) do not inherit it
-    for method in ("map", "scaffold-rs", "fedmr", "moon", "ditto"):
+    for method in ("map", "fedmr", "moon", "ditto"):
         assert "does not express its local step" in stacked_refusal({**defaults, "method": method})
     assert "BatchNorm2d" in stacked_refusal({**defaults, "model": "resnet8"})
     assert "BatchNorm1d" in stacked_refusal({**defaults, "method": "fedgela", "fedgela-head": "code"})
@@ -172,14 +172,27 @@ def first_round(method: str, **overrides: Any) -> tuple[BatchedGrid, list[Messag
     return grid, list(strategy.configure_train(1, strategy.initial_arrays(), config, grid))
 
 
-def per_client(grid: BatchedGrid, messages: list[Message]) -> list[Message]:
-    """The ClientApp's replies (the Flower path's code), on fresh nodes serving the same partitions."""
+def per_client(grid: BatchedGrid, messages: list[Message], states: list | None = None) -> list[Message]:
+    """The ClientApp's replies (the Flower path's code), on fresh nodes serving the same partitions;
+    each node's state after its round appended to `states`."""
     replies = []
     for msg in messages:
         node = grid.contexts[msg.metadata.dst_node_id]
         context = Context(1, node.node_id, dict(node.node_config), RecordDict(), dict(node.run_config))
         replies.append(client_app(msg, context))
+        if states is not None:
+            states.append(context.state)
     return replies
+
+
+def state_arrays(state: RecordDict) -> dict[str, torch.Tensor]:
+    """Every array a client keeps (its `context.state`'s ArrayRecords), by record and name."""
+    return {
+        f"{name}/{k}": t
+        for name, record in state.items()
+        if isinstance(record, ArrayRecord)
+        for k, t in record.to_torch_state_dict().items()
+    }
 
 
 def uploads(reply: Message) -> dict[str, torch.Tensor]:
@@ -197,7 +210,8 @@ def uploads(reply: Message) -> dict[str, torch.Tensor]:
 def test_each_client_uploads_what_the_per_client_path_uploads(method: str, overrides: dict[str, Any]) -> None:
     grid, messages = first_round(method, **SHORT, **overrides)
     batched = list(grid.send_and_receive(messages))
-    reference = per_client(grid, messages)
+    states: list[RecordDict] = []
+    reference = per_client(grid, messages, states)
     steps = [r.content["metrics"]["train-steps"] for r in reference]
     sizes = [r.content["metrics"]["num-examples"] for r in reference]
     assert len(set(steps)) > 1 and any(n % ROUND["batch-size"] for n in sizes)  # unequal, short last batches
@@ -218,10 +232,15 @@ def test_each_client_uploads_what_the_per_client_path_uploads(method: str, overr
                 assert m[key] == pytest.approx(n[key], abs=0.01), key
         assert ("personal-central-accuracy" in n) == bool(overrides.get("personalized-central-eval"))
         assert got.content.keys() == want.content.keys()  # the same uplink records (CReFF's gradients)
+    for msg, state in zip(messages, states, strict=True):  # and the client state (SCAFFOLD's c_i)
+        kept, want_kept = state_arrays(grid.contexts[msg.metadata.dst_node_id].state), state_arrays(state)
+        assert kept.keys() == want_kept.keys()
+        for k in kept:
+            torch.testing.assert_close(kept[k], want_kept[k], **WIRE_ROUNDING)
 
 
 def test_a_method_that_does_not_opt_in_trains_per_client_with_its_own_trainer() -> None:
-    grid, messages = first_round("scaffold")
+    grid, messages = first_round("moon")
     for got, want in zip(grid.send_and_receive(messages), per_client(grid, messages), strict=True):
         a, b = uploads(got), uploads(want)
         assert all(torch.equal(a[k], b[k]) for k in b)
@@ -328,3 +347,34 @@ partitions:
     assert (suite.folder / "c2--fedavg--s0" / "summary.json").is_file()  # the batched cell, run here
     run_suite(load_suite(tmp_path / "suite.yaml", app_defaults()), ROOT, cells=[suite.cells[0]])  # done: skipped
     assert links == ["started"]  # no Flower cell to run: no SuperLink
+
+
+# ---------------------------------------------------------------------------------------- many runs
+def test_runs_trained_together_write_what_each_writes_alone(tmp_path: Path) -> None:
+    """Three runs in one process (`fedskew.batched.many`): two FedAvg runs of other seeds and splits,
+    whose clients train as one stacked model, and a MOON run (per client); each writes the
+    metrics.jsonl it writes alone on the batched engine. In float64 (`compute-dtype`): a stack of
+    other clients sums in another order, which float32 can show in the global model's last digits."""
+    from fedskew.batched.executor import StackedTrainer
+    from fedskew.batched.many import ManyRuns
+
+    runs = {
+        "a": {"method": "fedavg", "seed": 0},
+        "b": {"method": "fedavg", "seed": 1, "partition": "classes-per-client"},
+        "c": {"method": "moon", "seed": 2},
+    }
+    configs = [
+        {**app_defaults(), **RUN, **over, "compute-dtype": "float64", "out-dir": str(tmp_path), "run-name": name}
+        for name, over in runs.items()
+    ]
+    for cfg in configs:
+        run_batched({**cfg, "run-name": f"{cfg['run-name']}-alone"}, NODES, quiet=True)
+    engine = ManyRuns(configs, [NODES] * len(configs), StackedTrainer(torch.device("cpu")))
+    stacked: list[int] = []
+    train = engine.trainer.train
+    engine.trainer.train = lambda clients: stacked.append(len(clients)) or train(clients)  # type: ignore[method-assign]
+    assert engine.run() == [None, None, None]
+    assert [n for n in stacked if n] == [8, 8]  # the FedAvg runs' 4 + 4 clients a round; MOON's per client
+    for name in runs:
+        alone = (tmp_path / f"{name}-alone" / "metrics.jsonl").read_text()
+        assert (tmp_path / name / "metrics.jsonl").read_text() == alone, name

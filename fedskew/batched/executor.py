@@ -42,6 +42,7 @@ from torch.func import stack_module_state
 
 from fedskew.batched.stacked import (
     NotStackable,
+    SGDSettings,
     Step,
     client_steps,
     module_refusal,
@@ -53,7 +54,7 @@ from fedskew.client_app.app import app as client_app
 from fedskew.client_app.app import client_trainer, train_reply
 from fedskew.client_app.base import BaseTrainer, Started
 from fedskew.config import validate
-from fedskew.data.clients import ClientData
+from fedskew.data.clients import PARTITION_KEYS, ClientData
 from fedskew.registry import get_method
 from fedskew.training import pick_device
 
@@ -107,16 +108,17 @@ class ResidentData:
 
     def __init__(self, device: torch.device, limit: int) -> None:
         self.device, self.limit = device, limit
-        self.kept: OrderedDict[int, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
+        self.kept: OrderedDict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
 
-    def get(self, partition: int, data: ClientData) -> tuple[torch.Tensor, torch.Tensor]:
+    def get(self, key: tuple[int, int], data: ClientData) -> tuple[torch.Tensor, torch.Tensor]:
+        """`data`'s training tensors on the device; `key` (its run, its partition) names them."""
         if self.device.type == "cpu":
             return data.x_train, data.y_train
-        if partition in self.kept:
-            self.kept.move_to_end(partition)
-            return self.kept[partition]
+        if key in self.kept:
+            self.kept.move_to_end(key)
+            return self.kept[key]
         pair = (data.x_train.to(self.device), data.y_train.to(self.device))
-        self.kept[partition] = pair
+        self.kept[key] = pair
         while len(self.kept) > 1 and sum(x.nbytes + y.nbytes for x, y in self.kept.values()) > self.limit:
             self.kept.popitem(last=False)
         return pair
@@ -126,30 +128,195 @@ class ResidentData:
 class Client:
     """One train message on its way through the engine."""
 
-    index: int  # its position among the round's messages
+    index: int  # its position among its run's messages of the round
     msg: Message
     trainer: BaseTrainer
     started: Started
     steps: list[Step]
+    settings: SGDSettings
+    data_key: tuple[int, int]  # (its run's executor, its partition): its resident data
+    run: int = 0  # which of the runs trained together it belongs to (`StackedTrainer.train`)
+    corrections: dict[str, torch.Tensor] | None = None  # its step corrections (`SGDSettings.corrected`)
 
     @property
     def data_bytes(self) -> int:
         return self.trainer.data.x_train.nbytes + self.trainer.data.y_train.nbytes
 
 
-class BatchedExecutor:
-    """Answers a round's messages for the nodes' contexts (module docstring)."""
+# Run-config keys that do not enter a client's stacked local step (where and how long a run runs, its
+# data split, its server side): clients of runs that differ only in these train as one stacked model.
+# A key missing here only keeps runs apart.
+NOT_IN_LOCAL_STEP = frozenset(
+    {
+        # the split (each client's data is its own), not the data set (the network's input)
+        *(k for k in PARTITION_KEYS if k in ("seed", "data-root") or not k.startswith(("dataset", "hf-"))),
+        "out-dir",
+        "run-name",
+        "resume",
+        "overwrite",
+        "num-partitions",
+        "checkpoint-every",
+        "eval-every",
+        "eval-batch-size",
+        "class-metrics",
+        "personalized-central-eval",
+        "tensorboard",
+        "wandb-project",
+        "device",
+        "torch-threads",
+        "batched-chunk",
+        "min-nodes",
+        "round-timeout",
+        "min-replies",
+        "round-retries",
+        "max-update-ratio",
+        "max-num-examples",
+        "state-max-mb",
+    }
+)
 
-    def __init__(self, run_config: Mapping[str, Any]) -> None:
+
+def stack_key(c: Client) -> tuple:
+    """Clients that may train as one stacked model: the same trainer class, SGD settings and network,
+    and run configs equal but for `NOT_IN_LOCAL_STEP` (the per-client values travel as extras)."""
+    cfg = c.trainer.cfg
+    shared = tuple(sorted((k, repr(v)) for k, v in cfg.items() if k not in NOT_IN_LOCAL_STEP))
+    return (type(c.trainer), c.settings, shared)
+
+
+class StackedTrainer:
+    """Trains clients as stacked models on one device (module docstring): of one run
+    (`BatchedExecutor`), or of many runs at once (`fedskew.batched.many`), grouped by `stack_key`."""
+
+    def __init__(self, device: torch.device, chunk: int = 0) -> None:
+        self.device, self.chunk = device, chunk
+        total = torch.cuda.get_device_properties(device).total_memory if device.type == "cuda" else 0
+        self.resident = ResidentData(device, int(RESIDENT_SHARE * total))
+        self.step_bytes: dict[tuple, float] = {}  # a client's stacked step on the GPU, measured once a group
+
+    def train(self, clients: list[Client]) -> dict[tuple[int, int], Message]:
+        """(run, index) -> reply of every client, its group trained as stacked models in chunks."""
+        groups: dict[tuple, list[Client]] = {}
+        for c in clients:
+            groups.setdefault(stack_key(c), []).append(c)
+        replies: dict[tuple[int, int], Message] = {}
+        for key, group in groups.items():
+            group.sort(key=lambda c: -len(c.steps))  # stable: the clients still training are a prefix
+            start = 0
+            for size in self.chunk_sizes(key, group):
+                replies.update(self.train_some(group[start : start + size]))
+                start += size
+        return replies
+
+    def train_some(self, chunk: list[Client]) -> dict[tuple[int, int], Message]:
+        """Train `chunk` as one stacked model and write its replies (halved on running out of memory)."""
+        try:
+            stats = self.train_chunk(chunk)
+        except torch.OutOfMemoryError:
+            if len(chunk) == 1:
+                raise
+            torch.cuda.empty_cache()
+            half = len(chunk) // 2
+            log.warning("batched engine: %d clients did not fit at once: %d, then the rest", len(chunk), half)
+            return {**self.train_some(chunk[:half]), **self.train_some(chunk[half:])}
+        except Exception as e:
+            return {(c.run, c.index): error_reply(c.msg, e) for c in chunk}
+        replies = {}
+        for c, s in zip(chunk, stats, strict=True):
+            try:
+                s = c.trainer.after_steps(c.started.model, s)  # as `BaseTrainer.local_train` ends
+                replies[(c.run, c.index)] = train_reply(c.trainer, c.msg, c.trainer.finish(c.started, s))
+            except Exception as e:
+                replies[(c.run, c.index)] = error_reply(c.msg, e)
+        return replies
+
+    def train_chunk(self, chunk: list[Client], probe: bool = False) -> list[dict[str, float]]:
+        """Each client's training stats after training `chunk` (one `stack_key`, ordered by
+        decreasing steps) stacked and writing each client's weights back into its model; `probe`:
+        one step, nothing written back."""
+        models = [c.started.model for c in chunk]
+        params, buffers = (
+            {k: t.detach() for k, t in part.items()}
+            for part in stack_module_state(models)  # type: ignore[arg-type]
+        )
+        each = [c.trainer.batch_extras() for c in chunk]
+        extras = {k: torch.stack([e[k] for e in each]) for k in each[0]}
+        data = [self.resident.get(c.data_key, c.trainer.data) for c in chunk]
+        offsets = [0]
+        for x_k, _ in data[:-1]:
+            offsets.append(offsets[-1] + len(x_k))
+        x, y = torch.cat([d[0] for d in data]), torch.cat([d[1] for d in data])
+        first = chunk[0].trainer
+        schedule = stack_schedules([c.steps for c in chunk], offsets, first.cfg["batch-size"])
+        schedule = (schedule.first(1) if probe else schedule).to(self.device)
+        template = copy.deepcopy(models[0]).to("meta").train()
+        loss = functools.partial(first.functional_loss, template)
+        corrections = None
+        if chunk[0].settings.corrected:
+            corrections = {k: torch.stack([c.corrections[k] for c in chunk]) for k in params}  # type: ignore[index]
+        settings = chunk[0].settings
+        totals = train_stacked(loss, params, buffers, extras, x, y, schedule, settings, first.augment, corrections)
+        if probe:
+            return []
+        with torch.no_grad():
+            for k, model in enumerate(models):
+                for name, p in model.named_parameters():
+                    p.copy_(params[name][k])
+        sums = totals.tolist()
+        return [
+            {"train-loss": sums[k] / max(len(c.steps), 1), "train-steps": float(len(c.steps))}
+            for k, c in enumerate(chunk)
+        ]
+
+    def chunk_sizes(self, key: tuple, clients: list[Client]) -> list[int]:
+        """How many clients each stacked model holds, in order (module docstring)."""
+        if not clients:
+            return []
+        if self.chunk:
+            return [min(self.chunk, len(clients) - i) for i in range(0, len(clients), self.chunk)]
+        if self.device.type != "cuda":
+            return [len(clients)]
+        if key not in self.step_bytes:
+            self.step_bytes[key] = self.measure_step(clients[:2])
+            log.info(
+                "batched engine: a client's stacked step takes %.1f MB of GPU memory", self.step_bytes[key] / 2**20
+            )
+        free, _ = torch.cuda.mem_get_info(self.device)
+        free += torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
+        return fitting_chunks(self.step_bytes[key], [c.data_bytes for c in clients], MEMORY_SHARE * free)
+
+    def measure_step(self, sample: list[Client]) -> float:
+        """GPU bytes one client's stacked step takes beside its data: the peak of one step of
+        `sample` (copies of its clients' weights), less their data, per client."""
+        torch.cuda.synchronize(self.device)
+        torch.cuda.reset_peak_memory_stats(self.device)
+        before = torch.cuda.memory_allocated(self.device)
+        self.train_chunk(sample, probe=True)
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device) - before
+        return max(peak - sum(c.data_bytes for c in sample), 0) / len(sample)
+
+
+class BatchedExecutor:
+    """Answers one run's round of messages for the nodes' contexts (module docstring), training its
+    stacked clients on `trainer` (its own unless given one that several runs share)."""
+
+    def __init__(self, run_config: Mapping[str, Any], trainer: StackedTrainer | None = None) -> None:
         self.cfg = validate(dict(run_config))
         self.refusal = stacked_refusal(run_config)
-        self.device = pick_device(self.cfg["device"])
-        total = torch.cuda.get_device_properties(self.device).total_memory if self.device.type == "cuda" else 0
-        self.resident = ResidentData(self.device, int(RESIDENT_SHARE * total))
-        self.step_bytes: float | None = None  # a client's stacked step on the GPU, measured once
+        self.trainer = trainer or StackedTrainer(pick_device(self.cfg["device"]), self.cfg["batched-chunk"])
 
     def run(self, messages: list[Message], contexts: Mapping[int, Context]) -> list[Message]:
         """The replies to `messages` (in their order), each node's state kept in its context."""
+        replies, stacked = self.prepare(messages, contexts)
+        replies.update({i: reply for (_, i), reply in self.trainer.train(stacked).items()})
+        return [replies[i] for i in sorted(replies)]
+
+    def prepare(self, messages: list[Message], contexts: Mapping[int, Context], run: int = 0) -> tuple[dict, list]:
+        """({index: reply} of the messages answered here, the train messages to stack as `Client`s):
+        a message that is not a train message goes to the ClientApp; a method that is not stacked
+        runs its trainer's `fit`; a stacked one its `begin` and the draw of its steps. A check or a
+        training that raises is answered with Flower's error reply."""
         replies: dict[int, Message] = {}
         stacked: list[Client] = []
         for i, msg in enumerate(messages):
@@ -163,104 +330,24 @@ class BatchedExecutor:
                     replies[i] = train_reply(trainer, msg, trainer.fit(msg.content))
                     continue
                 started = trainer.begin(msg.content)
-                n, batch = len(trainer.data.y_train), trainer.cfg["batch-size"]
-                steps = client_steps(n, trainer.local_steps(), batch, trainer.ctx.generator, trainer.augment)
-                stacked.append(Client(i, msg, trainer, started, steps))
+                stacked.append(self.client(i, msg, trainer, started, run))
             except Exception as e:  # what the runtime does with a ClientApp exception
                 replies[i] = error_reply(msg, e)
-        stacked.sort(key=lambda c: -len(c.steps))  # stable: the clients still training are a prefix
-        start = 0
-        for size in self.chunk_sizes(stacked):
-            replies.update(self.train(stacked[start : start + size]))
-            start += size
-        return [replies[i] for i in sorted(replies)]
+        return replies, stacked
 
-    def train(self, chunk: list[Client]) -> dict[int, Message]:
-        """Train `chunk` as one stacked model and write its replies (halved on running out of memory)."""
-        try:
-            stats = self.train_chunk(chunk)
-        except torch.OutOfMemoryError:
-            if len(chunk) == 1:
-                raise
-            torch.cuda.empty_cache()
-            half = len(chunk) // 2
-            log.warning("batched engine: %d clients did not fit at once: %d, then the rest", len(chunk), half)
-            return {**self.train(chunk[:half]), **self.train(chunk[half:])}
-        except Exception as e:
-            return {c.index: error_reply(c.msg, e) for c in chunk}
-        replies = {}
-        for c, s in zip(chunk, stats, strict=True):
-            try:
-                replies[c.index] = train_reply(c.trainer, c.msg, c.trainer.finish(c.started, s))
-            except Exception as e:
-                replies[c.index] = error_reply(c.msg, e)
-        return replies
-
-    def train_chunk(self, chunk: list[Client], probe: bool = False) -> list[dict[str, float]]:
-        """Each client's training stats after training `chunk` (ordered by decreasing steps) stacked
-        and writing each client's weights back into its model; `probe`: one step, nothing written back."""
-        models = [c.started.model for c in chunk]
-        settings = set()
-        for c, model in zip(chunk, models, strict=True):
-            if type(c.trainer).local_train is not BaseTrainer.local_train:
-                raise NotStackable(f"{type(c.trainer).__name__} overrides local_train")
-            if (reason := module_refusal(model)) is not None:
-                raise NotStackable(reason)
-            settings.add(sgd_settings(c.trainer.optimizer(model), list(model.parameters())))
-        if len(settings) != 1:
-            raise NotStackable(f"the clients' optimisers differ: {settings}")
-        params, buffers = (
-            {k: t.detach() for k, t in part.items()}
-            for part in stack_module_state(models)  # type: ignore[arg-type]
-        )
-        each = [c.trainer.batch_extras() for c in chunk]
-        extras = {k: torch.stack([e[k] for e in each]) for k in each[0]}
-        data = [self.resident.get(c.trainer.ctx.partition_id, c.trainer.data) for c in chunk]
-        offsets = [0]
-        for x_k, _ in data[:-1]:
-            offsets.append(offsets[-1] + len(x_k))
-        x, y = torch.cat([d[0] for d in data]), torch.cat([d[1] for d in data])
-        schedule = stack_schedules([c.steps for c in chunk], offsets, self.cfg["batch-size"])
-        schedule = (schedule.first(1) if probe else schedule).to(self.device)
-        template = copy.deepcopy(models[0]).to("meta").train()
-        first = chunk[0].trainer
-        loss = functools.partial(first.functional_loss, template)
-        totals = train_stacked(loss, params, buffers, extras, x, y, schedule, settings.pop(), first.augment)
-        if probe:
-            return []
-        with torch.no_grad():
-            for k, model in enumerate(models):
-                for name, p in model.named_parameters():
-                    p.copy_(params[name][k])
-        sums = totals.tolist()
-        return [
-            {"train-loss": sums[k] / max(len(c.steps), 1), "train-steps": float(len(c.steps))}
-            for k, c in enumerate(chunk)
-        ]
-
-    def chunk_sizes(self, clients: list[Client]) -> list[int]:
-        """How many clients each stacked model holds, in order (module docstring)."""
-        if not clients:
-            return []
-        if self.cfg["batched-chunk"]:
-            size = self.cfg["batched-chunk"]
-            return [min(size, len(clients) - i) for i in range(0, len(clients), size)]
-        if self.device.type != "cuda":
-            return [len(clients)]
-        if self.step_bytes is None:
-            self.step_bytes = self.measure_step(clients[:2])
-            log.info("batched engine: a client's stacked step takes %.1f MB of GPU memory", self.step_bytes / 2**20)
-        free, _ = torch.cuda.mem_get_info(self.device)
-        free += torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
-        return fitting_chunks(self.step_bytes, [c.data_bytes for c in clients], MEMORY_SHARE * free)
-
-    def measure_step(self, sample: list[Client]) -> float:
-        """GPU bytes one client's stacked step takes beside its data: the peak of one step of
-        `sample` (copies of its clients' weights), less their data, per client."""
-        torch.cuda.synchronize(self.device)
-        torch.cuda.reset_peak_memory_stats(self.device)
-        before = torch.cuda.memory_allocated(self.device)
-        self.train_chunk(sample, probe=True)
-        torch.cuda.synchronize(self.device)
-        peak = torch.cuda.max_memory_allocated(self.device) - before
-        return max(peak - sum(c.data_bytes for c in sample), 0) / len(sample)
+    def client(self, i: int, msg: Message, trainer: BaseTrainer, started: Started, run: int) -> Client:
+        """A started trainer as a `Client`: its steps drawn from its own generator, its optimiser's
+        settings read (raises `NotStackable` when the trainer breaks what stacking needs)."""
+        model = started.model
+        if type(trainer).local_train is not BaseTrainer.local_train:
+            raise NotStackable(f"{type(trainer).__name__} overrides local_train")
+        if (reason := module_refusal(model)) is not None:
+            raise NotStackable(reason)
+        settings = sgd_settings(trainer.optimizer(model), list(model.parameters()))
+        corrections = trainer.step_corrections(model) if settings.corrected else None
+        if settings.corrected and corrections is None:
+            raise NotStackable(f"{type(trainer).__name__}'s optimiser corrects its steps but gives no step_corrections")
+        n, batch = len(trainer.data.y_train), trainer.cfg["batch-size"]
+        steps = client_steps(n, trainer.local_steps(), batch, trainer.ctx.generator, trainer.augment)
+        data_key = (id(self), trainer.ctx.partition_id)
+        return Client(i, msg, trainer, started, steps, settings, data_key, run, corrections)

@@ -33,8 +33,8 @@ RUN_ID = 1
 class BatchedGrid(Grid):
     """A Grid over `num_nodes` in-process nodes whose messages `BatchedExecutor` answers."""
 
-    def __init__(self, num_nodes: int, run_config: Mapping[str, Any]) -> None:
-        self.executor = BatchedExecutor(run_config)
+    def __init__(self, num_nodes: int, run_config: Mapping[str, Any], executor: BatchedExecutor | None = None) -> None:
+        self.executor = executor or BatchedExecutor(run_config)
         self.contexts = {
             FIRST_NODE_ID + i: Context(
                 run_id=RUN_ID,

@@ -19,8 +19,13 @@ Each client's step is exactly the step of the per-client path (`fedskew.training
 
       g_k <- g_k * min(1, c / (||g_k|| + 1e-6))        for each clip norm c, in order (clip_grad_norm_)
       d_k = g_k + wd theta_k,   b_k <- mu b_k + d_k,   theta_k <- theta_k - lr b_k
+      theta_k <- theta_k - lr r_k                       with a step correction r_k (SCAFFOLD's c - c_i)
 
-  with the momentum buffer b_k starting at zero (SGD's first step sets b = d: the same value);
+  with the momentum buffer b_k starting at zero (SGD's first step sets b = d: the same value), and
+  r_k the trainer's `step_corrections` where its optimiser applies them after each step
+  (`fedskew.losses.scaffold.correct_after_step`, outside momentum);
+- a loss may also return what the client reports as its training loss (FedDyn: the cross-entropy
+  without its regulariser), summed apart;
 - clients are ordered by decreasing number of steps, so the clients still training at step s are
   the first a_s of the stack: a step computes and updates that prefix only (views, no copy), and a
   client that is done is left as it is (masked) without costing compute.
@@ -39,17 +44,22 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 from torch.func import functional_call, grad_and_value, vmap
 
 from fedskew.data.augment import Augmentation, Draw
-from fedskew.training import CLIP_NORMS, minibatches
+from fedskew.training import CLIP_NORMS, STEP_CORRECTION, minibatches
 
-# (params, buffers, x [B, ...], y [B], weight [B], extras) -> one client's scalar loss
+# (params, buffers, x [B, ...], y [B], weight [B], extras) -> one client's scalar loss, or the loss
+# and the scalar it reports as its training loss
 Tensors = dict[str, torch.Tensor]
-StackedLoss = Callable[[Tensors, Tensors, torch.Tensor, torch.Tensor, torch.Tensor, Tensors], torch.Tensor]
+StackedLoss = Callable[
+    [Tensors, Tensors, torch.Tensor, torch.Tensor, torch.Tensor, Tensors],
+    torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+]
 
 
 def functional_forward(
@@ -90,11 +100,13 @@ class SGDSettings:
     momentum: float
     weight_decay: float
     clip_norms: tuple[float, ...] = ()
+    corrected: bool = False  # a per-client correction after each step (`STEP_CORRECTION`)
 
 
 def sgd_settings(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> SGDSettings:
     """The settings of `optimizer`, a plain torch SGD over exactly `params` (in order) whose only step
-    hooks are `fedskew.training.clip_before_step`'s; raises `NotStackable` naming what differs."""
+    hooks are `fedskew.training.clip_before_step`'s and a step correction's
+    (`fedskew.losses.scaffold.correct_after_step`); raises `NotStackable` naming what differs."""
     if type(optimizer) is not torch.optim.SGD or len(optimizer.param_groups) != 1:
         raise NotStackable(f"the optimiser is {type(optimizer).__name__} with {len(optimizer.param_groups)} groups")
     group = optimizer.param_groups[0]
@@ -103,10 +115,13 @@ def sgd_settings(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -
     if len(group["params"]) != len(params) or any(a is not b for a, b in zip(group["params"], params, strict=False)):
         raise NotStackable("the optimiser does not train exactly the model's parameters")
     clips = tuple(getattr(optimizer, CLIP_NORMS, ()))
+    corrected = bool(getattr(optimizer, STEP_CORRECTION, False))
     # the hook lists are torch's own (private) names: an unknown hook would change the step silently
-    if len(optimizer._optimizer_step_pre_hooks) != len(clips) or optimizer._optimizer_step_post_hooks:
-        raise NotStackable("the optimiser has step hooks beyond gradient clipping")
-    return SGDSettings(float(group["lr"]), float(group["momentum"]), float(group["weight_decay"]), clips)
+    pre, post = len(optimizer._optimizer_step_pre_hooks), len(optimizer._optimizer_step_post_hooks)
+    if pre != len(clips) or post != int(corrected):
+        raise NotStackable("the optimiser has step hooks beyond gradient clipping and a step correction")
+    group_settings = (float(group["lr"]), float(group["momentum"]), float(group["weight_decay"]))
+    return SGDSettings(*group_settings, clips, corrected)
 
 
 def clip_per_client(grads: dict[str, torch.Tensor], max_norm: float) -> None:
@@ -127,7 +142,7 @@ class StackedSGD:
         self.buffers = {k: torch.zeros_like(p) for k, p in params.items()} if settings.momentum else {}
 
     @torch.no_grad()
-    def step(self, grads: dict[str, torch.Tensor], a: int) -> None:
+    def step(self, grads: dict[str, torch.Tensor], a: int, corrections: dict[str, torch.Tensor] | None = None) -> None:
         for max_norm in self.s.clip_norms:
             clip_per_client(grads, max_norm)
         for k, g in grads.items():
@@ -137,6 +152,8 @@ class StackedSGD:
             if self.s.momentum:
                 g = self.buffers[k][:a].mul_(self.s.momentum).add_(g)
             p.add_(g, alpha=-self.s.lr)
+            if corrections is not None:
+                p.sub_(corrections[k][:a], alpha=self.s.lr)
 
 
 Step = tuple[torch.Tensor, Draw | None]  # one local step: the batch's example indices and its augmentation draw
@@ -227,12 +244,18 @@ def train_stacked(
     schedule: Schedule,
     settings: SGDSettings,
     augment: Augmentation | None = None,
+    corrections: dict[str, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Run `schedule` (on the device of `x`) on the stacked `params` `[K, ...]`, updated in place;
-    `buffers` and `extras` are stacked `[K, ...]` too, `x`, `y` the clients' data stacked by rows.
-    Returns each client's sum of its batch losses `[K]`, on the device."""
+    `buffers`, `extras` and the step `corrections` are stacked `[K, ...]` too, `x`, `y` the clients'
+    data stacked by rows. Returns each client's sum of its reported batch losses `[K]`, on the device."""
     optimizer = StackedSGD(params, settings)
-    step = vmap(grad_and_value(loss))
+
+    def with_report(*args: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        out = loss(*args)
+        return (out, out.detach()) if isinstance(out, torch.Tensor) else (out[0], out[1].detach())
+
+    step = vmap(grad_and_value(with_report, has_aux=True))
     fill = augment.fill_value(x) if augment is not None and augment.pad else None
     k = next(iter(params.values())).shape[0]
     totals = torch.zeros(k, device=x.device)
@@ -243,7 +266,7 @@ def train_stacked(
         if augment is not None and draw is not None:
             xb = augment.apply(xb.flatten(0, 1), draw, fill).unflatten(0, rows.shape)
         prefix = {name: t[:a] for name, t in params.items()}
-        grads, values = step(
+        grads, (_, reported) = step(
             prefix,
             {name: t[:a] for name, t in buffers.items()},
             xb,
@@ -251,6 +274,6 @@ def train_stacked(
             schedule.weight[:a, s],
             {name: t[:a] for name, t in extras.items()},
         )
-        optimizer.step(grads, a)
-        totals[:a] += values.detach()
+        optimizer.step(grads, a, corrections)
+        totals[:a] += reported
     return totals

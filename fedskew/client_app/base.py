@@ -21,7 +21,9 @@ and overrides only the hooks that differ (FL-bench style):
     optimizer        the local optimiser (default: `sgd` from the run config, fresh each round)
     local_train      the whole local procedure (default: `local_steps` steps of `run_steps` on
                      `loss`, i.e. `local-epochs` passes, batches through `self.augment`, the
-                     configured augmentation)
+                     configured augmentation, then `after_steps`)
+    after_steps      what follows the steps: a client state's update from the trained model
+                     (SCAFFOLD's c_i, FedDyn's g_k) and its metrics (default: nothing)
     received_global_model  the global model as received, for `client-global-accuracy` (default: the
                        model right after `load_global`; None: no global model reaches the client)
     personalized_model  what "personalized accuracy" measures (default: the trained model)
@@ -38,8 +40,11 @@ tensors before training (`receive`, `load_global`) and expresses `loss` function
 
     batch_extras      this client's own tensors that the loss reads (FedRS's scale, FedLC's offsets,
                       FedProx's anchor), stacked over the round's clients by the engine
+    step_corrections  its per-parameter step correction, where its optimiser applies one after each
+                      step (SCAFFOLD's c - c_i: `fedskew.losses.scaffold.correct_after_step`)
     functional_loss   `loss` on explicit parameters and buffers, with per-example weights (0 on the
-                      padding of a short batch), reading per-client values from the extras only
+                      padding of a short batch), reading per-client values from the extras only;
+                      it may return (loss, reported): the training loss the client reports
     stacked_refusal   why this method's clients are trained one by one instead (None: stacked)
 
 `tests/test_batched.py` holds each opted-in method to the per-client path's uploads.
@@ -210,7 +215,12 @@ class BaseTrainer:
         return sgd(model.parameters(), self.cfg)
 
     def local_train(self, model: nn.Module, content: RecordDict) -> dict[str, float]:
-        return self.run_steps(model, self.optimizer(model), self.local_steps())
+        return self.after_steps(model, self.run_steps(model, self.optimizer(model), self.local_steps()))
+
+    def after_steps(self, model: nn.Module, stats: dict[str, float]) -> dict[str, float]:
+        """The local training's end after its steps (`stats`: their loss and count): a client state's
+        update from the trained `model` and its metrics (the batched engine calls it too)."""
+        return stats
 
     def local_steps(self) -> int:
         """The SGD steps of `local_train`: `local-epochs` passes over the local training split, the
@@ -248,6 +258,11 @@ class BaseTrainer:
     def batch_extras(self) -> dict[str, torch.Tensor]:
         """This client's own tensors that `functional_loss` reads, on the device (default: none)."""
         return {}
+
+    def step_corrections(self, model: nn.Module) -> dict[str, torch.Tensor] | None:
+        """Parameter name -> the correction its optimiser subtracts (times lr) after each step, where
+        it applies one (`fedskew.losses.scaffold.correct_after_step`; default: none)."""
+        return None
 
     def functional_loss(
         self,

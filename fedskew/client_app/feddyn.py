@@ -15,7 +15,8 @@ uploads theta_k^t and keeps g_k <- g_k - alpha (theta_k^t - theta^{t-1}). Decisi
   less the alpha theta that the code keeps in its weight decay, clip(G - alpha theta) + alpha theta
   (`clip_outside_decay`); weight decay stays outside the clip.
 - `train-loss` is the mean L_k (cross-entropy) without the regulariser, whose linear term can be
-  negative (a loss metric is declared >= 0).
+  negative (a loss metric is declared >= 0): the loss reports it beside the objective.
+- The batched engine stacks its clients (`grad-clip` 0), each with its theta^{t-1} and g_k as extras.
 - g_k is this client's state (`ClientState`, one model-sized float32 tensor per trainable
   parameter, written with its round); a client without one starts from g_k = 0 (Alg. 1 initialises
   grad L_k(theta_k^0) = 0) and logs it.
@@ -43,14 +44,15 @@ class FedDynTrainer(BaseTrainer):
     """Cross-entropy plus the dynamic regulariser; keeps the client's gradient state."""
 
     wire = wire.FEDDYN
+    batched = True
     keeps_state = "the gradient state"
     kept_arrays = ("params",)
 
     def load_global(self, model: nn.Module, content: RecordDict) -> None:
         super().load_global(model, content)
+        self.names = [k for k, _ in model.named_parameters()]
         self.start = [p.detach().clone() for p in model.parameters()]
         self.gradient_state = self.parameter_state(GRADIENT_STATE, model)
-        self.data_loss = torch.zeros((), device=self.device)
 
     def optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         """The common `sgd` with `grad-clip` acting outside alpha theta (`clip_outside_decay`)."""
@@ -58,15 +60,31 @@ class FedDynTrainer(BaseTrainer):
         clip_outside_decay(opt, self.cfg["grad-clip"], self.cfg["feddyn-alpha"])
         return opt
 
-    def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         data_loss = super().loss(model, x, y)
-        self.data_loss += data_loss.detach()
         alpha = self.cfg["feddyn-alpha"]
-        return data_loss + feddyn_penalty(list(model.parameters()), self.start, self.gradient_state, alpha)
+        return data_loss + feddyn_penalty(list(model.parameters()), self.start, self.gradient_state, alpha), data_loss
 
-    def local_train(self, model: nn.Module, content: RecordDict) -> dict[str, float]:
-        stats = super().local_train(model, content)
-        stats["train-loss"] = float(self.data_loss) / max(stats["train-steps"], 1.0)  # L_k only (see above)
+    def batch_extras(self) -> dict[str, torch.Tensor]:
+        start = {f"start/{k}": w for k, w in zip(self.names, self.start, strict=True)}
+        return {**start, **{f"gradient/{k}": g for k, g in zip(self.names, self.gradient_state, strict=True)}}
+
+    def functional_loss(
+        self,
+        model: nn.Module,
+        params: dict[str, torch.Tensor],
+        buffers: dict[str, torch.Tensor],
+        x: torch.Tensor,
+        y: torch.Tensor,
+        weight: torch.Tensor,
+        extras: dict[str, torch.Tensor],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        data = super().functional_loss(model, params, buffers, x, y, weight, extras)
+        start, gradient = ([extras[f"{part}/{k}"] for k in self.names] for part in ("start", "gradient"))
+        penalty = feddyn_penalty([params[k] for k in self.names], start, gradient, self.cfg["feddyn-alpha"])
+        return data + penalty, data
+
+    def after_steps(self, model: nn.Module, stats: dict[str, float]) -> dict[str, float]:
         alpha = self.cfg["feddyn-alpha"]
         new = feddyn_gradient_update(self.gradient_state, list(model.parameters()), self.start, alpha)
         self.save_parameter_state(GRADIENT_STATE, model, new)

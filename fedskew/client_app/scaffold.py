@@ -56,6 +56,7 @@ class ScaffoldTrainer(BaseTrainer):
     """Local SGD with each step corrected by c - c_i, then option II's c_i update."""
 
     wire = wire.SCAFFOLD
+    batched = True
     keeps_state = "the control variate c_i"
     kept_arrays = ("params",)
 
@@ -68,11 +69,14 @@ class ScaffoldTrainer(BaseTrainer):
 
     def optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         opt = super().optimizer(model)
-        correct_after_step(opt, [c - ci for c, ci in zip(self.control, self.client_control, strict=True)])
+        correct_after_step(opt, list(self.step_corrections(model).values()))
         return opt
 
-    def local_train(self, model: nn.Module, content: RecordDict) -> dict[str, float]:
-        stats = super().local_train(model, content)
+    def step_corrections(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """c - c_i per parameter: what each step subtracts (times lr) after the optimiser's own."""
+        return {k: c - ci for k, c, ci in zip(self.names, self.control, self.client_control, strict=True)}
+
+    def after_steps(self, model: nn.Module, stats: dict[str, float]) -> dict[str, float]:
         steps, names = int(stats["train-steps"]), self.names
         c, x, y = (as_numpy(names, t) for t in (self.control, self.start, model.parameters()))
         (delta,) = scaffold_control_deltas(c, x, [y], [steps], self.cfg["lr"])

@@ -20,4 +20,5 @@ class ScaffoldRSTrainer(ScaffoldTrainer, FedRSTrainer):
     """SCAFFOLD's local procedure on the restricted-softmax cross-entropy."""
 
     wire = wire.SCAFFOLD_RS
+    batched = True
     rs_prefix = "scaffold-rs"

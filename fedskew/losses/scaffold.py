@@ -14,6 +14,8 @@ from typing import Any
 
 import torch
 
+from fedskew.training import STEP_CORRECTION
+
 
 def correct_after_step(
     optimizer: torch.optim.Optimizer, corrections: Sequence[torch.Tensor], max_norm: float = 0.0
@@ -66,4 +68,6 @@ def correct_after_step(
 
     if max_norm > 0:
         optimizer.register_step_pre_hook(clip)
+    else:  # the correction alone: the batched engine's stacked step applies it the same way
+        setattr(optimizer, STEP_CORRECTION, True)
     optimizer.register_step_post_hook(hook)
