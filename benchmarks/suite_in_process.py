@@ -10,13 +10,19 @@ seconds the cells still running are stopped and keep the rounds they finished. P
 `--every` seconds; at the end, per cell: rounds done, wall, seconds a round, the suite's last-k-round
 mean of the global accuracy (over the rounds done), and the final round's. A cell folder that holds
 an earlier run's results is refused (nothing is deleted): use another `--tag`, or `--set overwrite=true`.
+Every `--set` is checked as the cells' run configs before anything runs (exit 2 naming the key); a
+`--set` of what the cells' labels name (method, seed, the partition's keys: `Suite.identity_keys`) is
+refused, as it would file one method's numbers under another's label. The chosen cells' run folders
+are locked for the whole call (`fedskew.files.locked`), so a second writer (another call, `fedskew
+experiment`) is refused in one line naming the holder.
 `--into-suite` writes into the suite's own folder instead and does there what `fedskew experiment`
 does (`plan_cells`: a finished cell is skipped, a stopped one resumed, one of another config left as
 it is), so that `fedskew experiment --export` and the suite's report read its cells as their own.
 `--export NAME` runs nothing and writes the finished cells of that folder into `results/NAME.yaml`
 (with `--upto R`: every run's first R rounds, runs stopped at the deadline included),
 checked against the suite's config plus the `--set` overrides, which the file records (e.g.
-`device: cuda`), so GPU rows stand beside the suite's own CPU rows under another name.
+`device: cuda`), so GPU rows stand beside the suite's own CPU rows under another name. NAME is a file
+stem (letters, digits, '.', '-', '_'): the file stays in `results/`.
 
 The in-process grid serves the same partitions and samples the same clients as `flwr run`'s
 simulation, so for a seed it writes the same metrics to the last digit (`tests/test_end_to_end.py`)
@@ -37,17 +43,24 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import yaml
 from _common import ROOT, in_process_setup
 
-from fedskew.config import ConfigError
-from fedskew.experiments import Cell, labels, load_suite, plan_cells, select
+from fedskew.config import ConfigError, validate
+from fedskew.experiments import Cell, Suite, labels, load_suite, plan_cells, select
+from fedskew.files import locked
 from fedskew.launcher import app_defaults
 from fedskew.resources import available_cores
-from fedskew.resultfile import export_suite
+from fedskew.resultfile import check_result_name, export_suite
 from fedskew.server_app.results import read_jsonl, round_statistics
+
+
+def fail(message: str) -> NoReturn:
+    """One line on stderr, exit status 2: a refused option, config or folder (as `fedskew`'s)."""
+    print(f"suite_in_process.py: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def parse_sets(items: list[str]) -> dict[str, Any]:
@@ -56,9 +69,30 @@ def parse_sets(items: list[str]) -> dict[str, Any]:
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise SystemExit(f"suite_in_process.py: --set {item!r}: expected key=value")
-        out[key] = yaml.safe_load(value)
+            fail(f"--set {item!r}: expected key=value")
+        try:
+            out[key] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            fail(f"--set {item!r}: the value is not a YAML scalar")
     return out
+
+
+def check_sets(suite: Suite, cells: list[Cell], sets: dict[str, Any], folder: Path) -> None:
+    """Refuse (`fail`) a `--set` of a key the cells' labels name (`Suite.identity_keys`: its runs would
+    be filed, and exported, under labels that do not name them), then any cell whose run config
+    with the `--set` ones is not valid: before anything runs, not in each child after it started."""
+    if named := sorted(set(sets) & suite.identity_keys):
+        fail(
+            f"--set {named[0]}={sets[named[0]]!r} is not allowed: {named[0]} is what the cells' labels name "
+            "(method, seed, the partition's keys and the methods' own keys their labels set); choose cells with "
+            "--methods/--partitions/--seeds, or write a suite whose labels name that config"
+        )
+    defaults = app_defaults(ROOT)
+    for cell in cells:
+        try:
+            validate({**defaults, **cell_config(cell, sets, folder)})
+        except ConfigError as e:
+            fail(f"--set: cell {cell.run_name}: {e}")
 
 
 def rounds_done(run_dir: Path) -> list[dict[str, Any]]:
@@ -139,7 +173,7 @@ def main() -> None:
     for flag in ("methods", "partitions", "seeds"):
         ap.add_argument(f"--{flag}", metavar="A,B", help=f"only these {flag} (default: all the suite's)")
     ap.add_argument("--set", nargs="*", default=[], metavar="K=V", help="run-config overrides for every cell")
-    ap.add_argument("--jobs", type=int, default=1, help="cells at once, each its own process")
+    ap.add_argument("--jobs", type=int, default=1, help="cells at once, each its own process (1 or more)")
     ap.add_argument("--deadline", type=float, default=0.0, help="stop running cells after this many s (0: none)")
     ap.add_argument("--tag", default="in-process", help="the output folder is <out-dir>/<suite>-<tag>")
     ap.add_argument("--out-dir", help="default: the suite's out-dir")
@@ -158,8 +192,8 @@ def main() -> None:
     ap.add_argument(
         "--export",
         metavar="NAME",
-        help="run nothing: write the finished cells of <out-dir>/<suite>-<tag> into results/NAME.yaml, "
-        "their config the suite's plus --set (recorded as the file's overrides)",
+        help="run nothing: write the finished cells of <out-dir>/<suite>-<tag> into results/NAME.yaml (NAME: a "
+        "file stem), their config the suite's plus --set (recorded as the file's overrides)",
     )
     ap.add_argument(
         "--upto",
@@ -176,41 +210,56 @@ def main() -> None:
         ap.error("the suite's YAML file is required")
     if args.upto and not args.export:
         ap.error("--upto R is for --export (which rounds of the runs to write)")
+    if args.jobs < 1:  # no cell would ever start, and the loop would wait for them forever
+        fail(f"--jobs {args.jobs} is not allowed: must be 1 or more (cells at once)")
     sets = parse_sets(args.set)
     try:
+        if args.export is not None:
+            check_result_name(args.export)
         suite = load_suite(args.suite, app_defaults(ROOT))
         cells = select(suite, labels(args.methods), labels(args.partitions), labels(args.seeds, int, "--seeds"))
     except ConfigError as e:
-        raise SystemExit(f"suite_in_process.py: {e}") from None
+        fail(str(e))
     folder = Path(args.out_dir or suite.out_dir).absolute() / f"{suite.name}-{args.tag}"
     if args.into_suite:
         if sets or args.out_dir or args.tag != ap.get_default("tag") or args.export:
             ap.error("--into-suite runs the suite's own cells: no --set, --tag, --out-dir or --export")
         folder = suite.folder.absolute()
+    check_sets(suite, cells, sets, folder)
     if args.export:
         if args.upto < 0:
             ap.error(f"--upto {args.upto}: must be a number of rounds, 1 or more (0: finished runs only)")
         command = f"`benchmarks/suite_in_process.py {args.suite} --set {' '.join(args.set)}`"
         defaults, results = app_defaults(ROOT), ROOT / "results"
-        path = export_suite(
-            suite,
-            args.suite,
-            defaults,
-            results,
-            runs=folder,
-            overrides=sets,
-            name=args.export,
-            source=command,
-            upto=args.upto,
-            cells=cells,
-        )
+        try:
+            path = export_suite(
+                suite,
+                args.suite,
+                defaults,
+                results,
+                runs=folder,
+                overrides=sets,
+                name=args.export,
+                source=command,
+                upto=args.upto,
+                cells=cells,
+            )
+        except ConfigError as e:
+            fail(str(e))
         print(f"wrote {path}")
         return
+    try:
+        with locked([folder / cell.run_name for cell in cells]):  # no second writer in these run folders
+            run_cells(args, suite, cells, sets, folder)
+    except ConfigError as e:
+        fail(str(e))
+
+
+def run_cells(args: argparse.Namespace, suite: Suite, cells: list[Cell], sets: dict[str, Any], folder: Path) -> None:
+    """Plan (`--into-suite`) and run the chosen cells `--jobs` at a time up to `--deadline`, then print
+    their table: under the locks of their run folders."""
     if args.into_suite:
-        try:
-            plans = plan_cells(suite, ROOT, cells, rerun_changed=args.rerun_changed)
-        except ConfigError as e:
-            raise SystemExit(f"suite_in_process.py: {e}") from None
+        plans = plan_cells(suite, ROOT, cells, rerun_changed=args.rerun_changed)
         for plan in plans:
             if plan.action != "run":
                 print(f"{plan.cell.run_name}: {plan.action}{f' ({plan.note})' if plan.note else ''}", flush=True)

@@ -33,10 +33,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fedskew.cluster import connect
+from fedskew.cluster import connect, parse_address
 from fedskew.config import COMMON, DATASETS, ConfigError, all_params
 from fedskew.data.download import DownloadError, get_dataset, list_datasets
 from fedskew.experiments import comparison, describe, labels, load_suite, plan_cells, run_suite, select, write_report
+from fedskew.files import locked
 from fedskew.launcher import (
     RunFailed,
     app_defaults,
@@ -84,9 +85,17 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg, overrides = prepare_config(app_dir, overrides, clients)
     if args.resume and (note := get_method(cfg["method"]).resume_note(cfg)):
         print(f"fedskew: {note}: this resumed run differs from an uninterrupted one (docs/usage.md, 'Client state')")
-    if cfg["engine"] == "batched":
-        return run_batched_cli(app_dir, cfg, overrides, clients, args)
-    cluster = connect(args.ray_address) if args.ray_address else None
+    with locked([Path(overrides["out-dir"]) / overrides["run-name"]]):  # no second writer in its folder
+        if cfg["engine"] == "batched":
+            return run_batched_cli(app_dir, cfg, overrides, clients, args)
+        return run_flower(app_dir, cfg, overrides, clients, args)
+
+
+def run_flower(
+    app_dir: Path, cfg: dict[str, Any], overrides: dict[str, Any], clients: int, args: argparse.Namespace
+) -> int:
+    """`fedskew run` on Flower's simulation, here or on the Ray cluster at `--ray-address`."""
+    cluster = connect(args.ray_address) if args.ray_address is not None else None
     resources = resources_for(cfg, args.actors, cluster)
     where = f" on the Ray cluster at {cluster.address}" if cluster else ""
     print(f"fedskew: {clients} clients, simulated{where} with {resources.describe()}", flush=True)
@@ -107,7 +116,7 @@ def run_batched_cli(
     for flag, given in (("--actors", args.actors), ("--federation-config", args.federation_config)):
         if given:
             raise ConfigError(f"{flag} is not allowed with engine='batched': it sets up Flower's simulation")
-    if args.ray_address:
+    if args.ray_address is not None:
         raise ConfigError("--ray-address is not allowed with engine='batched': the batched engine runs in this process")
     print(f"fedskew: {clients} clients, {describe_engine(cfg)}", flush=True)
     summary = run_batched({**app_defaults(app_dir), **overrides}, clients)
@@ -119,7 +128,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     app_dir = find_app_dir(args.app)
     suite = load_suite(args.suite, app_defaults(app_dir))
     chosen = select(suite, labels(args.methods), labels(args.partitions), labels(args.seeds, int, "--seeds"))
-    cluster = connect(args.ray_address) if args.ray_address and not (args.export or args.report) else None
+    cluster = connect(args.ray_address) if args.ray_address is not None and not (args.export or args.report) else None
     if args.dry_run:  # every check a run makes, nothing started
         plans = plan_cells(suite, app_dir, chosen, args.actors, args.rerun_changed, cluster)
         for p in plans:
@@ -246,6 +255,8 @@ def main(argv: list[str] | None = None) -> int:
             value = getattr(args, flag, None)
             if value is not None and value < 1:
                 raise ConfigError(f"--{flag.replace('_', '-')} {value} is not allowed: must be >= 1")
+        if getattr(args, "ray_address", None) is not None:  # an empty one must not mean "run here"
+            parse_address(args.ray_address)
         return int(args.fn(args))
     except (ConfigError, FileNotFoundError, ValueError) as e:
         print(f"fedskew: config error: {e}", file=sys.stderr)

@@ -39,7 +39,14 @@ checked as its run would check it (`plan_cells`; `--dry-run` stops there) and gi
 whose config sets `engine: batched` runs in this process (`fedskew.batched.grid.run_batched`); the
 others share one private SuperLink (and Ray head), started only if there are any. At the end (and
 with `--report`) the suite folder gets `results.md`, `results.csv`, and per partition
-`accuracy-<partition>.png` and `per-class-<partition>.png`, over every finished cell.
+`accuracy-<partition>.png` and `per-class-<partition>.png`, over every finished cell, each written
+whole or not at all, the labels escaped for Markdown (`fedskew.markdown.md`).
+
+A suite run holds the lock of every chosen cell's run folder from before it plans them to its end
+(`fedskew.files.locked`), as `benchmarks/suite_in_process.py` does: a second writer of one of them
+(another `fedskew experiment`, `--into-suite`, a `fedskew run` into that folder) is refused in one
+line naming the holder, instead of both appending rounds to one `metrics.jsonl`. A run folder whose
+rounds are not 1..R in order is refused by the report and the export (`resultfile.read_rounds`).
 """
 
 from __future__ import annotations
@@ -59,17 +66,32 @@ import numpy as np
 import yaml
 
 from fedskew.cluster import RayCluster
-from fedskew.config import ConfigError, folder_name_rule, validate
+from fedskew.config import COMMON, ConfigError, all_params, folder_name_rule, validate
 from fedskew.data.clients import client_indices
 from fedskew.diagnostics import last_rounds_per_class
-from fedskew.files import check_folder
+from fedskew.files import atomic_write, check_folder, locked, write_text
 from fedskew.launcher import RunFailed, app_defaults, prepare_config, resources_for, run_simulation, simulation_link
+from fedskew.markdown import md
 from fedskew.partitions import PartitionError
 from fedskew.registry import get_method
-from fedskew.resultfile import config_sha256, load_results
-from fedskew.server_app.results import LAST_ROUNDS, RESULTS, config_changes, read_jsonl, round_statistics
+from fedskew.resultfile import config_sha256, load_results, read_rounds
+from fedskew.server_app.results import LAST_ROUNDS, RESULTS, config_changes, round_statistics
 
 SUITE_KEYS = {"name", "num-supernodes", "seeds", "out-dir", "base", "methods", "partitions", "last-rounds"}
+# the run-config keys that decide which partition a cell's clients hold: with `method` and `seed`, what a
+# cell's labels name (`Suite.identity_keys`)
+PARTITION_KEYS = (
+    "dataset",
+    "partition",
+    "classes-per-client",
+    "classes-per-client-mode",
+    "dirichlet-alpha",
+    "min-partition-size",
+    "imbalance-factor",
+    "map-sigma",
+    "local-test-fraction",
+    "num-partitions",
+)
 
 
 def run_name(partition: str, method: str, seed: int) -> str:
@@ -98,10 +120,23 @@ class Suite:
     method_labels: list[str]
     partition_labels: list[str]
     last_rounds: int = LAST_ROUNDS
+    method_keys: frozenset[str] = frozenset()  # the method-specific keys its method labels set
 
     @property
     def folder(self) -> Path:
         return self.out_dir / self.name
+
+    @property
+    def identity_keys(self) -> frozenset[str]:
+        """The run-config keys a cell's labels stand for: its method (and the method's own keys its
+        label sets, e.g. `fedrs-alpha` of `fedrs-0.5`), its partition and its seed. An override of one
+        of them for every cell (`suite_in_process.py --set`) would file a run under a label that does
+        not name it."""
+        return frozenset({"method", "seed", *PARTITION_KEYS}) | self.method_keys
+
+    def run_folders(self, cells: list[Cell] | None = None) -> list[Path]:
+        """The run folders of `cells` (default: all), whose locks a suite run holds."""
+        return [self.folder / c.run_name for c in (self.cells if cells is None else cells)]
 
 
 def _mapping(raw: Any, where: str, config: bool = False) -> dict[str, Any]:
@@ -176,7 +211,9 @@ def load_suite(path: str | Path, app_defaults: dict[str, Any]) -> Suite:
     last = raw.get("last-rounds", LAST_ROUNDS)
     if not isinstance(last, int) or isinstance(last, bool) or last < 1:
         raise ConfigError(f"{path}: last-rounds={last!r} must be a positive integer")
-    return Suite(name, out_dir, cells, list(map(str, methods)), list(map(str, partitions)), last)
+    own = set(all_params()) - set(COMMON)  # the keys of some method
+    method_keys = frozenset(k for m in methods.values() for k in (m or {}) if k in own)
+    return Suite(name, out_dir, cells, list(map(str, methods)), list(map(str, partitions)), last, method_keys)
 
 
 def _num_supernodes(value: Any, where: str) -> int:
@@ -360,11 +397,26 @@ def run_suite(
     finished cell. Every cell is checked first (`plan_cells`), so a cell a run would refuse stops the
     suite before anything starts."""
     chosen = suite.cells if cells is None else cells
+    with locked(suite.run_folders(chosen)):  # planned and run by this process alone
+        _run_cells(suite, app_dir, chosen, stream, actors, rerun_changed, cluster, of_all=cells is None)
+
+
+def _run_cells(
+    suite: Suite,
+    app_dir: Path,
+    chosen: list[Cell],
+    stream: bool,
+    actors: int | None,
+    rerun_changed: bool,
+    cluster: RayCluster | None,
+    of_all: bool,
+) -> None:
+    """`run_suite` under the locks of the chosen cells' folders."""
     plans = plan_cells(suite, app_dir, chosen, actors, rerun_changed, cluster)
     suite.folder.mkdir(parents=True, exist_ok=True)
     todo = [p for p in plans if p.runs]
     done_before = len(chosen) - len(todo)
-    of = "" if cells is None else f" of the suite's {len(suite.cells)}"
+    of = "" if of_all else f" of the suite's {len(suite.cells)}"
     print(f"suite {suite.name}: {len(chosen)} cells{of}, {done_before} already done -> {suite.folder}", flush=True)
     if warning := describe(plans):
         print(warning, flush=True)
@@ -438,7 +490,8 @@ def stopped_round(run_dir: Path, cfg: dict[str, Any]) -> int:
 
 
 def _read_rows(run_dir: Path) -> list[dict[str, Any]]:
-    return read_jsonl(run_dir / "metrics.jsonl")
+    """A run's metrics rows, rounds 1..R in order (`read_rounds`: else ConfigError naming the file)."""
+    return read_rounds(run_dir / "metrics.jsonl")
 
 
 def columns(last: int) -> list[tuple[str, str]]:
@@ -487,8 +540,18 @@ def collect(suite: Suite) -> list[dict[str, Any]]:
     return table
 
 
+REPORT_FILES = ("results.md", "results.csv")
+REPORT_WAIT = 60.0  # s a suite's report waits for another process's report of it (seconds, not a run)
+
+
 def write_report(suite: Suite) -> list[dict[str, Any]]:
-    """results.md, results.csv and accuracy-<partition>.png in the suite folder."""
+    """results.md, results.csv and accuracy-<partition>.png in the suite folder, under their locks
+    (waiting up to `REPORT_WAIT` for another report of the suite: each file from one reading)."""
+    with locked([suite.folder / name for name in REPORT_FILES], wait=REPORT_WAIT):
+        return _write_report(suite)
+
+
+def _write_report(suite: Suite) -> list[dict[str, Any]]:
     table = collect(suite)
     if not table:
         return table
@@ -496,7 +559,7 @@ def write_report(suite: Suite) -> list[dict[str, Any]]:
     writer = csv.DictWriter(buf, fieldnames=list(table[0]))
     writer.writeheader()
     writer.writerows(table)
-    (suite.folder / "results.csv").write_text(buf.getvalue())
+    write_text(suite.folder / "results.csv", buf.getvalue())
 
     def pm(row: dict, key: str) -> str:
         return f"{100 * row[key + '_mean']:.2f} ± {100 * row[key + '_std']:.2f}"
@@ -505,7 +568,7 @@ def write_report(suite: Suite) -> list[dict[str, Any]]:
         (label, key) for label, key in columns(suite.last_rounds) if any(np.isfinite(r[key + "_mean"]) for r in table)
     ]
     lines = [
-        f"# {suite.name}: accuracy (%), mean ± std over seeds",
+        f"# {md(suite.name)}: accuracy (%), mean ± std over seeds",
         "",
         f"Last {suite.last_rounds} = the mean of the last {suite.last_rounds} rounds of each run (conclusions "
         "are drawn from it: label-skewed FL swings several points from round to round); oscillation = the std "
@@ -524,9 +587,10 @@ def write_report(suite: Suite) -> list[dict[str, Any]]:
     ]
     for r in table:
         cells = " | ".join(pm(r, key) for _, key in cols)
-        lines.append(f"| {r['partition']} | {r['method']} | {r['seeds']} | {cells} | {r['wall_seconds_mean']:.0f} |")
+        row = f"| {md(r['partition'])} | {md(r['method'])} | {r['seeds']} | {cells} | {r['wall_seconds_mean']:.0f} |"
+        lines.append(row)
     lines += per_class_section(suite, [p for p in suite.partition_labels if any(r["partition"] == p for r in table)])
-    (suite.folder / "results.md").write_text("\n".join(lines) + "\n")
+    write_text(suite.folder / "results.md", "\n".join(lines) + "\n")
     for p in suite.partition_labels:
         if any(r["partition"] == p for r in table):  # no finished cell: no (empty) plot
             plot_partition(suite, p)
@@ -572,7 +636,7 @@ def per_class_section(suite: Suite, partitions: list[str]) -> list[str]:
             continue
         if not lines:
             lines = ["", f"## Per class: the global model's accuracy (%), mean of the last {suite.last_rounds} rounds"]
-        lines += ["", f"### {p}", ""]
+        lines += ["", f"### {md(p)}", ""]
         seen: set[int] = set()
         for c in _finished(suite, p):
             if c.seed in seen or not (suite.folder / c.run_name / "partition.json").is_file():
@@ -587,7 +651,7 @@ def per_class_section(suite: Suite, partitions: list[str]) -> list[str]:
                 lines.append(f"- seed {c.seed}: classes held > 90 % by one client: {owned or 'none'}")
         num_classes = len(rows[0][1][0])
         if num_classes > 20:
-            lines += ["", f"(per-class-{p}.png: {num_classes} classes are too many for a table)"]
+            lines += ["", f"(per-class-{md(p)}.png: {num_classes} classes are too many for a table)"]
             continue
         lines += [
             "",
@@ -597,7 +661,7 @@ def per_class_section(suite: Suite, partitions: list[str]) -> list[str]:
         for m, (mean, _, n) in rows:
             cells = " | ".join("absent" if np.isnan(v) else f"{100 * v:.1f}" for v in mean)
             worst = "-" if np.isnan(mean).all() else str(int(np.nanargmin(mean)))
-            lines.append(f"| {m} | {n} | {cells} | {worst} |")
+            lines.append(f"| {md(m)} | {n} | {cells} | {worst} |")
     return lines
 
 
@@ -624,7 +688,7 @@ def plot_per_class(suite: Suite, partition: str) -> None:
     ax.set_title(f"{suite.name}: {partition}, global model per class")
     ax.grid(alpha=0.3, axis="y")
     ax.legend(fontsize=7)
-    fig.savefig(suite.folder / f"per-class-{partition}.png", dpi=100)
+    save_png(fig, suite.folder / f"per-class-{partition}.png")
 
 
 def plot_partition(suite: Suite, partition: str) -> None:
@@ -667,8 +731,13 @@ def plot_partition(suite: Suite, partition: str) -> None:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
-    fig.savefig(suite.folder / f"accuracy-{partition}.png", dpi=100)
+    save_png(fig, suite.folder / f"accuracy-{partition}.png")
     plt.close(fig)
+
+
+def save_png(fig: Any, path: Path) -> None:
+    """A figure as a PNG, whole or not at all (`atomic_write`)."""
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=100))
 
 
 COMPARED = (

@@ -61,6 +61,8 @@ import numpy as np
 import yaml
 
 from fedskew.config import ConfigError
+from fedskew.files import atomic_write, locked, write_text
+from fedskew.markdown import md, md_code_block, md_link
 from fedskew.resultfile import STAT_NAME, CellResult, ResultSet, Stat, describe_stat, load_all, per_seed_values
 from fedskew.stats import LEVEL, Interval, paired_gain, seeds_needed, t_quantile, top_k_chance, welch_interval
 
@@ -406,31 +408,31 @@ def summary_table(points: list[ClaimPoint], numbered: bool = True) -> list[str]:
     lines = [head or f"| paper | claim | paper's gain | {gain} | verdict |"]
     lines.append("|---|---|---|---|---|---|" if numbered else "|---|---|---|---|---|")
     for p in points:
-        cells = [p.paper.split(" (")[0], p.claim, fmt_gain(p.paper_gain), p.gain_text, p.verdict]
+        cells = [md(p.paper.split(" (")[0]), md(p.claim), fmt_gain(p.paper_gain), p.gain_text, p.verdict]
         lines.append("| " + " | ".join(([str(p.number)] if numbered else []) + cells) + " |")
     return lines
 
 
 def paper_section(paper: Paper, ev: Evidence) -> list[str]:
-    lines = [f"## {paper.title}", ""]
+    lines = [f"## {md(paper.title)}", ""]
     if paper.claim:
-        lines.append(f"*Claim:* {paper.claim}. Long form: [{paper.notes}]({paper.notes}).")
+        lines.append(f"*Claim:* {md(paper.claim)}. Long form: {md_link(paper.notes, paper.notes)}.")
     for table in paper.tables:
-        lines += ["", f"**{table.title}.** {table.setting} Statistic: {describe_stat(table.stat)}.", ""]
+        lines += ["", f"**{md(table.title)}.** {md(table.setting)} Statistic: {describe_stat(table.stat)}.", ""]
         lines += ["| row | paper | ours | verdict | reason |", "|---|---|---|---|---|"]
         for row in table.rows:
             nums = numbers(row, ev)
-            paper = row.paper_text or "-"
+            paper = md(row.paper_text) or "-"
             if nums.paper_gain is not None:
                 paper += f" ({fmt_gain(nums.paper_gain)})"
             if row.paper_note:
-                paper = row.paper_note if row.paper is None else f"{paper}, {row.paper_note}"
+                paper = md(row.paper_note) if row.paper is None else f"{paper}, {md(row.paper_note)}"
             ours = fmt_value(nums.ours)
             if nums.gain is not None:
                 ours += f" ({nums.gain_text()})"
             stat = "" if row.stat == table.stat else f" *({short_stat(row.stat)})*"
-            reason = render_reason(row, nums, ev)
-            lines.append(f"| {row.label}{stat} | {paper} | {ours} | {shown_verdict(row, nums)} | {reason} |")
+            reason = md(render_reason(row, nums, ev))
+            lines.append(f"| {md(row.label)}{stat} | {paper} | {ours} | {shown_verdict(row, nums)} | {reason} |")
     return [*lines, ""]
 
 
@@ -448,7 +450,7 @@ def results_md(claims: Claims, ev: Evidence) -> str:
     points = claim_points(claims, ev)
     drawn = [p for p in points if p.paper_gain is not None]
     undrawn = ", ".join(str(p.number) for p in points if p.paper_gain is None)
-    lines = ["# Reproduction report", "", GENERATED, "", claims.intro.strip(), ""]
+    lines = ["# Reproduction report", "", GENERATED, "", md(claims.intro.strip(), cell=False), ""]
     lines += ["## Every claim at a glance", ""]
     lines += summary_table(points)
     lines += [
@@ -463,7 +465,7 @@ def results_md(claims: Claims, ev: Evidence) -> str:
     for paper in claims.papers:
         lines += paper_section(paper, ev)
     if claims.not_covered:
-        lines += ["## What this report does not cover", "", claims.not_covered.strip(), ""]
+        lines += ["## What this report does not cover", "", md(claims.not_covered.strip(), cell=False), ""]
     return "\n".join(lines)
 
 
@@ -499,7 +501,7 @@ def claims_figure(points: list[ClaimPoint], path: Path) -> None:
     ax.set_title("Each claim (numbers: the summary table's #)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.savefig(path, dpi=100, metadata={"Software": None})
+    save_figure(fig, path)
 
 
 # ---------------------------------------------------------------------------------------------- leaderboard
@@ -604,10 +606,10 @@ def leaderboard_verdict(board: Board) -> str:
         below = [m for m, iv in gains.items() if iv.sign() < 0]
         chance = board.top_chance(p)
         likely = sorted(chance, key=lambda m: -chance[m])[:TOP]
-        top = ", ".join(f"{m} {chance[m]:.0%}" for m in likely)
+        top = ", ".join(f"{md(m)} {chance[m]:.0%}" for m in likely)
         parts.append(
-            f"**{p}** ({len(board.seeds(p))} seeds): {len(above)} of {len(gains)} methods above FedAvg "
-            f"({', '.join(above) or 'none'}), {len(below)} below; chance of the top {TOP}: {top or 'n/a'}"
+            f"**{md(p)}** ({len(board.seeds(p))} seeds): {len(above)} of {len(gains)} methods above FedAvg "
+            f"({', '.join(map(md, above)) or 'none'}), {len(below)} below; chance of the top {TOP}: {top or 'n/a'}"
         )
     return ("; ".join(parts) + ".") if parts else ""
 
@@ -631,7 +633,7 @@ def seeds_section(board: Board) -> list[str]:
         sd = float(np.median(sds))
         width = t_quantile(n) * sd / math.sqrt(n)
         lines.append(
-            f"| {p} | {_seed_count(board, p)} | {sd:.2f} | {width:.2f} | {seeds_needed(sd, 2.0)} | "
+            f"| {md(p)} | {_seed_count(board, p)} | {sd:.2f} | {width:.2f} | {seeds_needed(sd, 2.0)} | "
             f"{seeds_needed(sd, 1.0)} |"
         )
     return [*lines, ""]
@@ -664,7 +666,7 @@ def leaderboard_md(suite_path: Path, board: Board, root: Path = Path(".")) -> st
         f"Each setting: the gain with its {LEVEL:.0%} interval, and the chance of ranking in the top {TOP} when "
         "the seeds are drawn again (a bootstrap over whole seeds, every method's value of a seed together).",
         "",
-        "| method | " + " | ".join(f"{p} ({_seed_count(board, p)} seeds) | top {TOP}" for p in partitions) + " |",
+        "| method | " + " | ".join(f"{md(p)} ({_seed_count(board, p)} seeds) | top {TOP}" for p in partitions) + " |",
         "|---|" + "---|---|" * len(partitions),
     ]
     chances = {p: board.top_chance(p) for p in partitions}
@@ -676,7 +678,7 @@ def leaderboard_md(suite_path: Path, board: Board, root: Path = Path(".")) -> st
             else:
                 cells.append(_gain_cell(board.gain(p, m)))
             cells.append(f"{chances[p][m]:.0%}" if m in chances[p] else "-")
-        lines.append(f"| {m} | " + " | ".join(cells) + " |")
+        lines.append(f"| {md(m)} | " + " | ".join(cells) + " |")
     lines += [
         "",
         "![gain over FedAvg, methods x settings](img/leaderboard-gain.png)",
@@ -696,16 +698,14 @@ def leaderboard_md(suite_path: Path, board: Board, root: Path = Path(".")) -> st
             continue
         best = cell.stats.get("global.best")
         lines.append(
-            f"| {m} | {p} | {_lb_value(cell, 'global', last)} | {_gain_cell(board.gain(p, m))} | "
+            f"| {md(m)} | {md(p)} | {_lb_value(cell, 'global', last)} | {_gain_cell(board.gain(p, m))} | "
             f"{fmt_value(best) if best else 'n/a'} | {_gain_cell(board.gain(p, m, 'global.best'))} |"
         )
     lines += [
         "",
         "## Protocol, as the suite's header gives it",
         "",
-        "```text",
-        *header,
-        "```",
+        *md_code_block(header),
         "",
         "## Balanced, worst-class and personalized accuracy",
         "",
@@ -720,7 +720,7 @@ def leaderboard_md(suite_path: Path, board: Board, root: Path = Path(".")) -> st
     ]
     for m, p, cell in leaderboard_rows(board):
         values = " | ".join(_lb_value(cell, metric, last) for metric in LEADERBOARD_STATS)
-        lines.append(f"| {m} | {p} | {len(cell.seeds) if cell else 0} | {values} |")
+        lines.append(f"| {md(m)} | {md(p)} | {len(cell.seeds) if cell else 0} | {values} |")
     return "\n".join(lines) + "\n"
 
 
@@ -736,14 +736,14 @@ def leaderboard_headline(board: Board) -> list[str]:
             "The leaderboard ([docs/leaderboard.md](docs/leaderboard.md): every method on Dirichlet 0.1, 2 classes "
             "per client and a long tail) has not run yet; its suite is `suites/leaderboard.yaml`."
         ]
-    seeds = ", ".join(f"{p} {_seed_count(board, p)}" for p in board.partitions)
+    seeds = ", ".join(f"{md(p)} {_seed_count(board, p)}" for p in board.partitions)
     lines = [
         f"Gain in global accuracy over FedAvg (points, mean of the last {board.last} of {board.rounds} rounds), "
         f"paired by seed, with its {LEVEL:.0%} interval (seeds: {seeds}; **bold**: the interval excludes 0). "
         "[docs/leaderboard.md](docs/leaderboard.md) has the ranks' chances, the best round, balanced, "
         "worst-class and personalized accuracy.",
         "",
-        "| method | " + " | ".join(board.partitions) + " | personalized, mean of the settings |",
+        "| method | " + " | ".join(map(md, board.partitions)) + " | personalized, mean of the settings |",
         "|---|" + "---|" * (len(board.partitions) + 1),
     ]
     key = f"personalized.last{board.last}"
@@ -754,7 +754,7 @@ def leaderboard_headline(board: Board) -> list[str]:
             cells = [_gain_cell(board.gain(p, m)) for p in board.partitions]
         own = [c.stats[key].mean for p in board.partitions if (c := board.cell(p, m)) and key in c.stats]
         own_text = f"{np.mean(own):.2f}" if own and len(own) == len(board.partitions) else "n/a"
-        lines.append(f"| {m} | " + " | ".join(cells) + f" | {own_text} |")
+        lines.append(f"| {md(m)} | " + " | ".join(cells) + f" | {own_text} |")
     return [*lines, "", leaderboard_verdict(board)]
 
 
@@ -792,7 +792,12 @@ def leaderboard_figure(board: Board, path: Path) -> None:
         fontsize=8,
     )
     fig.colorbar(image, ax=ax)
-    fig.savefig(path, dpi=100, metadata={"Software": None})
+    save_figure(fig, path)
+
+
+def save_figure(fig: Any, path: Path) -> None:
+    """A figure as a PNG, written whole or not at all (`atomic_write`)."""
+    atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=100, metadata={"Software": None}))
 
 
 def _header_comment(path: Path) -> list[str]:
@@ -839,6 +844,15 @@ def readme(text: str, points: list[ClaimPoint], board: Board) -> str:
 LEADERBOARD_SUITE = Path("suites/leaderboard.yaml")
 
 
+def generated_paths(root: Path) -> list[Path]:
+    """Every file `fedskew report` writes (its text files and figures)."""
+    docs = root / "docs"
+    return [docs / "results.md", docs / "leaderboard.md", root / "README.md", *(docs / "img" / f for f in FIGURES)]
+
+
+FIGURES = ("claims.png", "leaderboard-gain.png")
+
+
 def generate(root: Path, figures: bool = True) -> dict[Path, str]:
     """The generated text files under `root` (path -> content); with `figures`, also draw the PNGs."""
     ev = Evidence(load_all(root / "results"))
@@ -854,8 +868,8 @@ def generate(root: Path, figures: bool = True) -> dict[Path, str]:
     }
     if figures:
         (root / "docs" / "img").mkdir(parents=True, exist_ok=True)
-        claims_figure(points, root / "docs" / "img" / "claims.png")
-        leaderboard_figure(board, root / "docs" / "img" / "leaderboard-gain.png")
+        claims_figure(points, root / "docs" / "img" / FIGURES[0])
+        leaderboard_figure(board, root / "docs" / "img" / FIGURES[1])
     return out
 
 
@@ -865,18 +879,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a generated file is stale")
     args = parser.parse_args(argv)
     root = Path(args.root)
-    try:
-        files = generate(root, figures=not args.check)
-    except ConfigError as e:
-        print(f"fedskew report: {e}", file=sys.stderr)
-        return 2
-    stale = [p for p, text in files.items() if not p.is_file() or p.read_text() != text]
     if args.check:
+        try:
+            files = generate(root, figures=False)
+        except ConfigError as e:
+            print(f"fedskew report: {e}", file=sys.stderr)
+            return 2
+        stale = [p for p, text in files.items() if not p.is_file() or p.read_text() != text]
         for p in stale:
             print(f"stale: {p} (run `fedskew report`)", file=sys.stderr)
         return 1 if stale else 0
-    for p, text in files.items():
-        p.write_text(text)
+    try:
+        with locked(generated_paths(root)):  # one report at a time: each file whole, from one reading
+            for p, text in generate(root).items():
+                write_text(p, text)
+    except ConfigError as e:
+        print(f"fedskew report: {e}", file=sys.stderr)
+        return 2
     print(f"fedskew report: wrote {', '.join(str(p) for p in files)} and docs/img/claims.png, leaderboard-gain.png")
     return 0
 

@@ -32,14 +32,17 @@ cell names them itself (`seeds`).
 `fedskew experiment SUITE --export` writes a suite's finished cells (`export_suite`), replacing
 those cells in the file and keeping the others, so a method added later is added by running and
 exporting only its cells. Every file is checked when read (`load_results`): a wrong key, type or
-value is a ConfigError naming the file and the key.
+value is a ConfigError naming the file and the key; every value is a percentage in [0, 100] (a
+mean of 1e308 would give a 300-digit table cell and an infinite gain). An export holds the result
+file's lock (`fedskew.files.locked`: a second export into it is refused), writes it atomically (a
+full disk leaves the old file whole), and refuses a run whose `metrics.jsonl` rounds are not
+1..R in order (two writers in one run folder), naming the file and the first bad round.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 import warnings
 from dataclasses import dataclass, field, replace
@@ -50,6 +53,7 @@ import numpy as np
 import yaml
 
 from fedskew.config import ConfigError, validate
+from fedskew.files import locked, write_text
 
 # metric -> the `round_statistics` name of its accuracy (`<stat>_<name>`)
 METRICS = {
@@ -77,6 +81,8 @@ CELL_KEYS = {"partition", "method", "seeds", "rounds", "config", "config-sha256"
 STAT_KEYS = {"mean", "std", "per-seed", "seeds"}
 # where and how, not what (the trackers only copy the metrics)
 UNHASHED = ("seed", "out-dir", "run-name", "data-root", "resume", "overwrite", "tensorboard", "wandb-project")
+PERCENT = (0.0, 100.0)  # every statistic is an accuracy or its std, in percent
+RESULT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # a result file's stem: results/<name>.yaml
 
 
 @dataclass
@@ -137,10 +143,12 @@ def _fail(path: Path, where: str, value: Any, rule: str) -> ConfigError:
     return ConfigError(f"{path}: {where}={value!r} is not allowed: {rule}")
 
 
-def _number(path: Path, where: str, value: Any, low: float = -math.inf) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= low
+def _number(path: Path, where: str, value: Any) -> float:
+    """A statistic's value: a number in `PERCENT`."""
+    low, high = PERCENT
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= high
     if not ok:
-        raise _fail(path, where, value, "must be a finite number" + (f" >= {low:g}" if low > -math.inf else ""))
+        raise _fail(path, where, value, f"must be a number in [{low:g}, {high:g}] (a percentage)")
     return float(value)
 
 
@@ -173,7 +181,7 @@ def _stat(path: Path, where: str, raw: Any, cell_seeds: list[int]) -> Stat:
     seeds = _seeds(path, f"{where}.seeds", raw["seeds"]) if "seeds" in raw else None
     if seeds is not None and not set(seeds) <= set(cell_seeds):
         raise _fail(path, f"{where}.seeds", seeds, f"must be among the cell's seeds {cell_seeds}")
-    std = _number(path, f"{where}.std", raw["std"], 0.0) if raw.get("std") is not None else None
+    std = _number(path, f"{where}.std", raw["std"]) if raw.get("std") is not None else None
     per_seed = raw.get("per-seed")
     if per_seed is not None:
         n = len(seeds or cell_seeds)
@@ -302,7 +310,7 @@ def dump_results(results: ResultSet, path: str | Path) -> None:
         top["overrides"] = _Flow(results.overrides)
     top["cells"] = cells
     text = yaml.dump(top, Dumper=_Dumper, sort_keys=False, allow_unicode=True, width=120)
-    Path(path).write_text(text)
+    write_text(Path(path), text)  # whole or not at all: a full disk leaves the old file
 
 
 # ---------------------------------------------------------------------------------------------- export
@@ -423,16 +431,60 @@ def export_suite(
     (a run that has not reached round R is left out, with a warning), the cell's `rounds` R and its
     source saying so: runs of a lent machine cut at its deadline, compared at the rounds all reached.
     `cells`: only these of the suite's cells (`fedskew experiment --export --methods/--partitions/
-    --seeds`); the file's other cells are kept."""
+    --seeds`); the file's other cells are kept. `name` must be a file stem (`check_result_name`)."""
+    name = check_result_name(name or suite.name)
+    path = Path(folder) / f"{name}.yaml"
+    with locked([path]):  # read, merged and written by one export at a time
+        return _export(suite, suite_file, app_defaults, path, runs, overrides, source, upto, cells)
+
+
+def check_result_name(name: str) -> str:
+    """`name` when it is a result file's stem (`RESULT_NAME`, not `claims`), else ConfigError: the
+    file is `results/<name>.yaml`, so a name never leaves `results/` nor replaces the claims file."""
+    if not RESULT_NAME.match(name) or name == "claims":
+        raise ConfigError(
+            f"export name {name!r} is not allowed: must be letters, digits, '.', '-' and '_' (not 'claims'), "
+            "the stem of results/<name>.yaml"
+        )
+    return name
+
+
+def read_rounds(path: Path) -> list[dict[str, Any]]:
+    """The rows of a run's `metrics.jsonl` (`read_jsonl`), which must hold rounds 1..R in order;
+    else ConfigError naming the file and the first bad round (two writers that shared the folder
+    leave 1, 1, 2, 2 or 1, 2, 3, 1: statistics over them would be wrong)."""
+    from fedskew.server_app.results import read_jsonl
+
+    rows = read_jsonl(path)
+    for expected, row in enumerate(rows, start=1):
+        if row["round"] != expected:
+            raise ConfigError(
+                f"{path}: row {expected} holds round {row['round']}, not {expected}: its rounds must be 1..R in "
+                "order (did two runs write into its folder?); run the cell again"
+            )
+    return rows
+
+
+def _export(
+    suite: Any,
+    suite_file: str,
+    app_defaults: dict[str, Any],
+    path: Path,
+    runs: str | Path | None,
+    overrides: dict[str, Any] | None,
+    source: str,
+    upto: int,
+    cells: list[Any] | None,
+) -> Path:
+    """`export_suite` under the result file's lock."""
     from fedskew.experiments import changes_from, read_saved
     from fedskew.registry import get_method
-    from fedskew.server_app.results import read_jsonl, resumed_rounds, round_statistics
+    from fedskew.server_app.results import resumed_rounds, round_statistics
 
     overrides = dict(overrides or {})
-    name = name or suite.name
+    name = path.stem
     run_folder = Path(runs) if runs is not None else suite.folder
     source = source or f"`fedskew experiment {suite_file} --export`"
-    path = Path(folder) / f"{name}.yaml"
     old = load_results(path) if path.is_file() else ResultSet(name, suite.name, suite_file, [], overrides)
     fresh: list[CellResult] = []
     for p in suite.partition_labels:
@@ -453,7 +505,7 @@ def export_suite(
                 if (note := get_method(cfg["method"]).resume_note(cfg)) and (resumed := resumed_rounds(run_dir)):
                     warnings.warn(f"{run_dir}: not exported, resumed after round {resumed[0]}: {note}", stacklevel=2)
                     continue
-                rows = read_jsonl(run_dir / "metrics.jsonl")
+                rows = read_rounds(run_dir / "metrics.jsonl")
                 if upto:
                     rows = [r for r in rows if int(r["round"]) <= upto]
                     if len(rows) < upto:

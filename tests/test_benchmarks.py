@@ -251,3 +251,36 @@ def test_creff_heads_scores_the_evaluated_classifier_as_the_run_logged_it(tmp_pa
     logged = json.loads((tmp_path / "r" / "metrics.jsonl").read_text().splitlines()[-1])["global-accuracy"]
     assert row[2].strip() == "2" and float(row[4].split("/")[0]) == pytest.approx(100 * logged, abs=0.006)
     assert row[3] != row[4]  # the averaged classifier is another model
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--jobs", "0"], "--jobs 0 is not allowed: must be 1 or more"),
+        (["--set", "lr=abc"], "lr='abc' has type str: must be a float"),
+        (["--set", "local-epochs=0"], "local-epochs=0 is not allowed"),
+        (["--export", "../../X"], "export name '../../X' is not allowed"),
+        (["--export", "claims"], "export name 'claims' is not allowed"),
+        (["--set", "method=fedprox", "--export", "t-gpu"], "--set method='fedprox' is not allowed: method is what"),
+        (["--set", "dirichlet-alpha=0.1"], "--set dirichlet-alpha=0.1 is not allowed"),
+        (["--set", "fedrs-alpha=0.9"], "--set fedrs-alpha=0.9 is not allowed"),  # what the label fedrs-0.5 names
+        (["--set", "seed=7"], "--set seed=7 is not allowed"),
+    ],
+)
+def test_suite_in_process_refuses_options_that_would_loop_run_nothing_or_mislabel(
+    tmp_path: Path, args: list[str], needle: str
+) -> None:
+    """Each refused at once with one line and exit 2, nothing run or written: `--jobs 0` (it looped
+    forever), a --set value no cell accepts (it ran nothing and exited 0), an export name that leaves
+    results/ or replaces the claims file, a --set of what the cells' labels name."""
+    suite = tmp_path / "s.yaml"
+    suite.write_text(
+        f"name: s\nnum-supernodes: 5\nseeds: [0]\nout-dir: {tmp_path}\n"
+        "base: {num-server-rounds: 1, partition: dirichlet}\n"
+        "methods: {fedavg: {}, fedrs-0.5: {method: fedrs, fedrs-alpha: 0.5}}\n"
+    )
+    done = run_benchmark("suite_in_process.py", str(suite), *args)
+    err = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(err) == 1 and needle in err[0], done.stderr[-2000:]
+    assert not (ROOT.parent / "X.yaml").exists() and not (ROOT / "results" / "t-gpu.yaml").exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["s.yaml"]

@@ -76,6 +76,18 @@ def test_an_unreachable_or_malformed_ray_address_fails_at_once_with_one_line(
     assert no_superlink == []
 
 
+@pytest.mark.parametrize("command", [["run", "-n", "20"], ["run", "-n", "20", "--engine", "batched"], ["experiment"]])
+def test_an_empty_ray_address_is_refused_not_read_as_running_here(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], no_superlink: list[dict], command: list[str]
+) -> None:
+    """`--ray-address ""` (an unset shell variable) names no cluster: refused in one line, nothing run
+    here instead."""
+    where = [str(tmp_path / "none.yaml")] if command == ["experiment"] else ["-c", f'out-dir="{tmp_path}"']
+    line = one_line_exit_2(capsys, [*command, *where, "--ray-address", ""])
+    assert "--ray-address '' is not allowed: must be HOST:PORT" in line, line
+    assert no_superlink == []
+
+
 def test_a_cluster_without_free_cpus_says_so(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], no_superlink: list[dict], monkeypatch: pytest.MonkeyPatch
 ) -> None:

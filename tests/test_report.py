@@ -147,7 +147,11 @@ def test_a_gain_is_paired_by_seed_when_both_cells_kept_their_values() -> None:
         (lambda c: c["stats"].update({"global.last10": {"mean": float("nan")}}), "global.last10.mean=nan"),
         (lambda c: c["stats"].update({"global.lastten": {"mean": 1.0}}), "'global.lastten' is not allowed"),
         (lambda c: c["stats"].update({"global.last10": {"mean": 1.0, "per-seed": [1.0]}}), "a list of 2 numbers"),
-        (lambda c: c["stats"].update({"global.last10": {"mean": 1.0, "std": -1}}), "must be a finite number >= 0"),
+        (lambda c: c["stats"].update({"global.last10": {"mean": 1.0, "std": -1}}), "must be a number in [0, 100]"),
+        (lambda c: c["stats"].update({"global.last10": {"mean": 1e308}}), "mean=1e+308 is not allowed"),
+        (lambda c: c["stats"].update({"global.last10": {"mean": -1e308}}), "a percentage"),
+        (lambda c: c["stats"].update({"global.last10": {"mean": 1.0, "std": 1e300}}), "std=1e+300"),
+        (lambda c: c["stats"].update({"global.last10": {"mean": 1.0, "per-seed": [1.0, 1e308]}}), "per-seed[1]"),
         (lambda c: c["stats"].update({"global.last10": {"mean": 1.0, "sd": 1}}), "unknown key 'sd'"),
         (lambda c: c.update({"seeds": [0, 0]}), "distinct integers"),
         (lambda c: c.pop("method"), "no method"),
@@ -442,3 +446,53 @@ def test_the_hash_of_a_cell_ignores_other_methods_keys_and_neutral_defaults() ->
     assert config_sha256(cfg) != config_sha256({**cfg, "lr": 0.5})
     rs = validate({**app_defaults(), "method": "fedrs"})
     assert config_sha256(rs) != config_sha256({**rs, "fedrs-alpha": 0.9})  # its own key counts
+
+
+def test_absurd_means_in_a_result_file_never_reach_a_table(tmp_path: Path) -> None:
+    """Means of +-1e308 gave 300-digit README cells and an infinite gain: such a file is refused by
+    `fedskew report` with one line naming it and the key, exit 2, nothing written."""
+    from fedskew.report import main
+
+    root = copy_inputs(tmp_path)
+    path = root / "results" / "paper-fedrs.yaml"
+    path.write_text(path.read_text().replace("global.last50: {mean: 85.28,", "global.last50: {mean: 1.0e+308,", 1))
+    assert main(["--root", str(root)]) == 2
+    assert not [p for p in root.glob("docs/**/*") if p.is_file()]
+
+
+HOSTILE = "a | b\n| c |\n<script>alert(1)</script> [x](javascript:alert(1)) &#60;img&#62;"
+
+
+def test_text_from_files_is_shown_as_text_in_every_markdown_table(tmp_path: Path) -> None:
+    """A claim, a row label, a reason, a paper note, a table's title and setting, a paper's title and
+    notes link, and the leaderboard's labels holding `|`, line breaks, HTML and a `javascript:` link:
+    each table keeps its columns and rows, no HTML tag or javascript link is left, and code spans and
+    ordinary links are kept."""
+    root = copy_inputs(tmp_path)
+    claims = yaml.safe_load((root / "results" / "claims.yaml").read_text())
+    paper = claims["papers"][0]
+    paper.update(title=HOSTILE, claim=HOSTILE, notes="javascript:alert(1)")
+    table = paper["tables"][0]
+    table.update(title=HOSTILE, setting=HOSTILE)
+    row = next(r for r in table["rows"] if r.get("claim"))
+    row.update(row=HOSTILE, claim=HOSTILE, reason=HOSTILE + " `a|b <i>` [ok](notes/x.md)", **{"paper-note": HOSTILE})
+    (root / "results" / "claims.yaml").write_text(yaml.safe_dump(claims))
+    board = yaml.safe_load((root / "suites" / "leaderboard.yaml").read_text())
+    board["methods"] = {HOSTILE if m == "fedprox" else m: v for m, v in board["methods"].items()}
+    (root / "suites" / "leaderboard.yaml").write_text(
+        "# a header line with ``` that would close its code block\n# <script>x</script>\n" + yaml.safe_dump(board)
+    )
+    files = generate(root, figures=False)
+    for text in files.values():
+        text = re.sub(r"\n(`{3,})text\n.*?\n\1\n", "\n", text, flags=re.S)  # a code block shows its text as it is
+        assert "<script" not in text and "](javascript:" not in text and "&#60;" not in text
+        for block in re.split(r"\n(?!\|)", text):  # every table: its rows as many columns as its header
+            lines = [line for line in block.splitlines() if line.startswith("|")]
+            widths = {len(re.split(r"(?<!\\)\|", line)) for line in lines}
+            assert len(widths) <= 1, block[:500]
+    results = files[root / "docs" / "results.md"]
+    assert "a \\| b \\| c \\| &lt;script&gt;alert(1)&lt;/script&gt; [x]\\(javascript:alert(1))" in results
+    assert "`a\\|b <i>` [ok](notes/x.md)" in results  # a code span as it is, an ordinary link kept
+    assert "Long form: a \\| b" not in results and "Long form: javascript:alert(1)." in results
+    leaderboard = files[root / "docs" / "leaderboard.md"]
+    assert "````text\na header line with ``` that would close its code block" in leaderboard

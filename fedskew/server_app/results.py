@@ -21,7 +21,7 @@
 A run never deletes an earlier run's results. A folder that holds them is refused unless the run
 resumes (`resume`) or starts afresh (`overwrite`: the earlier files move to `aside-<time>-*/`). A
 resume first checks everything it reads (`check_run_folder`): the checkpoint's round, arrays and
-strategy state, `config.json`'s method, model and data set, and every line of the per-round files,
+strategy state, `config.json`'s method, model, data set and engine, and every line of the per-round files,
 which must hold rounds 1..R of the checkpoint's round R; a damaged file is refused with the line it
 fails at. Only rows after round R (rounds the resumed run computes again) and a torn last line (a
 crash mid-write) are cut, and the original files are copied aside first.
@@ -55,7 +55,10 @@ RECORDS = ("metrics.jsonl", "timings.jsonl", "failures.jsonl")  # appended round
 RESULTS = (*RECORDS, "summary.json", "checkpoint.pt", "model.pt")  # what an earlier run would lose
 RUN_FILES = ("config.json", "partition.txt", "partition.json", "partition.png", *RESULTS, "accuracy.png")
 RUN_FILES += ("per-class.png",)
-RESUME_FIXED = ("method", "model", "dataset")  # what the checkpoint's arrays and state belong to
+# what the checkpoint's arrays and state belong to, and the engine that computed them: the batched
+# engine's stacked float32 kernels round differently from the per-client ones (equal in float64), so a
+# run resumed on the other engine would equal neither engine's uninterrupted run
+RESUME_FIXED = ("method", "model", "dataset", "engine")
 START_KEYS = ("resume", "overwrite")  # how a run starts, not what it computes: saved as false
 PLACE_KEYS = ("out-dir", "run-name", "data-root")  # where things are: moving a folder changes no result
 OUTPUT_KEYS = ("tensorboard", "wandb-project")  # where a copy of the metrics also goes: no result depends on them
