@@ -309,6 +309,45 @@ def test_wandb_logs_the_same_scalars_when_asked_and_is_skipped_when_missing(tmp_
     trackers.close()
 
 
+@pytest.mark.parametrize("failing", ["init", "log", "finish", "tensorboard", "add_scalar", "close"])
+def test_a_tracker_that_raises_never_costs_the_run(tmp_path, monkeypatch, caplog, failing: str) -> None:
+    """W&B's init (no API key, no terminal), log or finish raising, or TensorBoard's writer failing:
+    one warning naming the tracker, that tracker off, every other call and the other tracker go on."""
+    import torch.utils.tensorboard
+
+    from fedskew.server_app.tracking import Trackers
+
+    calls: list = []
+
+    def boom(*a, **k):
+        calls.append(("raised", failing))
+        raise RuntimeError(f"{failing} failed\nwith a second line")
+
+    class FakeRun:
+        log = boom if failing == "log" else lambda self, values, step: calls.append(("log", step))
+        finish = boom if failing == "finish" else lambda self: calls.append(("finish",))
+
+    init = boom if failing == "init" else lambda **kw: FakeRun()
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=init, Image=lambda f: f))
+    writer_class = torch.utils.tensorboard.SummaryWriter
+    if failing == "tensorboard":
+        monkeypatch.setattr(torch.utils.tensorboard, "SummaryWriter", boom)
+    elif failing in ("add_scalar", "close"):
+        monkeypatch.setattr(writer_class, failing, boom)
+    cfg = {"tensorboard": True, "wandb-project": "skew"}
+    with caplog.at_level("WARNING", logger="flwr.fedskew"):
+        trackers = Trackers(cfg, tmp_path / "run", 1)
+        for r in (1, 2, 3):
+            trackers.log_round({"round": r, "global-accuracy": 0.5})
+        trackers.close()
+    warned = [r.getMessage() for r in caplog.records if "goes on without it" in r.getMessage()]
+    tracker = "tensorboard" if failing in ("tensorboard", "add_scalar", "close") else "wandb"
+    assert len(warned) == 1 and warned[0].startswith(f"fedskew: {tracker} failed (RuntimeError: {failing} failed)")
+    assert calls.count(("raised", failing)) == 1  # off after its first error
+    if tracker == "tensorboard":  # W&B went on
+        assert [c for c in calls if c[0] == "log"] == [("log", 1), ("log", 2), ("log", 3)] and ("finish",) in calls
+
+
 # ---------------------------------------------------------------------------------------------- screening
 @pytest.mark.parametrize(
     ("central_eval", "metrics", "needle"),

@@ -15,13 +15,20 @@ Weights & Biases (`wandb-project`, off by default): when the key names a project
 importable, the same scalars and the heatmap go to `wandb.init(project=..., dir=<run folder>)`
 (its own settings, e.g. `WANDB_MODE=offline`, apply); when it is not installed the run says so
 once and goes on without it. fedskew never requires it.
+
+A tracker never costs a run: any error a tracker raises (`wandb.init` without an API key or a
+terminal, a `log` or `finish` that fails, a TensorBoard writer on a full disk) is logged once, as a
+warning naming the tracker and the error, and the run goes on without that tracker; the run's own
+files (`metrics.jsonl`, `summary.json`) do not depend on it.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,30 +57,51 @@ def _finite(value: Any) -> bool:
 
 
 class Trackers:
-    """The run's TensorBoard writer and W&B run (each None when off)."""
+    """The run's TensorBoard writer and W&B run (each None when off, or once it has failed)."""
 
     def __init__(self, cfg: dict[str, Any], run_dir: Path, first_round: int) -> None:
-        self.tensorboard = self.wandb = None
+        self.tensorboard: Any = None
+        self.wandb: Any = None
         if cfg["tensorboard"]:
-            from torch.utils.tensorboard import SummaryWriter  # about 0.05 s once Flower is imported
-
-            self.tensorboard = SummaryWriter(str(run_dir), purge_step=first_round if first_round > 1 else None)
-            self.tensorboard.add_text("config", "```\n" + json.dumps(cfg, indent=1, sort_keys=True) + "\n```", 0)
+            self.tensorboard = self._guard("tensorboard", lambda: _tensorboard_writer(cfg, run_dir, first_round))
         if cfg["wandb-project"]:
             try:
                 import wandb
             except ImportError:
                 log.warning("fedskew: wandb-project=%r, but wandb is not installed: not logged", cfg["wandb-project"])
             else:
-                self.wandb = wandb.init(project=cfg["wandb-project"], name=run_dir.name, dir=str(run_dir), config=cfg)
+                start = functools.partial(
+                    wandb.init, project=cfg["wandb-project"], name=run_dir.name, dir=str(run_dir), config=cfg
+                )
+                self.wandb = self._guard("wandb", start)
+
+    def _guard(self, tracker: str, call: Callable[[], Any]) -> Any:
+        """`call()`'s value; on any error from the tracker, a warning and None, and that tracker is off
+        for the rest of the run (one warning per tracker: its next calls would fail alike)."""
+        try:
+            return call()
+        except Exception as e:  # a tracker's own errors, whatever their kind: never the run's
+            log.warning(
+                "fedskew: %s failed (%s: %s); the run goes on without it",
+                tracker,
+                type(e).__name__,
+                str(e).splitlines()[0][:200] if str(e) else "",
+            )
+            setattr(self, tracker, None)
+            return None
 
     def log_scalars(self, values: dict[str, float], step: int) -> None:
         if self.tensorboard is not None:
-            for tag, value in values.items():
-                self.tensorboard.add_scalar(tag, value, step)
-            self.tensorboard.flush()  # visible while the run goes on
+            writer = self.tensorboard
+
+            def write() -> None:
+                for tag, value in values.items():
+                    writer.add_scalar(tag, value, step)
+                writer.flush()  # visible while the run goes on
+
+            self._guard("tensorboard", write)
         if self.wandb is not None:
-            self.wandb.log(values, step=step)
+            self._guard("wandb", lambda: self.wandb.log(values, step=step))
 
     def log_partition(self, skew: dict[str, Any]) -> None:
         """The partition's skew (`partition_skew`) at step 0."""
@@ -93,14 +121,27 @@ class Trackers:
     def log_figure(self, tag: str, figure: Any, step: int) -> None:
         """A matplotlib `Figure` as an image."""
         if self.tensorboard is not None:
-            self.tensorboard.add_figure(tag, figure, step, close=False)
+            self._guard("tensorboard", lambda: self.tensorboard.add_figure(tag, figure, step, close=False))
         if self.wandb is not None:
-            import wandb
 
-            self.wandb.log({tag: wandb.Image(figure)}, step=step)
+            def log_image() -> None:
+                import wandb
+
+                self.wandb.log({tag: wandb.Image(figure)}, step=step)
+
+            self._guard("wandb", log_image)
 
     def close(self) -> None:
         if self.tensorboard is not None:
-            self.tensorboard.close()
+            self._guard("tensorboard", self.tensorboard.close)
         if self.wandb is not None:
-            self.wandb.finish()
+            self._guard("wandb", self.wandb.finish)
+
+
+def _tensorboard_writer(cfg: dict[str, Any], run_dir: Path, first_round: int) -> Any:
+    """TensorBoard's writer in the run folder, the run config as its first text."""
+    from torch.utils.tensorboard import SummaryWriter  # about 0.05 s once Flower is imported
+
+    writer = SummaryWriter(str(run_dir), purge_step=first_round if first_round > 1 else None)
+    writer.add_text("config", "```\n" + json.dumps(cfg, indent=1, sort_keys=True) + "\n```", 0)
+    return writer
