@@ -541,6 +541,51 @@ def test_without_a_configured_count_only_a_strict_majority_of_nodes_sets_it(task
     assert strategy.num_partitions == 10
 
 
+def test_an_operator_binds_a_contested_partition_to_its_node(task_identity, caplog) -> None:
+    """A liar claiming partition 0 blocks node 1 whichever answers first, and both refusals name the
+    other node and the way out; with `partition-bindings` "1:0" node 1 serves partition 0 again, the
+    liar is refused naming the binding, and a bound node claiming another partition serves nothing.
+    Nothing favours whoever answered first."""
+    liar = {"partition-id": 0, "num-partitions": 10}
+    with caplog.at_level("WARNING", logger="fedskew.server"):
+        strategy = fedmr_strategy()
+        assert strategy.discover(InfoGrid({9: liar, **HONEST})) == {2: 1, 3: 2}
+    for node, other in ((1, 9), (9, 1)):
+        assert (
+            f"also claimed by node {other}" in strategy.refused[node]
+            and "partition-bindings=" in strategy.refused[node]
+        )
+    assert "node 1 refused" in caplog.text and "node 9 refused" in caplog.text
+    for order in ({9: liar, **HONEST}, {**HONEST, 9: liar}):
+        strategy = fedmr_strategy(**{"partition-bindings": "1:0"})
+        assert strategy.discover(InfoGrid(order)) == {1: 0, 2: 1, 3: 2}
+        assert strategy.refused[9] == "partition 0 is bound to node 1 (partition-bindings)"
+    strategy = fedmr_strategy(**{"partition-bindings": "9:5, 1:0"})  # 9 is bound to 5 but claims 0
+    assert strategy.discover(InfoGrid({9: liar, **HONEST})) == {1: 0, 2: 1, 3: 2}
+    assert "binds it to partition 5" in strategy.refused[9]
+    strategy = fedmr_strategy(**{"partition-bindings": "1:0"})  # node 1 gone: partition 0 waits for it
+    assert strategy.discover(InfoGrid({9: liar, 2: HONEST[2]})) == {2: 1}
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("1=0", "'1=0' is not NODE:PARTITION"),
+        ("1:0,2:0", "bound twice"),
+        ("1:0,1:2", "bound twice"),
+        ("-1:0", "is not NODE:PARTITION"),
+        (f"{2**64}:0", "is not a Flower node id"),
+        ("1:10", "partition 10 is not one of the num-partitions=10"),
+    ],
+)
+def test_a_malformed_partition_binding_is_refused_naming_the_key(text: str, needle: str) -> None:
+    with pytest.raises(ValueError) as refused:
+        validate({"partition-bindings": text, "num-partitions": 10})
+    assert str(refused.value).startswith(f"partition-bindings={text!r} is not allowed: ") and needle in str(
+        refused.value
+    )
+
+
 # ---------------------------------------------------------------------------------------------- end to end
 E2E: dict[str, list[str]] = {
     "fedavg": list(GENERIC),

@@ -11,7 +11,12 @@ it was configured for. None of that is trusted:
 - A partition claimed by two or more connected nodes is contested: none of its claimants serves it
   while the contest lasts (the server cannot tell the honest node from the one that lies, and giving
   the partition to whichever answered first would let a fast liar take it). It is served again as
-  soon as only one claimant is left.
+  soon as only one claimant is left. Each claimant's refusal names the others, and how to decide.
+- An operator decides with the run-config key `partition-bindings`, "NODE:PARTITION,...": node ids
+  as the SuperLink knows them (with SuperNode authentication, `flwr supernode register` binds each
+  id to the node's key, so another node cannot take it). A bound partition is served by its node
+  alone, whoever else claims it (they are refused, naming the binding); a bound node that claims
+  another partition serves nothing. Partitions it does not name follow the contest rule above.
 - A refusal is never permanent: refused and contesting nodes are asked again at the next
   discovery (once per round), so a node refused under a count that later changed, or the honest
   claimant of a contest whose liar left, is served again.
@@ -19,10 +24,31 @@ it was configured for. None of that is trusted:
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Mapping
 
 Report = tuple[int, int]  # (partition-id, num-partitions) as a node reported them
+NODE_ID_MAX = 2**64 - 1  # Flower's node ids are unsigned 64-bit integers
+DECIDE = 'an operator decides with the run-config key partition-bindings="NODE:PARTITION"'
+
+
+def parse_bindings(text: str) -> dict[int, int]:
+    """node id -> partition of a `partition-bindings` text ("1000:0, 1017:1"; "" = none); ValueError
+    (what is wrong, in one line) unless each pair is two whole numbers, a node id in [0, 2**64) and
+    no node or partition named twice."""
+    bindings: dict[int, int] = {}
+    for pair in filter(None, (p.strip() for p in text.split(","))):
+        match = re.fullmatch(r"(\d+)\s*:\s*(\d+)", pair)
+        if match is None:
+            raise ValueError(f"{pair!r} is not NODE:PARTITION (two whole numbers, e.g. 1000:0)")
+        node, partition = int(match[1]), int(match[2])
+        if node > NODE_ID_MAX:
+            raise ValueError(f"node id {node} is not a Flower node id (at most 2**64 - 1)")
+        if node in bindings or partition in bindings.values():
+            raise ValueError(f"{pair!r}: node {node} or partition {partition} is bound twice")
+        bindings[node] = partition
+    return bindings
 
 
 def majority_count(reports: Mapping[int, Report]) -> int | None:
@@ -34,24 +60,38 @@ def majority_count(reports: Mapping[int, Report]) -> int | None:
     return num if 2 * votes > len(reports) else None
 
 
-def assign_partitions(reports: Mapping[int, Report], expected: int | None) -> tuple[dict[int, int], dict[int, str]]:
+def assign_partitions(
+    reports: Mapping[int, Report], expected: int | None, bindings: str = ""
+) -> tuple[dict[int, int], dict[int, str]]:
     """(node -> partition of every node that serves one, node -> reason of every other node).
 
     A node serves its partition when it reported `expected` partitions (None: no count is agreed
-    yet, so nobody serves) and no other node in `reports` claims the same partition."""
+    yet, so nobody serves) and, for a partition `bindings` (`partition-bindings`) binds, it is the
+    bound node; for another partition, when no other node in `reports` claims the same one."""
     if expected is None:
         return {}, {n: "no partition count is agreed yet: no strict majority of the nodes reports one" for n in reports}
-    matching = {n: pid for n, (pid, num) in reports.items() if num == expected}
-    claimants: dict[int, list[int]] = {}
-    for node, pid in sorted(matching.items()):
-        claimants.setdefault(pid, []).append(node)
-    served, refused = {}, {}
+    bound = parse_bindings(bindings)
+    holder = {pid: node for node, pid in bound.items()}
+    refused = {}
     for node, (pid, num) in reports.items():
         if num != expected:
             refused[node] = f"num-partitions={num}, but the run has {expected} partitions"
-        elif len(claimants[pid]) > 1:
-            others = ", ".join(str(n) for n in claimants[pid] if n != node)
-            refused[node] = f"partition {pid} is also claimed by node {others}: served by none while contested"
-        else:
-            served[node] = pid
+        elif node in bound and bound[node] != pid:
+            refused[node] = f"it claims partition {pid}, but partition-bindings binds it to partition {bound[node]}"
+        elif holder.get(pid, node) != node:
+            refused[node] = f"partition {pid} is bound to node {holder[pid]} (partition-bindings)"
+    claimants: dict[int, list[int]] = {}  # of the claims left
+    for node, (pid, _) in sorted(reports.items()):
+        if node not in refused:
+            claimants.setdefault(pid, []).append(node)
+    served = {}
+    for pid, nodes in claimants.items():
+        if len(nodes) == 1 or pid in holder:  # a bound partition's claims left are its node's alone
+            served[nodes[0]] = pid
+            continue
+        for node in nodes:
+            others = ", ".join(str(n) for n in nodes if n != node)
+            refused[node] = (
+                f"partition {pid} is also claimed by node {others}: served by none while contested; {DECIDE}"
+            )
     return served, refused
