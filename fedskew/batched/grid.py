@@ -6,14 +6,17 @@ answered by `BatchedExecutor` for in-process nodes.
 Node i serves partition i of `num_nodes` (node config `partition-id`, `num-partitions`, as Flower's
 simulation sets them) and keeps its `Context` (the client state) for the whole run. Nothing waits:
 `round-timeout` does not apply, every reply is there when the round's messages have been run.
+Flower's console log colours its level names only where it writes to a terminal (`plain_log`): a
+log piped into a file or `tee` holds no escape codes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -80,6 +83,23 @@ class BatchedGrid(Grid):
         return self.pull_messages(self.push_messages(messages))
 
 
+@contextlib.contextmanager
+def plain_log() -> Iterator[None]:
+    """For the block, Flower's console handlers colour level names only on a terminal (they colour
+    them whatever their stream is, and this engine's log is Flower's own, in this process)."""
+    from flwr.common.logger import ConsoleHandler
+
+    handlers = [h for h in logging.getLogger("flwr").handlers if isinstance(h, ConsoleHandler)]
+    before = [h.colored for h in handlers]
+    for h in handlers:
+        h.colored = h.colored and callable(getattr(h.stream, "isatty", None)) and h.stream.isatty()
+    try:
+        yield
+    finally:
+        for h, colored in zip(handlers, before, strict=True):
+            h.colored = colored
+
+
 def run_batched(
     run_config: Mapping[str, Any], num_nodes: int, quiet: bool = False, threads: int | None = None
 ) -> dict[str, Any]:
@@ -101,7 +121,7 @@ def run_batched(
     if quiet:
         flwr_log.setLevel(logging.WARNING)
     try:
-        with torch_threads(torch.device("cpu"), threads or available_cores()):
+        with plain_log(), torch_threads(torch.device("cpu"), threads or available_cores()):
             grid = BatchedGrid(num_nodes, run_config)
             context = Context(run_id=RUN_ID, node_id=0, node_config={}, state=RecordDict(), run_config=dict(run_config))
             main(grid, context)
