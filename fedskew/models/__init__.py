@@ -1,7 +1,8 @@
 """The papers' small networks, each split into `features` (x -> h in R^d) and a bias-free
 `classifier` (h -> W h, W in R^{C x d}), as FedRS, MAP and FedGELA use.
 
-- `lenet`  : LeNet-5 (conv 6-16, fc 120-84), d = 84           (FedRS Fig. 3 style, FMNIST)
+- `lenet`  : LeNet-5 (conv 6-16, fc 120-84), d = 84           (FedRS Fig. 3 style, FMNIST); also Flower
+             niid_bench's Fashion-MNIST `CNNMnist` (44,426 parameters there, 10 fewer here)
 - `map-lenet`: the MAP/FedRS authors' FMNIST LeNet (`lxcnju/FedRepo`): conv5x5 1-16, pool, conv5x5
              16-16, pool, no hidden FC layer, d = 16 * 4 * 4 = 256
 - `mupfl-cnn`: MuPFL's FMNIST CNN, "two 5x5 conv layers followed by a single linear layer"; channels
@@ -10,6 +11,10 @@
              `simple_cnn`): conv3x3 -32, conv3x3 32-64, pool, FC 128, d = 128; without its two dropout
              layers (no fedskew model draws random numbers in training, which the batched engine relies on)
              and with PyTorch's default initialisation instead of its Glorot one
+- `pfllib-cnn`: PFLlib's "4-layer CNN" (`TsingZ0/PFLlib`, system/flcore/trainmodel/models.py,
+             `FedAvgCNN`, the network of its Fashion-MNIST leaderboard): conv5x5 1-32, pool, conv5x5
+             32-64, pool, FC 1024-512, d = 512 (582,026 parameters there, 10 fewer here: the bias-free
+             classifier)
 - `mlp`    : 2 x 200 hidden units, d = 200                     (FedAvg's MNIST MLP)
 - `tfcnn`  : conv 32-64-64, padding 1, three max-pools, d = 64 * (s/8)^2  (FedRS Table 4)
 - `vgg11`  : VGG-11 without BN, d = 512; inputs below 32x32 are zero-padded to 32 (FedRS Table 5)
@@ -20,12 +25,12 @@ and its code's classifier has none; the restricted softmax then scales the whole
 Methods that split a network into a shared body and a head (FedRep, FedBABU, FedRoD) use `features`
 (state-dict names under `BODY`) as the body and `classifier` as the head.
 
-Input sizes (`check_input`): the two-conv nets (`lenet`, `map-lenet`, `mupfl-cnn`) need images of at
-least 16 x 16 (two 5x5 convolutions and two 2x2 pools leave one pixel), `pfl-cnn` at least 6 x 6 (two
-3x3 convolutions and a pool), `tfcnn` at least 8 x 8 (three pools); the others take any size. Every
-model takes at most `fedskew.data.MAX_IMAGE_SIZE` (256) pixels a side, since the flattening nets'
-first layers grow with the image's area (3000-pixel images would give LeNet some 1.8e9 parameters),
-and 1 or 3 channels.
+Input sizes (`check_input`): the two-conv nets (`lenet`, `map-lenet`, `mupfl-cnn`, `pfllib-cnn`) need
+images of at least 16 x 16 (two 5x5 convolutions and two 2x2 pools leave one pixel), `pfl-cnn` at
+least 6 x 6 (two 3x3 convolutions and a pool), `tfcnn` at least 8 x 8 (three pools); the others take
+any size. Every model takes at most `fedskew.data.MAX_IMAGE_SIZE` (256) pixels a side, since the
+flattening nets' first layers grow with the image's area (3000-pixel images would give LeNet some
+1.8e9 parameters), and 1 or 3 channels.
 """
 
 from __future__ import annotations
@@ -105,6 +110,20 @@ def map_lenet(channels: int, size: int, num_classes: int) -> SplitNet:
 
 def mupfl_cnn(channels: int, size: int, num_classes: int) -> SplitNet:
     return _two_conv(channels, size, num_classes, (32, 64))
+
+
+def pfllib_cnn(channels: int, size: int, num_classes: int) -> SplitNet:
+    conv = nn.Sequential(
+        nn.Conv2d(channels, 32, 5),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 5),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+    )
+    features = nn.Sequential(conv, nn.Linear(_flat_dim(conv, channels, size), 512), nn.ReLU())
+    return SplitNet(features, 512, num_classes)
 
 
 def pfl_cnn(channels: int, size: int, num_classes: int) -> SplitNet:
@@ -212,6 +231,7 @@ MODELS: dict[str, Callable[[int, int, int], SplitNet]] = {
     "map-lenet": map_lenet,
     "mupfl-cnn": mupfl_cnn,
     "pfl-cnn": pfl_cnn,
+    "pfllib-cnn": pfllib_cnn,
     "mlp": mlp,
     "tfcnn": tfcnn,
     "vgg11": vgg11,
@@ -220,7 +240,14 @@ MODELS: dict[str, Callable[[int, int, int], SplitNet]] = {
 }
 
 
-MIN_SIZE: dict[str, int] = {"lenet": 16, "map-lenet": 16, "mupfl-cnn": 16, "pfl-cnn": 6, "tfcnn": 8}  # others: 1
+MIN_SIZE: dict[str, int] = {
+    "lenet": 16,
+    "map-lenet": 16,
+    "mupfl-cnn": 16,
+    "pfllib-cnn": 16,
+    "pfl-cnn": 6,
+    "tfcnn": 8,
+}  # others: 1
 
 
 def check_input(name: str, info: DatasetInfo) -> None:
