@@ -25,7 +25,7 @@ from typing import Any
 
 DATASETS = ("fashion-mnist", "mnist", "cifar10", "cifar100", "svhn")
 AUGMENTATIONS = ("auto", "none", "crop", "crop-flip")
-MODELS = ("lenet", "map-lenet", "mupfl-cnn", "pfl-cnn", "mlp", "tfcnn", "vgg11", "resnet8", "resnet18")
+MODELS = ("lenet", "map-lenet", "mupfl-cnn", "pfl-cnn", "pfllib-cnn", "mlp", "tfcnn", "vgg11", "resnet8", "resnet18")
 PARTITIONS = ("iid", "dirichlet", "classes-per-client", "long-tail", "map-random")
 
 
