@@ -119,6 +119,13 @@ def path_rule(value: str, cfg: dict[str, Any]) -> None:
         raise ValueError("a path holds no NUL character")
 
 
+def off_or_at_least_one_rule(value: float, cfg: dict[str, Any]) -> None:
+    """A `Param.rule`: 0 (off) or a multiple of at least 1 (`update-norm-bound`: a bound under the
+    median would clip half of the honest updates every round)."""
+    if 0 < value < 1:
+        raise ValueError("must be 0 (off) or at least 1")
+
+
 COMMON: dict[str, Param] = {
     "method": Param(str, "fedavg", "the federated method (strategy + client trainer)"),
     "dataset": Param(
@@ -261,6 +268,41 @@ COMMON: dict[str, Param] = {
         10.0,
         "a reply whose update ||w - w_sent|| exceeds this times max(||w_sent||, 1) is refused (0 = no bound)",
         low=0.0,
+    ),
+    "update-norm-bound": Param(
+        float,
+        3.0,
+        "each accepted update is clipped to this times the round's median update norm (Sun et al. 2019; "
+        "0 = off, else at least 1)",
+        low=0.0,
+        rule=off_or_at_least_one_rule,
+        neutral=True,  # clips no update of a stable honest run (docs/notes/update-ratio.md)
+    ),
+    "statistic-norm-bound": Param(
+        float,
+        100.0,
+        "an uploaded class statistic (prototype, class gradient) whose norm exceeds this times the round's "
+        "median is dropped, as if its client had not held the class (0 = off, else at least 1)",
+        low=0.0,
+        rule=off_or_at_least_one_rule,
+        neutral=True,  # drops no honest statistic measured (docs/notes/update-ratio.md)
+    ),
+    "robust-aggregation": Param(
+        str,
+        "none",
+        "how the round's updates (and the server state built from them) are combined: 'none' (each method's "
+        "mean), or the coordinate-wise 'median' or 'trimmed-mean' (Yin et al. 2018; every client weighs alike)",
+        choices=("none", "median", "trimmed-mean"),
+        neutral=True,
+    ),
+    "trim-fraction": Param(
+        float,
+        0.1,
+        "trimmed-mean: share of the clients dropped at each end of every coordinate",
+        low=0.0,
+        high=0.5,
+        high_open=True,
+        neutral=True,
     ),
     "round-timeout": Param(
         float, 600.0, "seconds the server waits for a round's replies (at least 1: a reply takes longer)", low=1.0

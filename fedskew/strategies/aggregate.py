@@ -143,3 +143,136 @@ def feddyn_server_update(
         h_new[n] = np.asarray(h_n, np.float64) - alpha / num_clients * sum(y[n] - x64 for y in models)
         theta[n] = np.asarray(average[n], dtype=np.float64) - h_new[n] / alpha
     return _cast(h_new, h), _cast(theta, h)
+
+
+# ------------------------------------------------------------------ robust aggregation
+ROBUST_RULES = ("none", "median", "trimmed-mean")
+
+
+def _measured(model: Arrays, start: Arrays | None, key: str) -> bool:
+    """Whether `update_norm` counts `model[key]`: a floating array that `start` holds with the same
+    shape (every floating array when `start` is None)."""
+    w = model[key]
+    if np.asarray(w).dtype.kind != "f":
+        return False
+    return start is None or (key in start and np.shape(start[key]) == np.shape(w))
+
+
+def update_norm(model: Arrays, start: Arrays | None) -> float:
+    """||w - w0||_2 over the floating arrays of `model` that `start` holds with the same shape, in
+    float64 (`update_ratio`'s numerator); with `start` None the arrays are the update themselves."""
+    total = 0.0
+    for key, w in model.items():
+        if _measured(model, start, key):
+            d = np.asarray(w, np.float64) - (0.0 if start is None else np.asarray(start[key], np.float64))
+            total += float(np.square(d).sum())
+    return math.sqrt(total)
+
+
+def norm_bound(norms: Sequence[float], multiple: float) -> float:
+    """The round's bound M = multiple x median_i ||Delta_i|| (Sun et al., "Can You Really Backdoor
+    Federated Learning?", 2019, Sec. 4: norm thresholding, with M relative to the round's median
+    instead of a fixed constant). inf (no bound) for `multiple` 0, no update, or a zero median."""
+    median = float(np.median(np.asarray(norms, np.float64))) if len(norms) else 0.0
+    return multiple * median if multiple > 0 and median > 0 else math.inf
+
+
+def clip_update(model: Arrays, start: Arrays | None, max_norm: float) -> dict[str, np.ndarray] | None:
+    """w0 + (w - w0) M / ||w - w0|| over the arrays `update_norm` measures (the others as they are),
+    cast back to each array's dtype; None when ||w - w0|| <= M (nothing to clip: the caller keeps
+    the reply's arrays as they came, bit for bit). With `start` None: w M / ||w||."""
+    norm = update_norm(model, start)
+    if norm <= max_norm:
+        return None
+    scale = max_norm / norm
+    out = dict(model)
+    for key, w in model.items():
+        if _measured(model, start, key):
+            w0 = 0.0 if start is None else np.asarray(start[key], np.float64)
+            clipped = w0 + (np.asarray(w, np.float64) - w0) * scale
+            out[key] = clipped.astype(np.asarray(w).dtype).reshape(np.shape(w))
+    return out
+
+
+def coordinate_median(models: Sequence[Arrays]) -> dict[str, np.ndarray]:
+    """The coordinate-wise median of the models (Yin et al., "Byzantine-Robust Distributed Learning",
+    ICML'18, Def. 1), per tensor in float64, cast back (integer buffers rounded)."""
+    return _coordinatewise(models, lambda s: np.median(s, axis=0))
+
+
+def trimmed_mean(models: Sequence[Arrays], fraction: float) -> dict[str, np.ndarray]:
+    """The coordinate-wise beta-trimmed mean (Yin et al., ICML'18, Def. 2): per coordinate, drop the
+    k = floor(beta n) smallest and k largest of the n values and average the rest (beta < 1/2)."""
+    if not 0.0 <= fraction < 0.5:
+        raise ValueError(f"trim fraction {fraction} is outside [0, 0.5)")
+    k = math.floor(fraction * len(models))
+    return _coordinatewise(models, lambda s: np.sort(s, axis=0)[k : len(models) - k].mean(axis=0))
+
+
+def _coordinatewise(models: Sequence[Arrays], reduce) -> dict[str, np.ndarray]:
+    if not models:
+        raise ValueError("a robust mean needs at least one model")
+    out = {}
+    for key, first in models[0].items():
+        acc = reduce(np.stack([np.asarray(m[key], dtype=np.float64) for m in models]))
+        if np.issubdtype(np.asarray(first).dtype, np.integer):
+            acc = np.rint(acc)
+        out[key] = np.asarray(acc).astype(np.asarray(first).dtype).reshape(np.shape(first))
+    return out
+
+
+def robust_mean(
+    models: Sequence[Arrays], weights: Sequence[float], rule: str = "none", fraction: float = 0.1
+) -> dict[str, np.ndarray]:
+    """The round's mean under `robust-aggregation`: "none" is `weighted_average` itself; "median" and
+    "trimmed-mean" (fraction `fraction`) are the coordinate-wise rules, which weigh every client alike
+    (a client's claimed size must not buy it a larger say in a rule meant to resist it)."""
+    if rule == "none":
+        return weighted_average(models, weights)
+    if rule == "median":
+        return coordinate_median(models)
+    if rule == "trimmed-mean":
+        return trimmed_mean(models, fraction)
+    raise ValueError(f"robust-aggregation={rule!r}: must be one of {ROBUST_RULES}")
+
+
+def robust_pool(
+    values: Sequence[Arrays], rule: str = "none", fraction: float = 0.1, origin: Arrays | None = None
+) -> list[dict[str, np.ndarray]]:
+    """What a server state sums over a round's clients (SCAFFOLD's Delta c_i, FedDyn's theta_k,
+    FedDC's theta_i - w), under `robust-aggregation`: "none" returns `values` as they are (the
+    state's sum is the papers'); otherwise one value o + |S| (mean_rule(values) - o), whose sum
+    moves the state as much as |S| clients at the robust mean would (`origin` o: 0 when None)."""
+    if rule == "none":
+        return [dict(v) for v in values]
+    center = robust_mean(values, [1.0] * len(values), rule, fraction)
+    n = len(values)
+    if origin is None:
+        return [{k: np.asarray(v, np.float64) * n for k, v in center.items()}]
+    return [{k: origin[k] + n * (np.asarray(v, np.float64) - origin[k]) for k, v in center.items()}]
+
+
+def class_robust_mean(uploads: Sequence[Mapping[int, np.ndarray]], rule: str, fraction: float) -> dict[int, np.ndarray]:
+    """Per class k, the coordinate-wise rule ("median", "trimmed-mean") over exactly the clients that
+    uploaded a statistic of class k (a prototype, a class gradient), every holder alike; float64."""
+    held: dict[int, list[dict[str, np.ndarray]]] = {}
+    for upload in uploads:
+        for k, v in upload.items():
+            held.setdefault(int(k), []).append({"v": np.asarray(v, np.float64)})
+    return {k: robust_mean(vs, [1.0] * len(vs), rule, fraction)["v"] for k, vs in sorted(held.items())}
+
+
+def normalized_models(
+    x: Arrays, models: Sequence[Arrays], weights: Sequence[float], normalizers: Sequence[float]
+) -> list[dict[str, np.ndarray]]:
+    """FedNova's per-client terms z_i = x - tau_eff (x - y_i) / a_i over the arrays of `x`, whose
+    p-weighted mean is `normalized_average`; a robust rule takes their coordinate-wise median
+    or trimmed mean instead (float64)."""
+    p = np.asarray(weights, dtype=np.float64)
+    tau_eff = float((p / p.sum() * np.asarray(normalizers, dtype=np.float64)).sum())
+    out = []
+    for y, a in zip(models, normalizers, strict=True):
+        out.append(
+            {k: np.asarray(v, np.float64) - tau_eff / a * (np.asarray(v, np.float64) - y[k]) for k, v in x.items()}
+        )
+    return out

@@ -20,9 +20,15 @@ What the base does for every method:
   `max-update-ratio` times the norm of the model sent (a finite but extreme model never enters the
   average). A reply that fails is dropped, logged with node, partition and reason, and counted in
   `self.failures` (failures.jsonl);
+- robustness against a client within every bound (`bound_updates`, before any method aggregates):
+  each accepted update is clipped to `update-norm-bound` times the round's median update norm, and
+  `robust-aggregation` (`mean`, `pool`) may replace the means and the sums of server state by a
+  coordinate-wise median or trimmed mean; an uploaded class statistic beyond `statistic-norm-bound`
+  times the round's median is dropped (`bound_statistics`);
 - replies sorted by partition id before aggregation (bit-exact runs);
 - hooks for subclasses: `broadcast` (extra records sent to every client), `expected_upload`,
-  `check_reply` (the method's rules for a well-formed reply), `aggregate_arrays` (default: the
+  `check_reply` (the method's rules for a well-formed reply), `update_records` (which reply records
+  are model updates, for `bound_updates`), `aggregate_arrays` (default: the
   sample-weighted average, or uniform with `aggregation-weights`: `aggregation_weights`),
   `aggregate_extras` (extra reply records and the method's own metrics; every metric the method's
   wire declares that it does not return is logged as the unweighted mean over the round's replies),
@@ -50,11 +56,19 @@ from flwr.serverapp.strategy import Strategy
 from torch import nn
 
 from fedskew.data import dataset_info, load_arrays
-from fedskew.data.clients import client_indices
+from fedskew.data.clients import client_class_counts, client_indices
 from fedskew.models import SplitNet, build_model
 from fedskew.reasons import short_reason
 from fedskew.records import Rejected, Spec, Tensor, check_content
-from fedskew.strategies.aggregate import summarize_clients, update_ratio, weighted_average
+from fedskew.strategies.aggregate import (
+    clip_update,
+    norm_bound,
+    robust_mean,
+    robust_pool,
+    summarize_clients,
+    update_norm,
+    update_ratio,
+)
 from fedskew.strategies.discovery import assign_partitions, majority_count
 from fedskew.training import built_with_seed, steps_per_round
 from fedskew.wire import BASE, CENTRAL_EVAL_METRICS, Dims, Wire
@@ -119,6 +133,7 @@ class BaseStrategy(Strategy):
         self.failures: list[dict[str, Any]] = []  # of the last aggregated round
         self.pending: dict[int, dict[str, Any]] = {}  # refusals at discovery, counted with the next round
         self.update_ratios: dict[int, float] = {}  # partition -> its reply's update ratio this round
+        self.class_counts: np.ndarray | None = None  # [K, C] training counts of the K partitions
         self._start: dict[str, np.ndarray] | None = None  # the sent arrays, decoded once a round
         self.sent_arrays = ArrayRecord()  # the global arrays of the current round
         self.sent_messages: list[Message] = []  # this round's train messages (ids are set when pushed)
@@ -226,6 +241,15 @@ class BaseStrategy(Strategy):
             return len(client_indices(self.cfg, self.num_partitions)[partition][0])
         return self.cfg["max-num-examples"] or self.train_size()
 
+    def partition_class_counts(self, partition: int) -> np.ndarray | None:
+        """The training class counts of `partition` when the nodes serve partitions of the data set
+        (what a reply's per-class counts are checked against), else None."""
+        if not self.num_partitions:
+            return None
+        if self.class_counts is None or len(self.class_counts) != self.num_partitions:
+            self.class_counts = client_class_counts(self.cfg, self.num_partitions)[0]
+        return self.class_counts[partition]
+
     def sample(self, server_round: int, grid: Grid) -> list[int]:
         """Seeded sample of max(1, floor(fraction * K)) nodes, chosen by partition id."""
         nodes = sorted(self.discover(grid).items(), key=lambda kv: kv[1])
@@ -332,9 +356,114 @@ class BaseStrategy(Strategy):
         return [1.0 if uniform else float(m.content["metrics"]["num-examples"]) for m in replies]
 
     def aggregate_arrays(self, server_round: int, replies: list[Message]) -> ArrayRecord:
-        """Weighted mean of the uploaded arrays (`aggregation_weights`)."""
+        """Weighted mean of the uploaded arrays (`aggregation_weights`; `mean`)."""
         models = [arrays_to_numpy(m.content["arrays"]) for m in replies]
-        return numpy_to_arrays(weighted_average(models, self.aggregation_weights(replies)))
+        return numpy_to_arrays(self.mean(models, self.aggregation_weights(replies)))
+
+    # ------------------------------------------------------------------ robustness
+    def mean(self, models: list[dict[str, np.ndarray]], weights: list[float]) -> dict[str, np.ndarray]:
+        """The round's mean of per-client arrays: the weighted average, or with `robust-aggregation`
+        the coordinate-wise median or trimmed mean, which weigh every client alike
+        (`fedskew.strategies.aggregate.robust_mean`)."""
+        return robust_mean(models, weights, self.cfg["robust-aggregation"], self.cfg["trim-fraction"])
+
+    def pool(
+        self, values: list[dict[str, np.ndarray]], origin: dict[str, np.ndarray] | None = None
+    ) -> list[dict[str, np.ndarray]]:
+        """What a server state sums over the round's clients (control variates, FedDyn's h, FedDC's
+        drift): the values themselves, or with `robust-aggregation` one value that moves the state as
+        |S| clients at the robust mean (`fedskew.strategies.aggregate.robust_pool`)."""
+        return robust_pool(values, self.cfg["robust-aggregation"], self.cfg["trim-fraction"], origin)
+
+    def update_records(self, content: RecordDict, partition: int) -> dict[str, dict[str, np.ndarray] | None]:
+        """The reply records that are model updates, each with the arrays its update is measured from
+        (None: the record holds the update itself); default: the uploaded arrays, from the arrays the
+        client started from (`start_arrays`)."""
+        return {"arrays": self.start_arrays(partition)}
+
+    def bound_updates(self, server_round: int, replies: list[Message]) -> dict[str, float]:
+        """Norm bounding against the round's majority (Sun et al., "Can You Really Backdoor Federated
+        Learning?", 2019, Sec. 4), on the screened replies before any method sees them:
+
+            Delta_i <- Delta_i min(1, M / ||Delta_i||),   M = `update-norm-bound` x median_j ||Delta_j||
+
+        for every record of `update_records`, so that all a method builds from the uploads (its
+        average, control variates, h, drift) moves by at most M per client: one client's share of an
+        n-client mean is at most M / n. Clipped, not refused: an honest client whose update is long
+        (more data, more steps, a stale control variate) keeps its direction, and a diverging run's
+        spike is damped rather than lost. `max-update-ratio` cannot give this, its bound being
+        relative to the model an attacker has already inflated. With two replies the median is their
+        mean, which neither exceeds twice (one reply is its own median): no majority, no clip. Nothing
+        is rewritten where nothing exceeds M (the round is then bit-identical to one without the
+        bound). Each clip is logged; returns the round's `update-clipped` (replies) and
+        `update-norm-ratio-max` (largest norm / median: what `benchmarks/update_norm.py` reads)."""
+        pids = [int(m.content["metrics"]["partition-id"]) for m in replies]
+        starts = [self.update_records(m.content, p) for m, p in zip(replies, pids, strict=True)]
+        clipped: set[int] = set()
+        largest = 0.0
+        for name in starts[0] if starts else {}:
+            uploads = [arrays_to_numpy(m.content[name]) for m in replies]
+            norms = [update_norm(u, s[name]) for u, s in zip(uploads, starts, strict=True)]
+            median = float(np.median(norms))
+            largest = max(largest, max(norms) / median if median > 0 else 0.0)
+            bound = norm_bound(norms, self.cfg["update-norm-bound"])
+            for msg, pid, upload, start, norm in zip(replies, pids, uploads, starts, norms, strict=True):
+                if norm <= bound:
+                    continue
+                msg.content[name] = numpy_to_arrays(clip_update(upload, start[name], bound))
+                clipped.add(pid)
+                log.warning(
+                    "round %d: clipped the %s update of partition %d from %.4g to %.4g (update-norm-bound=%g x "
+                    "the median %.4g)",
+                    server_round,
+                    name,
+                    pid,
+                    norm,
+                    bound,
+                    self.cfg["update-norm-bound"],
+                    median,
+                )
+        return {"update-clipped": len(clipped), "update-norm-ratio-max": largest}
+
+    def bound_statistics(
+        self, server_round: int, what: str, rows: list[np.ndarray], active: list[np.ndarray], partitions: list[int]
+    ) -> tuple[list[np.ndarray], int, float]:
+        """The bound on uploaded class statistics: of each client's active rows (`rows[i]` [r, d],
+        `active[i]` [r]: its prototypes of the classes it counts, its class gradients), those whose
+        norm exceeds `statistic-norm-bound` times the median norm of every active row of the round are
+        dropped, as if the client had not held that class. Dropped, not clipped: a statistic is a class
+        mean the client measured, and a clipped one is a point nobody measured, pointing where its
+        sender chose; the class is left to its other holders (or to its previous value). Honest
+        statistics differ more than updates (a class's features can be 20-30 times the median norm, a
+        class a client holds a few examples of is noisy), hence the larger multiple: it drops the
+        orders-of-magnitude outlier (9.99e5 prototypes) and leaves any within it bit for bit. Returns
+        each client's rows kept (`active` where nothing was dropped), how many were dropped and the
+        round's largest norm / median (0 without a median)."""
+        norms = [np.linalg.norm(np.asarray(r, np.float64), axis=-1) for r in rows]
+        active_norms = np.concatenate([n[a] for n, a in zip(norms, active, strict=True)])
+        if not active_norms.size:
+            return active, 0, 0.0
+        median = float(np.median(active_norms))
+        bound = norm_bound(active_norms.tolist(), self.cfg["statistic-norm-bound"])
+        kept, dropped = [], 0
+        for n, a, pid in zip(norms, active, partitions, strict=True):
+            over = a & (n > bound)
+            kept.append(a & ~over if over.any() else a)
+            if over.any():
+                dropped += int(over.sum())
+                log.warning(
+                    "round %d: dropped %d %s rows of partition %d: norms up to %.4g > %.4g (statistic-norm-bound=%g "
+                    "x the median %.4g)",
+                    server_round,
+                    int(over.sum()),
+                    what,
+                    pid,
+                    float(n[over].max()),
+                    bound,
+                    self.cfg["statistic-norm-bound"],
+                    median,
+                )
+        return kept, dropped, float(active_norms.max()) / median if median > 0 else 0.0
 
     def local_steps(self, reply: Message) -> int:
         """The local SGD steps K_i a screened reply's client took this round, computed here: from the
@@ -379,6 +508,7 @@ class BaseStrategy(Strategy):
         if not ok:
             return None, MetricRecord(metrics)
         t0 = time.perf_counter()
+        bounded = self.bound_updates(server_round, ok)
         new = self.aggregate_arrays(server_round, ok)
         metrics.update(self.aggregate_extras(server_round, ok))
         metrics.update({k: v for k, v in self.declared_means(ok).items() if k not in metrics})
@@ -386,6 +516,7 @@ class BaseStrategy(Strategy):
         metrics.update(self.client_metrics(ok))
         ratios = [self.update_ratios[m.content["metrics"]["partition-id"]] for m in ok]
         metrics["update-ratio-max"] = max(ratios)  # the evidence that max-update-ratio drops no honest reply
+        metrics.update(bounded)  # and that update-norm-bound clips none
         return new, MetricRecord(metrics)
 
     @staticmethod

@@ -10,6 +10,8 @@ model and the re-trained model to clients"):
    classifier, the code's `temp_model`);
 2. each reply carries the trained model and one gradient z_i^k per class the client holds
    (`creff-grads`, the record form of MuPFL's `mupfl-grads`), taken at theta^t's backbone and W^t;
+   a z_i^k beyond `statistic-norm-bound` x the round's median class-gradient norm is dropped
+   (`fedskew.strategies.mupfl.class_targets`, MuPFL's too);
 3. theta^{t+1} = the sample-weighted average of the models (`initialize_for_model_fusion`);
 4. z^k = mean of z_i^k over the clients holding k; the federated features S take
    `creff-match-iters` SGD steps (lr `creff-feature-lr`) to match them at W^t (`update_feature_syn`);
@@ -35,9 +37,9 @@ from torch import nn
 
 from fedskew import wire
 from fedskew.losses.creff import fresh_classifier, retrain_classifier
-from fedskew.losses.mupfl import aggregate_class_gradients, synthesize_features
+from fedskew.losses.mupfl import synthesize_features
 from fedskew.strategies.base import BaseStrategy
-from fedskew.strategies.mupfl import class_uploads
+from fedskew.strategies.mupfl import class_targets
 from fedskew.training import torch_threads
 from fedskew.wire import CREFF_CLASSIFIER, CREFF_GRADS
 
@@ -78,10 +80,8 @@ class CReFFStrategy(BaseStrategy):
 
     def aggregate_extras(self, server_round: int, replies: list[Message]) -> dict[str, Any]:
         """Match S to this round's class gradients at W^t, then re-train W^{t+1} on S."""
-        metrics: dict[str, Any] = {}
-        targets = {
-            k: z.to(self.device) for k, z in aggregate_class_gradients(class_uploads(replies, CREFF_GRADS)).items()
-        }
+        targets, metrics = class_targets(self, server_round, replies, CREFF_GRADS)
+        targets = {k: z.to(self.device) for k, z in targets.items()}
         with torch_threads(self.device, self.cfg["torch-threads"]):
             if targets:
                 self.features, losses = synthesize_features(

@@ -26,6 +26,10 @@ Decisions:
 - The local update is screened like the upload (declared form, value bound, `max-update-ratio`):
   H and c move by it. The upload theta_i + h_i is screened and its buffers averaged (they carry no
   drift).
+- Robustness (`BaseStrategy.bound_updates`): the local update is clipped to `update-norm-bound` x
+  the round's median local-update norm (and the upload's buffers, from w's, to their own median), so
+  one client moves H and c by at most that bound; with `robust-aggregation` theta-bar is the rule's mean and
+  H's sum |S| times the rule's mean of the local updates (`BaseStrategy.pool`).
 Metrics: SCAFFOLD's, `feddc-drift-norm` (the clients' mean ||h_i||), `feddc-mean-drift-norm`
 (||H / N||, the server's drift term) and `feddc-local-average-accuracy` (the average of the theta_i
 without the drift, on the test set, as the authors' code logs it).
@@ -42,7 +46,7 @@ from torch import nn
 
 from fedskew import wire
 from fedskew.records import Rejected
-from fedskew.strategies.aggregate import l2_norm, update_ratio, weighted_average
+from fedskew.strategies.aggregate import l2_norm, update_ratio
 from fedskew.strategies.base import RoundState, arrays_to_numpy, numpy_to_arrays
 from fedskew.strategies.scaffold import ScaffoldStrategy
 from fedskew.wire import FEDDC_UPDATE
@@ -77,14 +81,21 @@ class FedDCStrategy(ScaffoldStrategy):
                 f"its feddc-update is {ratio:.3g} times the norm of the model sent (max-update-ratio={limit:g})"
             )
 
+    def update_records(self, content: RecordDict, partition: int) -> dict[str, dict[str, np.ndarray] | None]:
+        """The local update theta_i - w (an update itself: H, c and theta-bar move by it) and the
+        upload's buffers, from the model sent (its trainable part, theta_i + h_i, is not used: it
+        carries the client's drift, which differs between honest clients by the rounds they took part)."""
+        start = super().update_records(content, partition)["arrays"]
+        return {"arrays": {k: v for k, v in start.items() if k not in self.dims.params}, FEDDC_UPDATE: None}
+
     def local_update_models(self, replies: list[Message]) -> list[dict[str, np.ndarray]]:
         """theta_i = w + (theta_i - w), from each reply's `feddc-update` (its upload is theta_i + h_i);
         keeps their weighted average, theta-bar (`diagnostic_models`)."""
         x = arrays_to_numpy(self.sent_arrays)
         updates = [arrays_to_numpy(m.content[FEDDC_UPDATE]) for m in replies]
         models = [{k: x[k].astype(np.float64) + u[k] for k in u} for u in updates]
-        self.local_average = weighted_average(models, self.aggregation_weights(replies))
-        self.round_updates = updates
+        self.local_average = self.mean(models, self.aggregation_weights(replies))
+        self.round_updates = self.pool(updates)
         return models
 
     def aggregate_arrays(self, server_round: int, replies: list[Message]) -> ArrayRecord:

@@ -20,6 +20,9 @@ Decisions:
   by each client's relative data size n_k / mean(n), which equals the paper on equal partitions.
 - h is server state (`state_dict`, in `checkpoint.pt`); a retried round restarts from its first
   attempt's h (`RoundState`).
+- Robustness (`BaseStrategy.bound_updates`): h moves by the clipped theta_k - theta^{t-1}, at most
+  alpha / m times `update-norm-bound` x the round's median per client; with `robust-aggregation` the
+  sum over P_t is |P_t| times the rule's mean (`BaseStrategy.pool`), and avg is the rule's too.
 Metrics: `feddyn-h-norm` (||h||) and `feddyn-gradient-norm` (the clients' mean ||grad L_k||).
 """
 
@@ -55,7 +58,8 @@ class FedDynStrategy(BaseStrategy):
         models = [arrays_to_numpy(m.content["arrays"]) for m in replies]
         x = arrays_to_numpy(self.sent_arrays)
         h = self.h.before(server_round)
-        self.h.value, theta = feddyn_server_update(h, x, models, average, self.cfg["feddyn-alpha"], self.num_clients())
+        alpha, n = self.cfg["feddyn-alpha"], self.num_clients()
+        self.h.value, theta = feddyn_server_update(h, x, self.pool(models, origin=x), average, alpha, n)
         return numpy_to_arrays({**average, **theta})
 
     def aggregate_extras(self, server_round: int, replies: list[Message]) -> dict[str, float]:

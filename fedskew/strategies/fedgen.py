@@ -7,7 +7,8 @@ Round t on the server:
 1. broadcast the model and, once it has been trained (t >= 2), the generator G (`fedgen-generator`:
    its weights and BatchNorm statistics; the clients run it in eval mode);
 2. screen the replies; each carries the model and the client's label counts (`fedgen-counts`,
-   int64 >= 0, one per class, summing to the reply's `num-examples`);
+   int64 >= 0, one per class, summing to the reply's `num-examples`, equal to its partition's where
+   the server knows the partitions); the classifiers are the uploads after `bound_updates`;
 3. train G for `fedgen-iterations` Adam steps against the uploaded classifiers W_k weighted per
    label by the counts (the code trains it on the selected users' trained models, then averages);
    the lr is `fedgen-lr` x 0.98^(rounds trained so far);
@@ -84,12 +85,17 @@ class FedGenStrategy(BaseStrategy):
 
     # ------------------------------------------------------------------ uplink
     def check_reply(self, content: RecordDict, partition: int) -> None:
-        """The base's rules, and label counts that add up to the reply's `num-examples`."""
+        """The base's rules, and label counts that add up to the reply's `num-examples` and, where the
+        server knows the partitions, equal the partition's training class counts (the weights G is
+        trained under are the server's numbers: a client cannot claim one class to steer G)."""
         super().check_reply(content, partition)
         counts, n = content[FEDGEN_COUNTS]["counts"].numpy(), content["metrics"]["num-examples"]
         total = counts.sum(dtype=np.float64)  # int64 would wrap around for hostile counts
         if total != n:
             raise Rejected(f"label counts sum to {total:.0f}, not to num-examples {n}")
+        expected = self.partition_class_counts(partition)
+        if expected is not None and not np.array_equal(counts, expected):
+            raise Rejected(f"label counts {counts.tolist()} differ from partition {partition}'s {expected.tolist()}")
 
     def aggregate_extras(self, server_round: int, replies: list[Message]) -> dict[str, Any]:
         """Train G on this round's classifiers and label counts; the generator's and clients' losses."""

@@ -22,6 +22,8 @@ rescales by tau_eff:
   averaged with the same p_i (the authors' code leaves buffers out of the update; NIID-Bench
   normalises them too, which has no meaning for running statistics).
 - No server momentum (`gmf` = 0 in the authors' code), no proximal variant.
+- With `robust-aggregation` the p-weighted sum becomes the rule's coordinate-wise mean of the terms
+  x - tau_eff (x - y_i) / a_i (`normalized_models`); the y_i are clipped first (`bound_updates`).
 Metric: `tau-eff`.
 """
 
@@ -30,7 +32,7 @@ from __future__ import annotations
 from flwr.app import ArrayRecord, Message
 
 from fedskew import wire
-from fedskew.strategies.aggregate import fednova_normalizer, normalized_average, weighted_average
+from fedskew.strategies.aggregate import fednova_normalizer, normalized_average, normalized_models
 from fedskew.strategies.base import BaseStrategy, arrays_to_numpy, numpy_to_arrays
 
 
@@ -46,9 +48,14 @@ class FedNovaStrategy(BaseStrategy):
         x = arrays_to_numpy(self.sent_arrays)
         models = [arrays_to_numpy(m.content["arrays"]) for m in replies]
         weights = self.aggregation_weights(replies)
-        out = weighted_average(models, weights)
+        out = self.mean(models, weights)
         params = {k: x[k] for k in self.dims.params}
-        out.update(normalized_average(params, models, weights, self.normalizers(replies)))
+        a = self.normalizers(replies)
+        if self.cfg["robust-aggregation"] == "none":
+            out.update(normalized_average(params, models, weights, a))
+        else:
+            robust = self.mean(normalized_models(params, models, weights, a), weights)
+            out.update({k: v.astype(x[k].dtype) for k, v in robust.items()})
         return numpy_to_arrays(out)
 
     def aggregate_extras(self, server_round: int, replies: list[Message]) -> dict[str, float]:

@@ -19,7 +19,9 @@ by prototype fell to 0 from round 2 on. With full participation both rules are t
 Reply screening, beyond the base's: the prototype record has its declared form (finite float32
 [C, d], int64 counts >= 0), the counts sum to at most `num-examples` and, where the server knows the
 partitions (nodes serving partitions of a data set), equal the partition's training class counts:
-the weights are the server's own numbers, not the client's word.
+the weights are the server's own numbers, not the client's word. The prototypes themselves are
+bounded and, with `robust-aggregation`, robustly merged as every prototype method's
+(`fedskew/strategies/prototypes.py`).
 
 There is no single global model, so there is no central evaluation and no `model.pt`
 (`global_model` is None, the global accuracy stays null). FedGELA (§5) and FedRoD define the generic
@@ -29,15 +31,11 @@ only the clients can measure (their models never leave them).
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
-import torch
 from flwr.app import ArrayRecord, Message, RecordDict
 from torch import nn
 
 from fedskew import wire
-from fedskew.data.clients import client_class_counts
 from fedskew.losses.fedproto import global_prototypes
 from fedskew.records import Rejected
 from fedskew.strategies.prototypes import PrototypeStrategy
@@ -49,10 +47,6 @@ class FedProtoStrategy(PrototypeStrategy):
 
     wire = wire.FEDPROTO
     prototype_record = FEDPROTO_PROTOTYPES
-
-    def __init__(self, cfg: dict[str, Any], device: torch.device | None = None) -> None:
-        super().__init__(cfg, device)
-        self.class_counts: np.ndarray | None = None  # [K, C] training counts of the K partitions
 
     def initial_arrays(self) -> ArrayRecord:
         """Nothing: each client builds and keeps its own model."""
@@ -68,17 +62,9 @@ class FedProtoStrategy(PrototypeStrategy):
     def global_model(self, arrays: ArrayRecord) -> nn.Module | None:
         return None
 
-    def partition_counts(self, partition: int) -> np.ndarray | None:
-        """The training class counts of `partition` when the nodes serve partitions of the data set."""
-        if not self.num_partitions:
-            return None
-        if self.class_counts is None or len(self.class_counts) != self.num_partitions:
-            self.class_counts = client_class_counts(self.cfg, self.num_partitions)[0]
-        return self.class_counts[partition]
-
     def check_reply(self, content: RecordDict, partition: int) -> None:
         super().check_reply(content, partition)
-        expected = self.partition_counts(partition)
+        expected = self.partition_class_counts(partition)
         counts = content[self.prototype_record]["counts"].numpy()
         if expected is not None and not np.array_equal(counts, expected):
             raise Rejected(

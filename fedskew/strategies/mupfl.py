@@ -18,8 +18,9 @@ Round t on the server:
    i's cluster (Eq. 14). ACMU off = one cluster. BN buffers are the client's own;
 3. w_glo = sum_i n_i/n w~_i over the sampled clients (Eq. 15; `aggregation-weights` applies);
 4. PKCF (`mupfl-pkcf`): z^k_glo = mean of the uploaded z_i^k over the clients holding class k
-   (Eq. 17); h_glo (K x m x d) is optimised on `self.device` so that the gradients of the classifier
-   sent this round on it match z^k_glo (Eqs. 18-20, CReFF's row-wise cosine distance by default,
+   (Eq. 17; a z_i^k beyond `statistic-norm-bound` x the round's median is dropped: `class_targets`);
+   h_glo (K x m x d) is optimised on `self.device` so that the gradients of the classifier sent this
+   round on it match z^k_glo (Eqs. 18-20, CReFF's row-wise cosine distance by default,
    `mupfl-distance`); it is sent next round.
 ACMU and PKCF are timed each round (metrics `acmu-seconds`, `pkcf-seconds`; CUDA synchronised).
 
@@ -102,7 +103,7 @@ from flwr.serverapp import Grid
 from fedskew import wire
 from fedskew.data import dataset_info
 from fedskew.losses.mupfl import aggregate_class_gradients, feature_norm, initial_features, synthesize_features
-from fedskew.strategies.aggregate import weighted_average
+from fedskew.strategies.aggregate import class_robust_mean
 from fedskew.strategies.base import BaseStrategy, arrays_to_numpy, numpy_to_arrays
 from fedskew.strategies.clustering import cluster_update, select_clusters
 from fedskew.training import torch_threads
@@ -125,6 +126,31 @@ def class_uploads(replies: list[Message], record: str) -> list[dict[int, torch.T
         else {}
         for m in replies
     ]
+
+
+def class_targets(
+    strategy: BaseStrategy, server_round: int, replies: list[Message], record: str
+) -> tuple[dict[int, torch.Tensor], dict[str, float]]:
+    """z^k_glo of every class some reply holds (Eq. 17, `aggregate_class_gradients`; CReFF's rule
+    too), from the uploads of `record` less each z_i^k beyond `statistic-norm-bound` times the round's
+    median norm (`BaseStrategy.bound_statistics`); with `robust-aggregation` the rule's
+    coordinate-wise mean over the holders of k. Returns the targets and the bound's metrics."""
+    uploads = class_uploads(replies, record)
+    rows = [np.stack([z.flatten().numpy() for z in u.values()]) if u else np.zeros((0, 1)) for u in uploads]
+    pids = [int(m.content["metrics"]["partition-id"]) for m in replies]
+    active = [np.ones(len(r), bool) for r in rows]
+    kept, dropped, ratio = strategy.bound_statistics(server_round, "class-gradient", rows, active, pids)
+    uploads = [
+        u if keep.all() else {k: z for (k, z), ok in zip(u.items(), keep, strict=True) if ok}
+        for u, keep in zip(uploads, kept, strict=True)
+    ]
+    metrics = {"class-gradient-dropped": dropped, "class-gradient-norm-ratio-max": ratio}
+    rule = strategy.cfg["robust-aggregation"]
+    if rule == "none":
+        return aggregate_class_gradients(uploads), metrics
+    numpy_uploads = [{k: z.numpy() for k, z in u.items()} for u in uploads]
+    means = class_robust_mean(numpy_uploads, rule, strategy.cfg["trim-fraction"])
+    return {k: torch.from_numpy(v.astype(np.float32)) for k, v in means.items()}, metrics
 
 
 class MuPFLStrategy(BaseStrategy):
@@ -282,7 +308,7 @@ class MuPFLStrategy(BaseStrategy):
             self.personal.update(zip(pids, personal, strict=True))
         uniform = self.cfg["aggregation-weights"] == "uniform"
         weights = [1.0 if uniform else float(m.content["metrics"]["num-examples"]) for m in replies]
-        self.global_arrays = weighted_average(personal, weights)
+        self.global_arrays = self.mean(personal, weights)
         self.acmu_metrics = {
             "acmu-seconds": time.perf_counter() - t0,
             "acmu-kappa": int(kappa),
@@ -305,7 +331,9 @@ class MuPFLStrategy(BaseStrategy):
         if not self.cfg["mupfl-pkcf"]:
             return metrics
         t0 = time.perf_counter()
-        targets = {k: z.to(self.device) for k, z in aggregate_class_gradients(class_uploads(replies, GRADS)).items()}
+        targets, bounded = class_targets(self, server_round, replies, GRADS)
+        metrics.update(bounded)
+        targets = {k: z.to(self.device) for k, z in targets.items()}
         if targets:
             if self.features is None:
                 self.features = self.initial_features(real_norm)

@@ -9,7 +9,15 @@ each round's uploads (`merge_prototypes`; by default count-weighted,
 for every class some reply held this round; a class no reply held keeps its previous prototype, a
 class never held stays invalid). The prototypes and their validity mask go to every sampled client
 (`fedskew.wire.prototype_downlink`) and into checkpoints. On top of the records' declared form, a
-reply whose counts sum to more than its `num-examples` is refused.
+reply whose counts sum to more than its `num-examples`, or (where the server knows the partitions)
+exceed its partition's training count of some class, is refused.
+
+Robustness: an uploaded prototype (of a class the client counts) whose norm exceeds
+`statistic-norm-bound` times the round's median prototype norm is dropped: it weighs 0, as if the
+client had not held the class this round (`BaseStrategy.bound_statistics`; a prototype of 9.99e5
+per entry, within the value bound, pulled every client's features of its class towards it). With
+`robust-aggregation` a class's prototype is the rule's coordinate-wise mean over its holders
+(`class_robust_mean`), not the count-weighted one.
 """
 
 from __future__ import annotations
@@ -22,6 +30,7 @@ from flwr.app import Message, RecordDict
 
 from fedskew.losses.fedmr import aggregate_prototypes
 from fedskew.records import Rejected
+from fedskew.strategies.aggregate import class_robust_mean
 from fedskew.strategies.base import BaseStrategy, numpy_to_arrays
 
 
@@ -49,12 +58,16 @@ class PrototypeStrategy(BaseStrategy):
         return {self.prototype_record: numpy_to_arrays({"prototypes": self.prototypes, "valid": self.valid})}
 
     def check_reply(self, content: RecordDict, partition: int) -> None:
-        """The base's rules, and the prototype counts sum to at most the reply's `num-examples`."""
+        """The base's rules, and the prototype counts sum to at most the reply's `num-examples` and,
+        where the server knows the partitions, none exceeds the partition's count of its class."""
         super().check_reply(content, partition)
         counts, n = content[self.prototype_record]["counts"].numpy(), content["metrics"]["num-examples"]
         total = counts.sum(dtype=np.float64)  # int64 would wrap around for hostile counts
         if total > n:
             raise Rejected(f"prototype counts sum to {total:.0f} > num-examples {n}")
+        held = self.partition_class_counts(partition)
+        if held is not None and (counts > held).any():
+            raise Rejected(f"prototype counts {counts.tolist()} exceed partition {partition}'s {held.tolist()}")
 
     def uploads(self, replies: list[Message]) -> tuple[list[np.ndarray], list[np.ndarray]]:
         """The replies' prototypes [C, d] and counts [C] (float64), in reply order."""
@@ -66,12 +79,28 @@ class PrototypeStrategy(BaseStrategy):
         """The new (prototypes, valid) from this round's uploads (default: count-weighted)."""
         return aggregate_prototypes(protos, counts, self.prototypes, self.valid)
 
+    def robust_merge(self, protos: list[np.ndarray], counts: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """With `robust-aggregation`: each class some reply counts takes the rule's coordinate-wise
+        mean of its holders' prototypes; the others keep theirs (as `merge_prototypes`)."""
+        uploads = [{c: p[c] for c in np.flatnonzero(n > 0)} for p, n in zip(protos, counts, strict=True)]
+        means = class_robust_mean(uploads, self.cfg["robust-aggregation"], self.cfg["trim-fraction"])
+        out, valid = self.prototypes.copy(), self.valid.copy()
+        for c, v in means.items():
+            out[c], valid[c] = v.astype(np.float32), True
+        return out, valid
+
     def aggregate_extras(self, server_round: int, replies: list[Message]) -> dict[str, float]:
         protos, counts = self.uploads(replies)
+        pids = [int(m.content["metrics"]["partition-id"]) for m in replies]
+        kept, dropped, ratio = self.bound_statistics(server_round, "prototype", protos, [n > 0 for n in counts], pids)
+        counts = [np.where(keep, n, 0.0) for n, keep in zip(counts, kept, strict=True)]  # a dropped row weighs 0
+        bounded = {"prototype-dropped": dropped, "prototype-norm-ratio-max": ratio}
         updated = int((np.stack(counts).sum(0) > 0).sum())
-        self.prototypes, self.valid = self.merge_prototypes(protos, counts)
+        merge = self.merge_prototypes if self.cfg["robust-aggregation"] == "none" else self.robust_merge
+        self.prototypes, self.valid = merge(protos, counts)
         return {
             "prototype-classes": int(self.valid.sum()),
             "prototype-classes-updated": updated,
+            **bounded,
             **super().aggregate_extras(server_round, replies),
         }

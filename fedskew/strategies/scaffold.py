@@ -24,6 +24,9 @@ Decisions:
   mean of the round's Delta c_i to c (no |S|/N); here the paper's rule.
 - c is server state (`state_dict`, in `checkpoint.pt`); a retried round restarts from the c its
   first attempt was sent (`RoundState`).
+- Robustness (`BaseStrategy.bound_updates`): each y_i - x is clipped to `update-norm-bound` x the
+  round's median before Delta c_i is computed, so one client moves c by at most that bound / (K_i
+  eta_l N); with `robust-aggregation` the sum over S is |S| times the rule's mean of the Delta c_i.
 Metrics: `control-norm` (||c||) and `correction-norm` (the clients' mean ||c - c_i||).
 """
 
@@ -73,7 +76,7 @@ class ScaffoldStrategy(BaseStrategy):
         c = self.control.before(server_round)
         steps = [self.local_steps(m) for m in replies]
         lr = round_lr(self.cfg, server_round)
-        deltas = scaffold_control_deltas(c, x, self.local_update_models(replies), steps, lr)
+        deltas = self.pool(scaffold_control_deltas(c, x, self.local_update_models(replies), steps, lr))
         self.control.value = scaffold_control_update(c, deltas, self.num_clients())
         average = arrays_to_numpy(super().aggregate_arrays(server_round, replies))
         return numpy_to_arrays(self.server_step(x, average))
