@@ -359,3 +359,34 @@ def test_fedprotos_poisoned_prototypes_no_longer_move_the_personalized_accuracy(
     got, rows = honest_accuracy(tmp_path, "attacked", prototypes_of_9_99e5)
     assert all(r["prototype-dropped"] >= 1 and r["failures"] == 0 for r in rows)
     assert all(a > b - 0.02 for a, b in zip(got, base, strict=True)), (got, base)
+
+
+def test_the_update_norm_benchmark_reads_each_runs_largest_ratios_and_fills_the_note(tmp_path) -> None:
+    from tests.test_benchmarks import run_benchmark
+
+    for name, rows in (
+        ("fedavg-x", [{"round": 1, "update-norm-ratio-max": 1.5}, {"round": 2, "update-norm-ratio-max": 2.25}]),
+        (
+            "fedproto-x",
+            [{"round": 1, "update-norm-ratio-max": 0.0, "prototype-norm-ratio-max": 40.5, "prototype-dropped": 1}],
+        ),
+    ):
+        run = tmp_path / "runs" / name
+        run.mkdir(parents=True)
+        (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (run / "config.json").write_text(json.dumps({"update-norm-bound": 3.0, "statistic-norm-bound": 100.0}))
+        (run / "summary.json").write_text("{}")
+    (tmp_path / "runs" / "unfinished").mkdir()  # no summary.json: left out
+    note = tmp_path / "note.md"
+    note.write_text("intro\n<!-- report:update-norm begin -->\nold\n<!-- report:update-norm end -->\nafter\n")
+    res = run_benchmark("update_norm.py", "--read", str(tmp_path / "runs"), "--write", str(note))
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = [
+        "| fedavg-x | 2 | 2.250 (2) | - | - | 0 | 3 / 100 |",
+        "| fedproto-x | 1 | - | 40.500 (1) | - | 1 | 3 / 100 |",
+    ]
+    assert all(r in res.stdout for r in rows) and "largest ratio over every run: 40.500" in res.stdout, res.stdout
+    text = note.read_text()
+    assert (
+        "old" not in text and all(r in text for r in rows) and text.endswith("<!-- report:update-norm end -->\nafter\n")
+    )
