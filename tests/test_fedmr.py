@@ -311,6 +311,7 @@ def test_strategy_screens_replies_and_aggregates_prototypes(task_identity) -> No
     s.sent_arrays = s.initial_arrays()
     s.num_partitions = 7
     s.node_partitions = {10 + p: p for p in range(7)}
+    s.class_counts = np.full((7, 10), 50)  # partitions of 50 examples a class: the counts below stay within
     c, d = 10, s.feature_dim
     ones, n = np.ones((c, d), np.float32), np.zeros(c, np.int64)
     good0 = reply(s, 0, ones, np.where(np.arange(c) < 2, 30, 0))

@@ -103,6 +103,7 @@ def test_the_server_weights_prototypes_by_counts_keeps_stale_ones_and_refuses_in
     s.sent_arrays = s.initial_arrays()
     s.num_partitions = 5
     s.node_partitions = {10 + p: p for p in range(5)}
+    s.class_counts = np.full((5, 10), 50)  # partitions of 50 examples a class: the counts below stay within
     c, d = 10, s.feature_dim
     ones, cls = np.ones((c, d), np.float32), np.arange(c)
     replies = [

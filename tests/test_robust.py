@@ -390,3 +390,33 @@ def test_the_update_norm_benchmark_reads_each_runs_largest_ratios_and_fills_the_
     assert (
         "old" not in text and all(r in text for r in rows) and text.endswith("<!-- report:update-norm end -->\nafter\n")
     )
+
+
+@pytest.mark.parametrize("method", ["fedgen", "fedproc"])
+def test_class_counts_are_the_servers_numbers_where_it_knows_the_partitions(task_identity, method: str) -> None:
+    """FedGen's label counts (what its generator is trained under) must equal the partition's, a
+    prototype method's may not exceed it: a client cannot claim a class to steer them."""
+    from flwr.app import MetricRecord
+
+    from fedskew.records import Rejected
+    from fedskew.registry import get_method
+    from fedskew.strategies.base import numpy_to_arrays
+    from fedskew.wire import FEDGEN_COUNTS, FEDPROC_PROTOTYPES
+
+    s = get_method(method).strategy_class()(validate({"method": method, "model": "mlp", "partition": "iid"}))
+    s.sent_arrays, s.num_partitions = s.initial_arrays(), 20
+    held = s.partition_class_counts(3).astype(np.int64)
+    record = FEDGEN_COUNTS if method == "fedgen" else FEDPROC_PROTOTYPES
+    extra = {"prototypes": np.zeros((10, s.dims.feature_dim), np.float32)} if method == "fedproc" else {}
+
+    def content(counts: np.ndarray) -> RecordDict:
+        metrics = MetricRecord({"num-examples": int(held.sum()), "partition-id": 3, "train-seconds": 1.0})
+        return RecordDict(
+            {"arrays": s.sent_arrays, "metrics": metrics, record: numpy_to_arrays({"counts": counts, **extra})}
+        )
+
+    s.check_reply(content(held), 3)
+    claimed = held.copy()
+    claimed[0], claimed[1] = claimed[0] + claimed[1], 0  # the same total, on one class
+    with pytest.raises(Rejected, match="partition 3's"):
+        s.check_reply(content(claimed), 3)
