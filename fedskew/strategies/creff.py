@@ -91,6 +91,7 @@ class CReFFStrategy(BaseStrategy):
                     self.cfg["creff-feature-lr"],
                     self.cfg["creff-match-iters"],
                     "creff",
+                    cosine="creff-code",  # <a, b> / (|a| |b| + 1e-6), as the authors' code's matching
                 )
                 if losses:
                     metrics.update({"creff-match-loss-first": losses[0], "creff-match-loss-last": losses[-1]})
