@@ -22,9 +22,9 @@ from tests.harness import run_in_process
 def test_regularizer_matches_a_hand_computation() -> None:
     w = torch.tensor([[0.0, 0.0], [0.3, 0.4], [3.0, 4.0]])  # distances 0.5, 5, 4.5
     assert spreadout_regularizer(w, 1.0, "euclidean").item() == pytest.approx(2 * (1.0 - 0.5) ** 2)
-    u = torch.tensor([[2.0, 0.0], [0.0, 1.0], [1.0, 1.0]])  # (1 - cos) / 2: 0.5, 0.1464, 0.1464
+    u = torch.tensor([[2.0, 0.0], [0.0, 1.0], [1.0, 1.0]], dtype=torch.float64)  # (1 - cos) / 2: 0.5, 0.1464, 0.1464
     gap = 0.5 - 0.5 * (1 - 2**-0.5)
-    assert spreadout_regularizer(u, 0.5, "cosine").item() == pytest.approx(4 * gap**2, rel=1e-6)
+    assert spreadout_regularizer(u, 0.5, "cosine").item() == pytest.approx(4 * gap**2, rel=1e-12)  # float64
     with pytest.raises(ValueError):
         spreadout_regularizer(u, 0.5, "manhattan")
 

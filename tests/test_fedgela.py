@@ -79,12 +79,14 @@ def test_averaged_adapted_classifiers_are_the_global_etf(split: str) -> None:
 
 
 def test_logits_modes_and_single_class_client() -> None:
+    """In float64: two paths' float32 sums round by the CPU's vector width; float64's stay below
+    1e-10 apart on any x86 CPU (84 products of logits of order 100: at most about 1e-11)."""
     torch.manual_seed(0)
-    h, m = torch.randn(8, 84), make_etf(84, 10, 0)
-    phi = local_phi(np.eye(10, dtype=int)[3] * 40)  # a single-class client: phi = 10 e_3
+    h, m = torch.randn(8, 84, dtype=torch.float64), make_etf(84, 10, 0).double()
+    phi = local_phi(np.eye(10, dtype=int)[3] * 40).double()  # a single-class client: phi = 10 e_3
     cos = torch.nn.functional.normalize(h, dim=1) @ m
-    assert torch.allclose(gela_logits(h, m, 100.0), 100 * cos, atol=1e-4)
-    assert torch.allclose(gela_logits(h, m, 100.0, torch.ones(10)), gela_logits(h, m, 100.0), atol=1e-5)
+    assert torch.allclose(gela_logits(h, m, 100.0), 100 * cos, rtol=0, atol=1e-10)
+    assert torch.allclose(gela_logits(h, m, 100.0, torch.ones(10)), gela_logits(h, m, 100.0), rtol=0, atol=1e-10)
     # the global argmax does not depend on the scale or on the feature norm
     assert torch.equal(gela_logits(3 * h, m, 7.0).argmax(1), gela_logits(h, m, 100.0).argmax(1))
     y = torch.full((8,), 3)
@@ -96,8 +98,8 @@ def test_logits_modes_and_single_class_client() -> None:
 
 def test_logits_without_normalisation_are_scaled_inner_products() -> None:
     torch.manual_seed(0)
-    h, m, phi = torch.randn(6, 84), make_etf(84, 10, 0), local_phi(np.arange(10))
-    assert torch.allclose(gela_logits(h, m, 5.0, phi, normalize=False), 5.0 * (h @ m) * phi, atol=1e-5)
+    h, m, phi = torch.randn(6, 84, dtype=torch.float64), make_etf(84, 10, 0).double(), local_phi(np.arange(10))
+    assert torch.allclose(gela_logits(h, m, 5.0, phi.double(), normalize=False), 5.0 * (h @ m) * phi, atol=1e-12)
 
 
 def etf_alignment(net: ETFNet, x: torch.Tensor, y: torch.Tensor) -> float:
@@ -361,22 +363,23 @@ def test_code_head_divides_by_the_temperature_in_training_only(task_identity) ->
     `compute_accuracy_g` logs CrossEntropyLoss(h @ ETF): the same predictions, undivided logits."""
     cfg = validate({"method": "fedgela", "fedgela-head": "code", "fedgela-temperature": 0.2})
     strategy = FedGELAStrategy(cfg)
-    phi = local_phi(np.array([0, 30, 0, 0, 0, 0, 0, 10, 0, 0]))
-    model = gela_model(cfg, strategy.etf, phi)
-    x, y = torch.randn(8, 1, 28, 28), torch.tensor([1, 7] * 4)
+    phi = local_phi(np.array([0, 30, 0, 0, 0, 0, 0, 10, 0, 0])).double()
+    etf = strategy.etf.double()
+    model = gela_model(cfg, etf, phi).double()  # float64: two arithmetic paths compared on any CPU
+    x, y = torch.randn(8, 1, 28, 28, dtype=torch.float64), torch.tensor([1, 7] * 4)
     model.train()
     h = model.features(x)
-    assert torch.allclose(model(x), h @ (phi * strategy.etf) / 0.2, atol=1e-5)  # train_net's logits
+    assert torch.allclose(model(x), h @ (phi * etf) / 0.2, rtol=0, atol=1e-10)  # train_net's logits
     model.eval()
     with torch.no_grad():
         h = model.features(x)
-        out = h @ (phi * strategy.etf)  # compute_accuracy_l
-        assert torch.allclose(model(x), out, atol=1e-5)
-        assert torch.allclose(out, h @ model.class_weights().T, atol=1e-5)  # the vectors scored against
+        out = h @ (phi * etf)  # compute_accuracy_l
+        assert torch.allclose(model(x), out, rtol=0, atol=1e-10)
+        assert torch.allclose(out, h @ model.class_weights().T, rtol=0, atol=1e-10)  # the vectors scored against
         glo = model.plain()
         loss, accuracy = evaluate(glo, x, y, 4, torch.device("cpu"))
-        authors = h @ strategy.etf  # compute_accuracy_g
-        assert loss == pytest.approx(float(F.cross_entropy(authors, y)), rel=1e-5)
+        authors = h @ etf  # compute_accuracy_g
+        assert loss == pytest.approx(float(F.cross_entropy(authors, y)), rel=1e-10)
         assert accuracy == pytest.approx(float((authors.argmax(1) == y).float().mean()))
         assert loss != pytest.approx(float(F.cross_entropy(authors / 0.2, y)), rel=1e-3)  # the old, divided ones
 

@@ -72,11 +72,12 @@ def test_label_weights_normalise_each_label_over_clients() -> None:
 
 
 def test_teacher_loss_weights_each_sample_by_its_labels_client_weights() -> None:
-    torch.manual_seed(0)
-    clfs, h, y = torch.randn(2, 3, 4), torch.randn(5, 4), torch.tensor([0, 1, 1, 2, 0])
-    w = torch.tensor([[0.75, 0.25], [0.0, 1.0], [0.5, 0.5]])
+    torch.manual_seed(0)  # float64: two summation orders, equal to 1e-12 on any CPU
+    clfs, h = torch.randn(2, 3, 4, dtype=torch.float64), torch.randn(5, 4, dtype=torch.float64)
+    y = torch.tensor([0, 1, 1, 2, 0])
+    w = torch.tensor([[0.75, 0.25], [0.0, 1.0], [0.5, 0.5]], dtype=torch.float64)
     hand = sum(w[y[i], k] * F.cross_entropy((h[i : i + 1] @ clfs[k].T), y[i : i + 1]) for i in range(5) for k in (0, 1))
-    assert float(teacher_loss(h, y, clfs, w)) == pytest.approx(float(hand) / 5, rel=1e-6)
+    assert float(teacher_loss(h, y, clfs, w)) == pytest.approx(float(hand) / 5, rel=1e-12)
 
     def authors(labels: torch.Tensor) -> torch.Tensor:
         """serverpFedGen.py: mean(NLL (B,) * weight (B, 1)), which broadcasts to (B, B)."""
@@ -87,7 +88,7 @@ def test_teacher_loss_weights_each_sample_by_its_labels_client_weights() -> None
         return total
 
     one_label = torch.ones(5, dtype=torch.long)  # one label a batch: the two agree
-    assert float(teacher_loss(h, one_label, clfs, w)) == pytest.approx(float(authors(one_label)), rel=1e-6)
+    assert float(teacher_loss(h, one_label, clfs, w)) == pytest.approx(float(authors(one_label)), rel=1e-12)
     assert float(teacher_loss(h, y, clfs, w)) != pytest.approx(float(authors(y)), rel=1e-3)  # the documented deviation
 
 

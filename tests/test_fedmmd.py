@@ -17,18 +17,25 @@ from tests.test_trainers import global_content, make_data, make_trainer
 
 def test_the_mmd_is_the_one_fedrs_ran_fedmmd_with() -> None:
     """Derived from lxcnju/FedRepo at 617ee015 (`tools.py`: `guassian_kernel`, `mmd_rbf_noaccelerate`,
-    called by `algorithms/fedreg.py` with `reg_way="fedmmd"` on the two models' features)."""
+    called by `algorithms/fedreg.py` with `reg_way="fedmmd"` on the two models' features). In float64:
+    the MMD is a difference of kernel sums, whose float32 rounding (by the CPU's vector width) is a
+    large share of it; in float64 the formula is the same to 1e-12 on any CPU. The authors add 1e-8 to
+    the bandwidth (fedskew only keeps it above 1e-12): that moves the MMD by less than 1e-6."""
     g = torch.Generator().manual_seed(0)
-    source, target = torch.randn(12, 6, generator=g), torch.randn(12, 6, generator=g) + 0.5
+    source = torch.randn(12, 6, generator=g, dtype=torch.float64)
+    target = torch.randn(12, 6, generator=g, dtype=torch.float64) + 0.5
     total = torch.cat([source, target])
     l2 = ((total.unsqueeze(1) - total.unsqueeze(0)) ** 2).sum(2)
-    n = len(total)
-    bandwidth = l2.sum() / (n**2 - n) + 1e-8
-    bandwidth = bandwidth / 2.0 ** (5 // 2)
-    kernels = sum(torch.exp(-l2 / (bandwidth * 2.0**i)) for i in range(5))
-    b = len(source)
-    want = torch.mean(kernels[:b, :b] + kernels[b:, b:] - kernels[:b, b:] - kernels[b:, :b])
-    assert torch.allclose(mmd_multi_gaussian(source, target), want, rtol=1e-5)
+    n, b = len(total), len(source)
+
+    def authors(eps: float) -> torch.Tensor:
+        bandwidth = (l2.sum() / (n**2 - n) + eps) / 2.0 ** (5 // 2)
+        kernels = sum(torch.exp(-l2 / (bandwidth * 2.0**i)) for i in range(5))
+        return torch.mean(kernels[:b, :b] + kernels[b:, b:] - kernels[:b, b:] - kernels[b:, :b])
+
+    ours = mmd_multi_gaussian(source, target)
+    assert torch.allclose(ours, authors(0.0), rtol=1e-12, atol=0)
+    assert abs(float(ours - authors(1e-8))) < 1e-6
 
 
 def feature_mmd(reply_arrays, global_arrays, x: torch.Tensor) -> float:

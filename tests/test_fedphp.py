@@ -123,17 +123,23 @@ def test_the_transfer_acts_on_the_uploaded_model() -> None:
 
 # ---------------------------------------------------------------------- the authors' code
 def test_mmd_is_the_authors_mmd_rbf_noaccelerate() -> None:
-    """lxcnju/FedRepo @ 617ee01, tools.py guassian_kernel + mmd_rbf_noaccelerate, re-derived."""
+    """lxcnju/FedRepo @ 617ee01, tools.py guassian_kernel + mmd_rbf_noaccelerate, re-derived; in
+    float64 (a difference of kernel sums: in float32 its rounding depends on the CPU), the same formula
+    to 1e-12, and the authors' 1e-8 added to the bandwidth moves it by less than 1e-6."""
     torch.manual_seed(0)
-    h, hp = torch.randn(8, 16), torch.randn(8, 16) + 0.3
+    h, hp = torch.randn(8, 16, dtype=torch.float64), torch.randn(8, 16, dtype=torch.float64) + 0.3
     total = torch.cat([h, hp])
     d2 = ((total.unsqueeze(1) - total.unsqueeze(0)) ** 2).sum(2)
     n = 16
-    bandwidth = d2.sum() / (n**2 - n) + 1e-8
-    bandwidth = bandwidth / 2.0 ** (5 // 2)
-    k = sum(torch.exp(-d2 / (bandwidth * 2.0**i)) for i in range(5))
-    want = (k[:8, :8] + k[8:, 8:] - k[:8, 8:] - k[8:, :8]).mean()
-    torch.testing.assert_close(mmd_multi_gaussian(h, hp), want, rtol=1e-5, atol=1e-6)
+
+    def authors(eps: float) -> torch.Tensor:
+        bandwidth = (d2.sum() / (n**2 - n) + eps) / 2.0 ** (5 // 2)
+        k = sum(torch.exp(-d2 / (bandwidth * 2.0**i)) for i in range(5))
+        return (k[:8, :8] + k[8:, 8:] - k[:8, 8:] - k[8:, :8]).mean()
+
+    ours = mmd_multi_gaussian(h, hp)
+    torch.testing.assert_close(ours, authors(0.0), rtol=1e-12, atol=0)
+    assert abs(float(ours - authors(1e-8))) < 1e-6
 
 
 def test_one_local_step_against_the_authors_code() -> None:

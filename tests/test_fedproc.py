@@ -27,13 +27,13 @@ VALID = torch.tensor([True, True, False])
 
 
 def test_prototypical_loss_matches_a_hand_computation() -> None:
-    z = torch.tensor([[1.0, 1.0], [0.0, -1.0], [3.0, 1.0]])
+    z = torch.tensor([[1.0, 1.0], [0.0, -1.0], [3.0, 1.0]], dtype=torch.float64)  # float64: to 1e-12 on any CPU
     y = torch.tensor([0, 1, 2])  # class 2 has no prototype: left out
     # cosines: sample 0 -> (1/sqrt2, 1/sqrt2), sample 1 -> (0, -1); class 2 is no negative either
     for t in (1.0, 0.5):
         want = (math.log(2.0) + (1.0 / t + math.log(1.0 + math.exp(-1.0 / t)))) / 2
-        got = prototypical_contrastive_loss(z, y, PROTOS, VALID, temperature=t).item()
-        assert got == pytest.approx(want, rel=1e-6), t
+        got = prototypical_contrastive_loss(z, y, PROTOS.double(), VALID, temperature=t).item()
+        assert got == pytest.approx(want, rel=1e-12), t
     assert prototypical_contrastive_loss(z[2:], y[2:], PROTOS, VALID).item() == 0.0
 
 

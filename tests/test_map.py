@@ -104,12 +104,12 @@ def test_distillation_gradient_points_to_teacher_and_spares_teacher() -> None:
 
 
 def test_mmd_properties() -> None:
-    torch.manual_seed(0)
-    h, g = torch.randn(16, 84), torch.randn(16, 84)
-    assert mmd_multi_gaussian(h, h.clone()).abs().item() < 1e-6  # identical feature sets
+    torch.manual_seed(0)  # float64: the symmetry compares two summation orders, exact to 1e-12 on any CPU
+    h, g = torch.randn(16, 84, dtype=torch.float64), torch.randn(16, 84, dtype=torch.float64)
+    assert mmd_multi_gaussian(h, h.clone()).abs().item() < 1e-12  # identical feature sets
     d = mmd_multi_gaussian(h, g)
-    assert d.item() >= -1e-6
-    torch.testing.assert_close(d, mmd_multi_gaussian(g, h))  # symmetric
+    assert d.item() >= -1e-12
+    torch.testing.assert_close(d, mmd_multi_gaussian(g, h), rtol=1e-12, atol=1e-12)  # symmetric
     small, large = mmd_multi_gaussian(h, g + 0.5), mmd_multi_gaussian(h, g + 3.0)
     assert d < small < large  # grows with a constant shift of one batch
     x = h.clone().requires_grad_(True)
