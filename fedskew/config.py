@@ -119,6 +119,16 @@ def path_rule(value: str, cfg: dict[str, Any]) -> None:
         raise ValueError("a path holds no NUL character")
 
 
+def bindings_rule(value: str, cfg: dict[str, Any]) -> None:
+    """A `Param.rule`: `partition-bindings` pairs node ids with partitions of the run (below
+    num-partitions when it is set)."""
+    from fedskew.strategies.discovery import parse_bindings
+
+    beyond = [p for p in parse_bindings(value).values() if cfg["num-partitions"] and p >= cfg["num-partitions"]]
+    if beyond:
+        raise ValueError(f"partition {beyond[0]} is not one of the num-partitions={cfg['num-partitions']}")
+
+
 def off_or_at_least_one_rule(value: float, cfg: dict[str, Any]) -> None:
     """A `Param.rule`: 0 (off) or a multiple of at least 1 (`update-norm-bound`: a bound under the
     median would clip half of the honest updates every round)."""
@@ -262,6 +272,14 @@ COMMON: dict[str, Param] = {
         "partitions the nodes serve (fedskew run: -n); a node reporting another count serves nothing; 0 = the "
         "count a strict majority of the nodes reports (nodes with their own data report 0)",
         low=0,
+    ),
+    "partition-bindings": Param(
+        str,
+        "",
+        "'NODE:PARTITION,...': each named partition is served by that node id alone (an operator's decision "
+        "when two nodes claim one partition, which then serves neither: docs/threat-model.md); '' = none",
+        rule=bindings_rule,
+        neutral=True,
     ),
     "max-update-ratio": Param(
         float,

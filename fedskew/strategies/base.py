@@ -199,7 +199,7 @@ class BaseStrategy(Strategy):
                 except Rejected as e:
                     self.refuse(src, str(e))
         expected = self.cfg["num-partitions"] or majority_count(self.reports)
-        self.node_partitions, refused = assign_partitions(self.reports, expected)
+        self.node_partitions, refused = assign_partitions(self.reports, expected, self.cfg["partition-bindings"])
         for node, reason in refused.items():
             self.refuse(node, reason)
         if expected is not None:
