@@ -21,6 +21,7 @@ from pathlib import Path
 from _common import read_jsonl
 
 from fedskew.config import ConfigError
+from fedskew.files import write_text
 from fedskew.report import replace_block
 
 REFUSED = "times the norm of the model sent"  # the reason `BaseStrategy.check_reply` gives
@@ -66,9 +67,9 @@ def main() -> None:
 
 
 def write_block(note: Path, lines: list[str]) -> None:
-    """Replace the lines of `note` between its update-ratio markers with `lines`."""
+    """Replace the lines of `note` between its update-ratio markers with `lines` (whole or not at all)."""
     try:
-        note.write_text(replace_block(note.read_text(), "update-ratio", lines, str(note)))
+        write_text(note, replace_block(note.read_text(), "update-ratio", lines, str(note)))
     except ConfigError as e:
         raise SystemExit(str(e)) from None
 
