@@ -126,9 +126,23 @@ def cell_config(cell: Cell, sets: dict[str, Any], folder: Path) -> dict[str, Any
 def run_one(spec: str) -> None:
     """Child process: one cell, in-process: on the batched engine where its config says
     `engine: batched` (`fedskew.batched.grid.run_batched`, `threads` torch threads), else the
-    per-client in-process grid."""
+    per-client in-process grid; several cells (`--together`): as many runs in this process
+    (`fedskew.batched.many`), their clients stacked together."""
     in_process_setup()
     job = json.loads(spec)
+    if "cfgs" in job:
+        import torch
+
+        from fedskew.batched.many import run_many
+        from fedskew.training import pick_device
+
+        torch.set_num_threads(job["threads"])
+        cfgs = [{**app_defaults(ROOT), **cfg} for cfg in job["cfgs"]]
+        errors = run_many(cfgs, job["nodes"], pick_device(str(cfgs[0]["device"])))
+        for cfg, error in zip(cfgs, errors, strict=True):
+            if error is not None:
+                print(f"{cfg['run-name']}: failed: {type(error).__name__}: {error}", flush=True)
+        raise SystemExit(1 if any(errors) else 0)
     if job["cfg"].get("engine") == "batched":
         from fedskew.batched.grid import run_batched
 
@@ -139,10 +153,18 @@ def run_one(spec: str) -> None:
     run_in_process(job["cfg"], job["nodes"])
 
 
-def start(cell: Cell, cfg: dict[str, Any], folder: Path, threads: int) -> subprocess.Popen:
-    run_dir = folder / cell.run_name
-    run_dir.mkdir(parents=True, exist_ok=True)
-    spec = json.dumps({"cfg": cfg, "nodes": cell.num_supernodes, "threads": threads})
+def start(group: list[tuple[Cell, dict[str, Any]]], folder: Path, threads: int) -> subprocess.Popen:
+    """A child process for one cell, or for a group of cells run together (`--together`), its log
+    in the first cell's folder (`run.log`)."""
+    for cell, _ in group:
+        (folder / cell.run_name).mkdir(parents=True, exist_ok=True)
+    run_dir = folder / group[0][0].run_name
+    if len(group) == 1:
+        cell, cfg = group[0]
+        spec = json.dumps({"cfg": cfg, "nodes": cell.num_supernodes, "threads": threads})
+    else:
+        cfgs, nodes = [cfg for _, cfg in group], [cell.num_supernodes for cell, _ in group]
+        spec = json.dumps({"cfgs": cfgs, "nodes": nodes, "threads": threads})
     with open(run_dir / "run.log", "w") as log:  # the child keeps its own copy
         return subprocess.Popen(
             [sys.executable, __file__, "--one", spec], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -174,6 +196,14 @@ def main() -> None:
         ap.add_argument(f"--{flag}", metavar="A,B", help=f"only these {flag} (default: all the suite's)")
     ap.add_argument("--set", nargs="*", default=[], metavar="K=V", help="run-config overrides for every cell")
     ap.add_argument("--jobs", type=int, default=1, help="cells at once, each its own process (1 or more)")
+    ap.add_argument(
+        "--together",
+        type=int,
+        default=1,
+        metavar="N",
+        help="engine=batched: N cells a process, run together, their clients stacked across cells "
+        "(fedskew.batched.many); --jobs such processes at once",
+    )
     ap.add_argument("--deadline", type=float, default=0.0, help="stop running cells after this many s (0: none)")
     ap.add_argument("--tag", default="in-process", help="the output folder is <out-dir>/<suite>-<tag>")
     ap.add_argument("--out-dir", help="default: the suite's out-dir")
@@ -267,35 +297,45 @@ def run_cells(args: argparse.Namespace, suite: Suite, cells: list[Cell], sets: d
         cells = [cell for cell, _ in todo]
     else:
         todo = [(cell, cell_config(cell, sets, folder)) for cell in cells]
-    print(f"{len(todo)} cells of {suite.name}, {args.jobs} at once, overrides {sets} -> {folder}", flush=True)
+    if args.together < 1:
+        fail(f"--together {args.together} is not allowed: must be 1 or more (cells a process)")
+    if args.together > 1 and any(validate({**app_defaults(ROOT), **cfg})["engine"] != "batched" for _, cfg in todo):
+        fail("--together runs cells on the batched engine: give --set engine=batched (or a suite of batched cells)")
+    groups = [todo[i : i + args.together] for i in range(0, len(todo), args.together)]
+    together = f", {args.together} a process" if args.together > 1 else ""
+    print(f"{len(todo)} cells of {suite.name}{together}, {args.jobs} at once, overrides {sets} -> {folder}", flush=True)
     t0 = time.perf_counter()
     running: dict[str, tuple[subprocess.Popen, float]] = {}  # run name -> (process, start)
+    members: dict[str, list[str]] = {}  # a process's first run name -> every run name it runs
     ended: dict[str, float] = {}  # run name -> wall seconds
     next_report = args.every
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so that `finally` stops the cells
     try:
-        while todo or running:
-            while todo and len(running) < args.jobs:
-                cell, cfg = todo.pop(0)
+        while groups or running:
+            while groups and len(running) < args.jobs:
+                group = groups.pop(0)
                 threads = max(1, available_cores() // args.jobs)  # the batched engine's torch threads
-                running[cell.run_name] = (start(cell, cfg, folder, threads), time.perf_counter())
+                name = group[0][0].run_name
+                members[name] = [cell.run_name for cell, _ in group]
+                running[name] = (start(group, folder, threads), time.perf_counter())
             time.sleep(1.0)
             now = time.perf_counter() - t0
             for name, (proc, began) in list(running.items()):
                 if proc.poll() is not None:
-                    ended[name] = time.perf_counter() - began
+                    ended.update({member: time.perf_counter() - began for member in members[name]})
                     del running[name]
                     if proc.returncode:
                         print(f"{name}: exit {proc.returncode}, see its run.log", flush=True)
             if args.deadline and now >= args.deadline:
                 stop([proc for proc, _ in running.values()])
                 for name, (_, began) in running.items():
-                    ended[name] = time.perf_counter() - began
-                print(f"deadline {args.deadline:.0f} s: stopped {len(running)} running, {len(todo)} not started")
-                running, todo = {}, []
+                    ended.update({member: time.perf_counter() - began for member in members[name]})
+                left = sum(len(g) for g in groups)
+                print(f"deadline {args.deadline:.0f} s: stopped {len(running)} running, {left} cells not started")
+                running, groups = {}, []
             if now >= next_report:
                 next_report += args.every
-                done = {name: len(rounds_done(folder / name)) for name in running}
+                done = {m: len(rounds_done(folder / m)) for name in running for m in members[name]}
                 print(f"{now:6.0f} s: rounds done {done}", flush=True)
     finally:  # interrupted (Ctrl-C, SIGTERM): the cells run in their own sessions, so stop them here
         stop([proc for proc, _ in running.values()])

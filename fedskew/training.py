@@ -235,7 +235,8 @@ def confusion(
     if len(x) == 0:
         return float("nan"), np.zeros((0, 0), dtype=np.int64)
     model.eval()
-    dtype = next(model.parameters()).dtype  # the central test set is float32; a float64 model reads it so
+    weight = next(model.parameters(), None)  # the central test set is float32; a float64 model reads it so
+    dtype = x.dtype if weight is None else weight.dtype
     loss, counts = 0.0, None
     for i in range(0, len(x), batch_size):
         xb, yb = x[i : i + batch_size].to(device, dtype), y[i : i + batch_size].to(device)

@@ -284,3 +284,28 @@ def test_suite_in_process_refuses_options_that_would_loop_run_nothing_or_mislabe
     assert done.returncode == 2 and len(err) == 1 and needle in err[0], done.stderr[-2000:]
     assert not (ROOT.parent / "X.yaml").exists() and not (ROOT / "results" / "t-gpu.yaml").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["s.yaml"]
+
+
+def test_suite_in_process_runs_cells_together_as_each_runs_alone(tmp_path: Path) -> None:
+    """`--together 4`: four batched cells in one process, their clients stacked across cells
+    (`fedskew.batched.many`), write what each writes in a process of its own (float64); without
+    engine=batched the option is refused."""
+    suite = tmp_path / "s.yaml"
+    suite.write_text(
+        f"name: s\nnum-supernodes: 10\nseeds: [0, 1]\nout-dir: {tmp_path}\n"
+        "base: {num-server-rounds: 2, model: mlp, fraction-train: 0.3, compute-dtype: float64}\n"
+        "methods: {fedavg: {}, fedprox: {}}\n"
+    )
+    common = ("--set", "engine=batched", "local-epochs=1")
+    together = run_benchmark("suite_in_process.py", str(suite), *common, "--together", "4", "--tag", "together")
+    assert together.returncode == 0, together.stderr[-3000:]
+    assert "4 cells of s, 4 a process" in together.stdout, together.stdout
+    alone = run_benchmark("suite_in_process.py", str(suite), *common, "--jobs", "2", "--tag", "alone")
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    for m in ("fedavg", "fedprox"):
+        for seed in (0, 1):
+            name = run_name("default", m, seed)
+            a, b = ((tmp_path / f"s-{tag}" / name / "metrics.jsonl").read_text() for tag in ("together", "alone"))
+            assert a == b and len(a.splitlines()) == 2, name
+    refused = run_benchmark("suite_in_process.py", str(suite), "--together", "2", "--tag", "flower")
+    assert refused.returncode == 2 and "--together runs cells on the batched engine" in refused.stderr, refused.stderr

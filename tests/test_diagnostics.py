@@ -429,10 +429,10 @@ def test_only_the_keys_a_method_reads_make_its_run_one_of_another_config() -> No
     from tests.harness import app_defaults
 
     fedrod = validate({**app_defaults(), "method": "fedrod"})
-    assert config_changes(saved_config({**fedrod, "map-uniform-aggregation": True}), fedrod) == []
+    assert config_changes(saved_config({**fedrod, "map-uniform-aggregation": False}), fedrod) == []
     assert config_changes(saved_config({**fedrod, "fedrod-gamma": 0.5}), fedrod) == ["fedrod-gamma"]
     mapcfg = validate({**app_defaults(), "method": "map"})
-    assert config_changes(saved_config({**mapcfg, "map-uniform-aggregation": True}), mapcfg) == [
+    assert config_changes(saved_config({**mapcfg, "map-uniform-aggregation": False}), mapcfg) == [
         "map-uniform-aggregation"
     ]
     assert "fedrs-alpha" in METHODS["map"].config_keys() and "fedrs-alpha" not in METHODS["fedrod"].config_keys()
