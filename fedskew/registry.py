@@ -138,6 +138,7 @@ METHODS: dict[str, MethodSpec] = {
             "scaffold",
             "scaffold:ScaffoldStrategy",
             "scaffold:ScaffoldTrainer",
+            revision=1,  # 1: update-norm-bound clips its diverging honest updates on 2-class splits
             paper='Karimireddy et al., "SCAFFOLD: Stochastic Controlled Averaging for Federated Learning", ICML 2020',
             server_lr=SCAFFOLD_SERVER_LR,
         ),
@@ -145,6 +146,7 @@ METHODS: dict[str, MethodSpec] = {
             "scaffold-rs",
             "scaffold_rs:ScaffoldRSStrategy",
             "scaffold_rs:ScaffoldRSTrainer",
+            revision=1,  # 1: update-norm-bound clips its diverging honest updates on 2-class splits
             paper="SCAFFOLD (Karimireddy et al., ICML 2020) with FedRS's restricted softmax (Li & Zhan, KDD 2021)",
             server_lr=SCAFFOLD_SERVER_LR,
             **RESTRICTED_SOFTMAX,

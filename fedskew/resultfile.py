@@ -77,7 +77,7 @@ METRIC_WORDS = {
 }
 STAT_NAME = re.compile(r"^[a-z][a-z0-9-]*\.(last\d+|osc\d+|osc\d+-\d+|r\d+-\d+|final|best)$")
 FILE_KEYS = {"suite", "suite-file", "overrides", "cells"}
-CELL_KEYS = {"partition", "method", "seeds", "rounds", "config", "config-sha256", "source", "note", "stats"}
+CELL_KEYS = {"partition", "method", "seeds", "rounds", "config", "config-sha256", "device", "source", "note", "stats"}
 STAT_KEYS = {"mean", "std", "per-seed", "seeds"}
 # where and how, not what (the trackers only copy the metrics)
 UNHASHED = ("seed", "out-dir", "run-name", "data-root", "resume", "overwrite", "tensorboard", "wandb-project")
@@ -104,6 +104,7 @@ class CellResult:
     config_sha256: str = ""
     source: str = ""
     note: str = ""
+    device: str = ""  # where its runs ran ("cpu", "cuda", "cpu, cuda"), '' where not recorded
 
     def stat_seeds(self, name: str) -> list[int]:
         return self.stats[name].seeds or self.seeds
@@ -222,6 +223,7 @@ def _cell(path: Path, i: int, raw: Any) -> CellResult:
         config_sha256=_text(path, f"{where}.config-sha256", raw.get("config-sha256", "")),
         source=_text(path, f"{where}.source", raw.get("source", "")),
         note=_text(path, f"{where}.note", raw.get("note", "")),
+        device=_text(path, f"{where}.device", raw.get("device", "")),
     )
 
 
@@ -300,7 +302,8 @@ def dump_results(results: ResultSet, path: str | Path) -> None:
             raw["rounds"] = c.rounds
         if c.config is not None:
             raw["config"] = _Flow(c.config)
-        for key, value in (("config-sha256", c.config_sha256), ("source", c.source), ("note", c.note)):
+        pairs = (("config-sha256", c.config_sha256), ("device", c.device), ("source", c.source), ("note", c.note))
+        for key, value in pairs:
             if value:
                 raw[key] = value
         raw["stats"] = {name: _stat_raw(s) for name, s in c.stats.items()}
@@ -316,13 +319,14 @@ def dump_results(results: ResultSet, path: str | Path) -> None:
 # ---------------------------------------------------------------------------------------------- export
 
 
-def config_sha256(saved: dict[str, Any]) -> str:
+def config_sha256(saved: dict[str, Any], revision: int | None = None) -> str:
     """The hash of what a run's saved config decides about its numbers: without where it ran and
     its seed (`UNHASHED`), without the keys of other methods than its own (`MethodSpec.config_keys`:
     a default of MuPFL's changes no FedAvg run) and without a `neutral` key at its default (one added
     later that changes nothing at that value), with the method's `revision` (its arithmetic fixed
-    under the same config). Equal for every seed of a cell, and for the same cell run again with the
-    same defaults of its keys and the same revision: seeds recorded under one hash are one population."""
+    under the same config: the run's, from its summary, else the code's). Equal for every seed of a
+    cell, and for the same cell run again with the same defaults of its keys and the same revision:
+    seeds recorded under one hash are one population."""
     from fedskew.config import all_params
     from fedskew.registry import METHODS
 
@@ -334,8 +338,10 @@ def config_sha256(saved: dict[str, Any]) -> str:
         for k, v in saved.items()
         if k not in UNHASHED and k not in others and not (k in params and params[k].neutral and v == params[k].default)
     }
-    if method is not None and method.revision:
-        what["method-revision"] = method.revision
+    if revision is None:
+        revision = method.revision if method is not None else 0
+    if revision:
+        what["method-revision"] = revision
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
 
 
@@ -348,6 +354,15 @@ def _summarise(values: list[float | None], seeds: list[int]) -> Stat | None:
     arr = np.array([v for _, v in kept])
     partial = [s for s, _ in kept] if len(kept) < len(seeds) else None
     return Stat(round(float(arr.mean()), 4), round(float(arr.std()), 4), per_seed, partial)
+
+
+def _summary(run_dir: Path) -> dict[str, Any]:
+    """A run's `summary.json` ({} when it is not there or not an object: a run stopped part-way)."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return summary if isinstance(summary, dict) else {}
 
 
 def per_seed_values(cell: CellResult, name: str) -> dict[int, float] | None:
@@ -387,7 +402,9 @@ def merge_seeds(old: CellResult, fresh: CellResult) -> CellResult | None:
             [by_seed[s] for s in have],
             have if len(have) < len(seeds) else None,
         )
-    return replace(fresh, seeds=seeds, stats=stats, source=f"{fresh.source}; seeds {kept} as recorded before")
+    devices = ", ".join(sorted({d.strip() for c in (old, fresh) for d in c.device.split(",") if d.strip()}))
+    source = f"{fresh.source}; seeds {kept} as recorded before"
+    return replace(fresh, seeds=seeds, stats=stats, source=source, device=devices)
 
 
 def cell_stats(runs: list[dict[str, Any]], seeds: list[int], last: int) -> dict[str, Stat]:
@@ -489,7 +506,7 @@ def _export(
     fresh: list[CellResult] = []
     for p in suite.partition_labels:
         for m in suite.method_labels:
-            per_run, seeds, hashes, rounds, config = [], [], set(), 0, None
+            per_run, seeds, hashes, rounds, config, devices, clipped = [], [], set(), 0, None, set(), []
             for c in (c for c in (suite.cells if cells is None else cells) if c.partition == p and c.method == m):
                 run_dir = run_folder / c.run_name
                 if not (run_dir / ("metrics.jsonl" if upto else "summary.json")).is_file():
@@ -511,11 +528,22 @@ def _export(
                     if len(rows) < upto:
                         warnings.warn(f"{run_dir}: not exported, {len(rows)} of the first {upto} rounds", stacklevel=2)
                         continue
+                summary = _summary(run_dir)
                 per_run.append(round_statistics(rows, suite.last_rounds))
                 seeds.append(c.seed)
-                hashes.add(config_sha256(saved))
+                # a run that predates revisions (no `method-revision` in its summary) is revision 0
+                hashes.add(config_sha256(saved, int(summary.get("method-revision", 0))))
+                devices.add(str(summary.get("device", "")))
+                if any(r.get("update-clipped") for r in rows):
+                    clipped.append(c.seed)
                 rounds = max([rounds, *(int(r["round"]) for r in rows)])
                 config = {k: v for k, v in {**c.overrides, **overrides}.items() if k != "seed"}
+            if clipped:  # honest updates the bound changed: runs of the same config without it differ
+                warnings.warn(
+                    f"{name}: {p}/{m}: seeds {clipped} clipped updates at update-norm-bound: their numbers depend "
+                    "on the bound (a method whose honest runs it changes needs a revision)",
+                    stacklevel=2,
+                )
             if per_run:
                 fresh.append(
                     CellResult(
@@ -526,6 +554,7 @@ def _export(
                         rounds=rounds,
                         config=config,
                         config_sha256=hashes.pop() if len(hashes) == 1 else "",
+                        device=", ".join(sorted(devices - {""})),
                         source=f"{source}, from the runs' metrics.jsonl"
                         + (f", their first {upto} rounds (runs stopped part-way included)" if upto else ""),
                     )

@@ -496,3 +496,28 @@ def test_text_from_files_is_shown_as_text_in_every_markdown_table(tmp_path: Path
     assert "Long form: a \\| b" not in results and "Long form: javascript:alert(1)." in results
     leaderboard = files[root / "docs" / "leaderboard.md"]
     assert "````text\na header line with ``` that would close its code block" in leaderboard
+
+
+def test_an_export_records_the_device_and_keeps_revisions_apart(tmp_path: Path) -> None:
+    """The runs' summaries name their device (`device="auto"` resolved) and their method's revision:
+    the cell records the devices, and a run of another revision does not join the recorded seeds."""
+    suite_path = tmp_path / "t.yaml"
+    suite_path.write_text(SUITE.format(out=tmp_path / "out"))
+    suite = load_suite(suite_path, app_defaults())
+    cells = {(c.method, c.seed): c for c in suite.cells}
+    (tmp_path / "results").mkdir()
+    fake_run(suite, cells[("fedavg", 0)], [0.5, 0.6, 0.7])
+    summary = suite.folder / cells[("fedavg", 0)].run_name / "summary.json"
+    summary.write_text(json.dumps({"method-revision": 0, "device": "cuda"}))
+    rs = load_results(export_suite(suite, "suites/t.yaml", app_defaults(), tmp_path / "results"))
+    assert rs.cell("iid", "fedavg").device == "cuda"
+    shutil.rmtree(suite.folder)
+    fake_run(suite, cells[("fedavg", 1)], [0.4, 0.5, 0.6])
+    summary = suite.folder / cells[("fedavg", 1)].run_name / "summary.json"
+    summary.write_text(json.dumps({"method-revision": 0, "device": "cpu"}))
+    rs = load_results(export_suite(suite, "suites/t.yaml", app_defaults(), tmp_path / "results"))
+    assert rs.cell("iid", "fedavg").seeds == [0, 1] and rs.cell("iid", "fedavg").device == "cpu, cuda"
+    summary.write_text(json.dumps({"method-revision": 7, "device": "cpu"}))  # the method's arithmetic changed
+    with pytest.warns(UserWarning, match=r"seeds \[0\] were recorded under another config"):
+        rs = load_results(export_suite(suite, "suites/t.yaml", app_defaults(), tmp_path / "results"))
+    assert rs.cell("iid", "fedavg").seeds == [1]

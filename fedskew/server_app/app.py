@@ -346,6 +346,8 @@ def main(grid: Grid, context: Context) -> None:
         final_model = strategy.global_model(arrays)
         summary = {
             "method": cfg["method"],
+            "method-revision": get_method(cfg["method"]).revision,  # its arithmetic's (`MethodSpec.revision`)
+            "device": device.type,  # the server's: `device="auto"` says which it was
             "dataset": cfg["dataset"],
             "model": cfg["model"],
             "partition": cfg["partition"],

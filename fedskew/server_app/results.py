@@ -7,8 +7,9 @@
 - `timings.jsonl`   seconds per round and per step, and each client's participation count (client state);
                     `resumed-after: R` on the first row a resumed run wrote
 - `failures.jsonl`  every lost or dropped reply: round, node, partition, reason
-- `summary.json`    method, rounds, wall time and, for global, client-global and personalized accuracy,
-                    the final value, the best and the mean of the last 10 rounds (`round_statistics`)
+- `summary.json`    method (and its `revision`), the device, rounds, wall time and, for global,
+                    client-global and personalized accuracy, the final value, the best and the mean
+                    of the last 10 rounds (`round_statistics`)
 - `model.pt`        the final global model's state dict (none for a method without one: FedProto)
 - `checkpoint.pt`   every `checkpoint-every` rounds: round, global arrays, strategy state and the run's
                     `RESUME_FIXED` keys (`resume=true` continues from it; all server randomness is
