@@ -21,7 +21,8 @@ The name and every label are single folder names. Before anything runs, every ch
 checked as its run would check it (`plan_cells`; `--dry-run` stops there) and given its action:
 
 - done: its `summary.json` exists and its saved `config.json` is the cell's config: skipped;
-- changed: finished under another config (the suite was edited since): kept and named in a warning;
+- changed: finished under another config (the suite was edited since) or another revision of its
+  method (`MethodSpec.revision`: its arithmetic fixed since): kept and named in a warning;
   `--rerun-changed` runs it again (rerun), its earlier files set aside in its `aside-<time>-*/`;
 - resume: stopped part-way with the cell's config: continues from its `checkpoint.pt`, so an
   interrupted suite resumes where it stopped (within `checkpoint-every` rounds);
@@ -329,7 +330,7 @@ def recorded_seeds(suite: Suite, app_dir: Path) -> dict[tuple[str, str, int], st
 def _plan(cell: Cell, run_dir: Path, cfg: dict, subm: dict, app_dir: Path, rerun_changed: bool) -> CellPlan:
     """One cell's action; `subm` are its overrides with overwrite=true."""
     if (run_dir / "summary.json").is_file():
-        changes = saved_changes(run_dir, cfg)
+        changes = saved_changes(run_dir, cfg) or revision_change(run_dir, cfg["method"])
         if not changes:
             return CellPlan(cell, "done", {})
         return CellPlan(cell, "rerun" if rerun_changed else "changed", subm if rerun_changed else {}, changes)
@@ -346,6 +347,17 @@ def _plan(cell: Cell, run_dir: Path, cfg: dict, subm: dict, app_dir: Path, rerun
     except ConfigError as e:
         return CellPlan(cell, "afresh", subm, str(e))
     return CellPlan(cell, "resume", resumed, f"after round {stopped_at}")
+
+
+def revision_change(run_dir: Path, method: str) -> str:
+    """'' when the finished run in `run_dir` ran `method`'s current revision (`MethodSpec.revision`;
+    a summary without one: revision 0), else what changed."""
+    try:
+        ran = int(json.loads((run_dir / "summary.json").read_text()).get("method-revision", 0))
+    except (OSError, ValueError, AttributeError, TypeError):
+        ran = 0
+    now = get_method(method).revision
+    return "" if ran == now else f"changed: {method} revision {ran}, now {now}"
 
 
 def read_saved(run_dir: Path) -> dict[str, Any] | None:

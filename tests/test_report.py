@@ -521,3 +521,25 @@ def test_an_export_records_the_device_and_keeps_revisions_apart(tmp_path: Path) 
     with pytest.warns(UserWarning, match=r"seeds \[0\] were recorded under another config"):
         rs = load_results(export_suite(suite, "suites/t.yaml", app_defaults(), tmp_path / "results"))
     assert rs.cell("iid", "fedavg").seeds == [1]
+
+
+def test_a_finished_run_of_an_earlier_revision_of_its_method_is_changed_not_done(tmp_path: Path) -> None:
+    """A method's arithmetic fixed since a cell ran (`MethodSpec.revision`): the plan does not skip
+    the cell as done, it says which revision ran (and `--rerun-changed` runs it again)."""
+    from fedskew.experiments import plan_cells
+    from fedskew.registry import METHODS
+
+    suite_path = tmp_path / "t.yaml"
+    suite_path.write_text(SUITE.replace("fedavg: {{}}", "scaffold: {{}}").format(out=tmp_path / "out"))
+    suite = load_suite(suite_path, app_defaults())
+    cell = next(c for c in suite.cells if c.method == "scaffold" and c.seed == 0)
+    fake_run(suite, cell, [0.5, 0.6, 0.7])
+    assert METHODS["scaffold"].revision >= 1
+    (plan,) = plan_cells(suite, ROOT, [cell])  # its summary names no revision: revision 0
+    assert plan.action == "changed" and f"scaffold revision 0, now {METHODS['scaffold'].revision}" in plan.note
+    (plan,) = plan_cells(suite, ROOT, [cell], rerun_changed=True)
+    assert plan.action == "rerun"
+    (suite.folder / cell.run_name / "summary.json").write_text(
+        json.dumps({"method-revision": METHODS["scaffold"].revision})
+    )
+    assert [p.action for p in plan_cells(suite, ROOT, [cell])] == ["done"]
