@@ -48,8 +48,9 @@ endif
 run: venv data
 	$(RUN)
 
+# A pytest-xdist worker a core (tests that share the machine's network namespaces run on one worker).
 test: venv data deploy-tools
-	$(PY) -m pytest -q $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $$(nproc) --dist loadgroup $(PYTEST_ARGS)
 
 # The Docker demo (docs/deployment.md, "Docker demo"): DEMO_ARGS=--offline builds without a registry.
 demo: venv data

@@ -29,6 +29,16 @@ def _flower_env() -> None:
     os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _one_thread_a_worker() -> None:
+    """Under pytest-xdist (`make test`: a worker a core), one torch thread a worker: two workers of
+    two threads each on two cores would only take turns."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
+
+
 @pytest.fixture
 def task_identity() -> None:
     """Lets tests build `Message`s without a running Flower runtime (internal API)."""

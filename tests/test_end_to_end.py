@@ -35,25 +35,23 @@ def test_fedavg_and_fedrs_learn_and_write_results(flwr_job) -> None:
             assert "personalized-held-accuracy" not in rows[-1]
 
 
-def test_same_seed_gives_identical_metrics_sequential_or_parallel(flwr_job, monkeypatch) -> None:
+def test_same_seed_gives_identical_metrics_sequential_parallel_or_in_process(flwr_job, monkeypatch, tmp_path) -> None:
     """One client at a time, or the 3 sampled clients of a round trained at once (3 Ray actors, in
     whatever order they finish): the same metrics, to the last digit. The first run's ServerApp
-    runs in a fork of fedskew's warm executor, the second's in Flower's own fresh `flwr-simulation`."""
-    job = {"method": "fedprox", "fraction-train": 0.6, "num-server-rounds": 2}
+    runs in a fork of fedskew's warm executor, the second's in Flower's own fresh `flwr-simulation`.
+    And `tests.harness.run_in_process` (what `benchmarks/suite_in_process.py` runs where Ray is not
+    installed, e.g. on the GPU machine) serves the same partitions, samples the same clients and so
+    writes the same metrics as `flwr run`'s simulation for a seed, to the last digit."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from tests.harness import run_in_process
+
+    job = {"method": "fedprox", "fraction-train": 0.6, "num-server-rounds": 2, "seed": 3}
     _, a = flwr_job(job, num_supernodes=5, name="a", actors=1)
     monkeypatch.setenv("FEDSKEW_WARM_EXEC", "0")
     _, b = flwr_job(job, num_supernodes=5, name="b", actors=3)
     assert (a / "metrics.jsonl").read_text() == (b / "metrics.jsonl").read_text()
-
-
-def test_the_in_process_grid_gives_the_simulation_s_metrics(flwr_job, tmp_path, task_identity) -> None:
-    """`tests.harness.run_in_process` (what `benchmarks/suite_in_process.py` runs where Ray is not
-    installed, e.g. on the GPU machine) serves the same partitions, samples the same clients and so
-    writes the same metrics as `flwr run`'s simulation for a seed, to the last digit."""
-    from tests.harness import run_in_process
-
-    job = {"method": "fedrs", "fraction-train": 0.6, "num-server-rounds": 2, "seed": 3}
-    _, sim = flwr_job(job, num_supernodes=5, name="sim")
+    TaskIdentity.run_id = TaskIdentity.node_id = TaskIdentity.task_id = 1  # messages built in this process
     out = tmp_path / "in-process"
     run_in_process({**SMALL_JOB, **job, "out-dir": str(out), "run-name": "r"}, 5)
-    assert (out / "r" / "metrics.jsonl").read_text() == (sim / "metrics.jsonl").read_text()
+    assert (out / "r" / "metrics.jsonl").read_text() == (a / "metrics.jsonl").read_text()

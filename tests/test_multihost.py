@@ -45,6 +45,9 @@ from fedskew.launcher import stage_app
 from fedskew.server_app.results import read_jsonl
 from tests.multihost import AS_NOBODY, NetLab, NetLabUnavailable
 
+# one machine's network namespaces and blackhole routes: never beside another test that makes them
+pytestmark = pytest.mark.xdist_group("netns")
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 NUM_PARTITIONS = 60  # the nodes serve partitions 0..2 of 60 (about 800 training images each)

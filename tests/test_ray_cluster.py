@@ -37,6 +37,9 @@ import pytest
 from fedskew.server_app.results import read_jsonl
 from tests.multihost import NetLab, NetLabUnavailable
 
+# one machine's network namespaces and blackhole routes: never beside another test that makes them
+pytestmark = pytest.mark.xdist_group("netns")
+
 ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 CLIENTS = 40

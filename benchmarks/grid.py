@@ -1,0 +1,179 @@
+"""Benchmark: a suite's cells a minute, many runs in one process (the batched engine's grid) against
+one process a cell (`suite_in_process.py --jobs J`, the Flower path's code in process).
+
+Each way runs the same cells (a suite's slice, `--set` overrides on top, e.g. fewer rounds) into a
+folder of its own, one way after the other, `--repeats` times alternating (the machine's load moves:
+the ratio of a pair measured back to back is what counts), and prints for each: wall seconds, cells
+a minute, and its ratio to the first way. Ways:
+
+- `per-cell:J`: `benchmarks/suite_in_process.py --jobs J` (one process a cell, J at once, each its
+  ServerApp and its clients one after the other, one torch thread);
+- `grid:P`: the cells split over P processes, each running its share as many runs in one process
+  (`fedskew.batched.many`), cores // P torch threads each.
+
+    .venv/bin/python benchmarks/grid.py suites/leaderboard.yaml --partitions c2 --seeds 0 \\
+        --set num-server-rounds=5 --ways per-cell:2,grid:1,grid:2 --repeats 2
+
+Two helpers of `benchmarks/gpu_leaderboard.sh`: `grid.py stacked SUITE [METHODS]` prints the method
+labels the batched engine stacks, `grid.py compare OURS.yaml REFERENCE.yaml [STAT]` compares every
+cell of two result files (paired over shared seeds).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from _common import ROOT, in_process_setup
+
+from fedskew.experiments import labels, load_suite, select
+from fedskew.launcher import app_defaults
+from fedskew.resources import available_cores
+
+SCRIPT = Path(__file__).resolve()
+
+
+def grid_child(spec: str) -> None:
+    """Child process: its share of the cells as many runs in this process."""
+    in_process_setup()
+    import torch
+
+    from fedskew.batched.many import run_many
+
+    job = json.loads(spec)
+    torch.set_num_threads(job["threads"])
+    errors = run_many(job["configs"], job["nodes"], torch.device("cpu"))
+    failed = [(c["run-name"], repr(e)) for c, e in zip(job["configs"], errors, strict=True) if e is not None]
+    if failed:
+        raise SystemExit(f"failed: {failed}")
+
+
+def run_way(way: str, args: argparse.Namespace, sets: list[str], folder: Path) -> float:
+    """Run the cells one way into `folder`; its wall seconds."""
+    shutil.rmtree(folder, ignore_errors=True)
+    kind, _, n = way.partition(":")
+    count = int(n or 1)
+    t0 = time.perf_counter()
+    if kind == "per-cell":
+        cmd = [sys.executable, str(SCRIPT.parent / "suite_in_process.py"), args.suite, "--jobs", str(count)]
+        cmd += ["--out-dir", str(folder), "--tag", "bench", "--every", "100000"]
+        for flag in ("methods", "partitions", "seeds"):
+            if getattr(args, flag):
+                cmd += [f"--{flag}", getattr(args, flag)]
+        subprocess.run([*cmd, "--set", *sets] if sets else cmd, check=True, stdout=subprocess.DEVNULL)
+    elif kind == "grid":
+        suite = load_suite(args.suite, app_defaults(ROOT))
+        cells = select(suite, labels(args.methods), labels(args.partitions), labels(args.seeds, int, "--seeds"))
+        extra = {k: v for k, _, v in (s.partition("=") for s in sets)}
+        import yaml
+
+        configs = [
+            {
+                **app_defaults(ROOT),
+                **c.overrides,
+                **{k: yaml.safe_load(v) for k, v in extra.items()},
+                "engine": "batched",
+                "out-dir": str(folder),
+                "run-name": c.run_name,
+                "num-partitions": c.num_supernodes,
+            }
+            for c in cells
+        ]
+        threads = max(1, available_cores() // count)
+        procs = []
+        for p in range(count):
+            share = configs[p::count]
+            spec = json.dumps({"configs": share, "nodes": [c["num-partitions"] for c in share], "threads": threads})
+            procs.append(subprocess.Popen([sys.executable, str(SCRIPT), "--child", spec], stdout=subprocess.DEVNULL))
+        codes = [p.wait() for p in procs]
+        if any(codes):
+            raise SystemExit(f"{way}: a process failed ({codes})")
+    else:
+        raise SystemExit(f"--ways: {way!r} is not allowed: per-cell:J or grid:P")
+    return time.perf_counter() - t0
+
+
+def stacked_labels(suite_file: str, methods: str | None) -> list[str]:
+    """The suite's method labels (among `methods`) whose cells the batched engine stacks."""
+    from fedskew.batched.executor import stacked_refusal
+
+    suite = load_suite(suite_file, app_defaults(ROOT))
+    chosen = labels(methods) or suite.method_labels
+    first = {c.method: c for c in suite.cells}
+    return [m for m in chosen if stacked_refusal({**app_defaults(ROOT), **first[m].overrides}) is None]
+
+
+def compare(ours_file: str, reference_file: str, stat: str) -> None:
+    """Every cell of `ours_file` against the same cell of `reference_file`: the gap, paired over the
+    seeds both hold (`fedskew.stats`), and whether it lies within the reference's spread over seeds."""
+    from fedskew.resultfile import load_results, per_seed_values
+    from fedskew.stats import paired_gain
+
+    ours, ref = load_results(ours_file), load_results(reference_file)
+    print(f"| cell | ours ({ours.overrides.get('device', '')}) | reference | gap, paired | within the spread |")
+    print("|---|---|---|---|---|")
+    inside = total = 0
+    for cell in ours.cells:
+        other = ref.cell(cell.partition, cell.method)
+        if other is None or stat not in cell.stats or stat not in other.stats:
+            continue
+        a, b = per_seed_values(cell, stat), per_seed_values(other, stat)
+        gap = paired_gain(a, b) if a and b else None
+        spread = other.stats[stat].std or 0.0
+        diff = cell.stats[stat].mean - other.stats[stat].mean
+        ok = abs(diff) <= max(spread, 1e-9) or (gap is not None and not gap.excludes_zero())
+        inside, total = inside + ok, total + 1
+        shown = gap.text() if gap is not None else f"{diff:+.2f} (no shared seed)"
+        print(
+            f"| {cell.partition}/{cell.method} | {cell.stats[stat].mean:.2f} | "
+            f"{other.stats[stat].mean:.2f} ± {spread:.2f} | {shown} | {'yes' if ok else 'no'} |"
+        )
+    print(f"\n{inside} of {total} cells within the reference's spread ({stat})")
+
+
+def main() -> None:
+    if sys.argv[1:2] == ["stacked"]:  # benchmarks/grid.py stacked SUITE [METHODS]
+        print(",".join(stacked_labels(sys.argv[2], sys.argv[3] if len(sys.argv) > 3 else None)))
+        return
+    if sys.argv[1:2] == ["compare"]:  # benchmarks/grid.py compare OURS.yaml REFERENCE.yaml [STAT]
+        return compare(sys.argv[2], sys.argv[3], sys.argv[4] if len(sys.argv) > 4 else "global.last10")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("suite", nargs="?")
+    for flag in ("methods", "partitions", "seeds"):
+        ap.add_argument(f"--{flag}", metavar="A,B")
+    ap.add_argument("--set", nargs="*", default=[], metavar="K=V", help="run-config overrides for every cell")
+    ap.add_argument("--ways", default="per-cell:2,grid:1", help="comma-separated: per-cell:J, grid:P")
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--out", default=str(ROOT / "outputs" / "bench-grid"))
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        return grid_child(args.child)
+    if not args.suite:
+        ap.error("the suite's YAML file is required")
+    suite = load_suite(args.suite, app_defaults(ROOT))
+    n = len(select(suite, labels(args.methods), labels(args.partitions), labels(args.seeds, int, "--seeds")))
+    ways = args.ways.split(",")
+    walls: dict[str, list[float]] = {w: [] for w in ways}
+    for r in range(args.repeats):
+        for way in ways:
+            wall = run_way(way, args, args.set, Path(args.out) / way.replace(":", "-"))
+            walls[way].append(wall)
+            print(f"repeat {r + 1}: {way}: {n} cells in {wall:.0f} s ({60 * n / wall:.2f} cells a minute)", flush=True)
+    first = ways[0]
+    print(f"\n| way | cells | wall (s), each repeat | cells a minute | ratio to {first} (each repeat) |")
+    print("|---|---|---|---|---|")
+    for way in ways:
+        ratios = [a / b for a, b in zip(walls[first], walls[way], strict=True)]
+        rate = 60 * n * len(walls[way]) / sum(walls[way])
+        each = ", ".join(f"{w:.0f}" for w in walls[way])
+        print(f"| {way} | {n} | {each} | {rate:.2f} | {', '.join(f'{x:.2f}' for x in ratios)} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The project's background queue on a CPU machine (2 cores): the suites that the leaderboard and
+# the peers' tables need, in their order, one seed after the other, two cells at once, in process
+# (`benchmarks/suite_in_process.py --into-suite`: the same metrics.jsonl as `flwr run`). After each
+# seed the suite's finished cells are exported into results/<suite>.yaml, which keeps their per-seed
+# values: a later session (another machine, no outputs/) skips every seed recorded there with the
+# same config and method revision ('recorded') and adds its own seeds to them on export. So the queue
+# resumes across sessions from the committed result files: commit them before a session ends.
+#   bash scripts/queue.sh                      # everything, in order
+#   QUEUE="leaderboard:0-9" bash scripts/queue.sh
+# Order: the leaderboard's 10 seeds at 40 rounds; the rounds its leading methods need to converge
+# (`suites/leaderboard-long.yaml`, read by `benchmarks/convergence.py`); the peers' protocols
+# (niid_bench, PFLlib); the leaderboard at a converged budget (`suites/leaderboard-converged.yaml`).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python} FEDSKEW=${FEDSKEW:-.venv/bin/fedskew}
+JOBS=${JOBS:-2}
+QUEUE=${QUEUE:-"leaderboard:0-9 leaderboard-long:0-0 peer-niid-bench:0-2 peer-pfllib:0-2 leaderboard-converged:0-4"}
+for item in $QUEUE; do
+    suite=${item%%:*} range=${item#*:}
+    for seed in $(seq "${range%-*}" "${range#*-}"); do
+        echo "== $suite, seed $seed: $(date -u +%H:%M)"
+        $PY benchmarks/suite_in_process.py "suites/$suite.yaml" --into-suite --jobs "$JOBS" --every 600 \
+            --seeds "$seed" ${METHODS:+--methods "$METHODS"} ${RERUN:+--rerun-changed} || true
+        $FEDSKEW experiment "suites/$suite.yaml" --export || true
+    done
+done
