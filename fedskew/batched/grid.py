@@ -18,15 +18,20 @@ import json
 import logging
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from flwr.app import Context, Message, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
+from flwr.supercore.task_identity import TaskIdentity
 
 from fedskew.batched.executor import BatchedExecutor
+from fedskew.config import ConfigError
+from fedskew.launcher import RunFailed
+from fedskew.resources import available_cores
+from fedskew.server_app.app import main
 from fedskew.training import torch_threads
 
 FIRST_NODE_ID = 1000  # node i is FIRST_NODE_ID + i (Flower's are random: nothing may depend on them)
@@ -35,6 +40,9 @@ RUN_ID = 1
 
 class BatchedGrid(Grid):
     """A Grid over `num_nodes` in-process nodes whose messages `BatchedExecutor` answers."""
+
+    # read by the ServerApp `main` (which does not import this engine): engine='batched' runs here
+    batched_engine: ClassVar[bool] = True
 
     def __init__(self, num_nodes: int, run_config: Mapping[str, Any], executor: BatchedExecutor | None = None) -> None:
         self.executor = executor or BatchedExecutor(run_config)
@@ -107,13 +115,6 @@ def run_batched(
     with `out-dir` and `run-name`: the app's defaults and the overrides, as
     `fedskew.launcher.prepare_config` makes them), with `threads` torch threads (default: one a
     core); its summary, or RunFailed with the reason. `quiet`: only warnings of the run's log."""
-    from flwr.supercore.task_identity import TaskIdentity
-
-    from fedskew.config import ConfigError
-    from fedskew.launcher import RunFailed
-    from fedskew.resources import available_cores
-    from fedskew.server_app.app import main
-
     # what Flower's runtime sets in a ServerApp process, so that the strategy can build its messages
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, RUN_ID, SUPERLINK_NODE_ID
     flwr_log = logging.getLogger("flwr")

@@ -25,7 +25,6 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message
 from flwr.serverapp import Grid, ServerApp
 
-from fedskew.batched.grid import BatchedGrid
 from fedskew.client_app.state import state_bound_problem
 from fedskew.config import ConfigError, validate
 from fedskew.data import dataset_info
@@ -268,7 +267,7 @@ class RoundFailedError(RuntimeError):
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     t_start, started_at = time.perf_counter(), time.time()
-    batched_engine = isinstance(grid, BatchedGrid)
+    batched_engine = getattr(grid, "batched_engine", False) is True  # `fedskew.batched.grid.BatchedGrid`
     if hasattr(grid, "push_messages"):  # Flower's Grids (the tests' in-process one has no push/pull)
         grid = PromptGrid(grid)
     try:  # the config and the results folder: refused with one line before anything starts
