@@ -64,7 +64,16 @@ from fedskew.config import ConfigError
 from fedskew.files import atomic_write, locked, write_text
 from fedskew.markdown import md, md_code_block, md_link
 from fedskew.resultfile import STAT_NAME, CellResult, ResultSet, Stat, describe_stat, load_all, per_seed_values
-from fedskew.stats import LEVEL, Interval, paired_gain, seeds_needed, t_quantile, top_k_chance, welch_interval
+from fedskew.stats import (
+    LEVEL,
+    Interval,
+    paired_gain,
+    rank_correlation,
+    seeds_needed,
+    t_quantile,
+    top_k_chance,
+    welch_interval,
+)
 
 VERDICTS = ("holds", "direction holds", "fails", "-")
 LEVEL_MARGIN = 1.0  # points: a "level" claim holds when its whole interval lies within +- this
@@ -639,7 +648,70 @@ def seeds_section(board: Board) -> list[str]:
     return [*lines, ""]
 
 
-def leaderboard_md(suite_path: Path, board: Board, root: Path = Path(".")) -> str:
+def _mean_last(board: Board, partition: str, method: str) -> float | None:
+    cell, key = board.cell(partition, method), f"global.last{board.last}"
+    return cell.stats[key].mean if cell is not None and key in cell.stats else None
+
+
+def budget_section(board: Board, long: Board | None, long_path: Path) -> list[str]:
+    """The short budget's gains beside a converged budget's (`long`, the same settings), and the rank
+    correlation of the methods' last-k means between the two: which verdicts depend on the budget."""
+    lines = [f"## Budget: {board.rounds} rounds against a converged budget", ""]
+    if long is None or long.results is None or not long.results.cells:
+        return [
+            *lines,
+            f"**Not run yet.** At {board.rounds} rounds the last-{board.last} mean may still drift (see the table "
+            "above: the best round often lies well above it), so these ranks may say how fast a method learns "
+            f"rather than where it ends. [`{long_path.as_posix()}`](../{long_path.as_posix()}) runs the same "
+            "methods and settings at a budget where FedAvg's and the leading methods' last-10 means have "
+            "settled (`benchmarks/convergence.py` on `suites/leaderboard-long.yaml`); its export fills this "
+            "section.",
+            "",
+        ]
+    lines += [
+        f"Gain over FedAvg at {board.rounds} and at {long.rounds} rounds (last-{board.last} mean, paired by seed, "
+        f"{LEVEL:.0%} interval), and Spearman's rank correlation of the methods' last-{board.last} means "
+        "between the two budgets (over the methods run at both).",
+        "",
+    ]
+    for p in board.partitions:
+        both = [m for m in board.methods if _mean_last(board, p, m) is not None and _mean_last(long, p, m) is not None]
+        if not both:
+            continue
+        rho = (
+            rank_correlation([_mean_last(board, p, m) for m in both], [_mean_last(long, p, m) for m in both])
+            if len(both) >= 3
+            else float("nan")
+        )
+        lines += [
+            f"**{md(p)}**: rank correlation {rho:.2f} over {len(both)} methods "
+            f"({_seed_count(board, p)} and {_seed_count(long, p)} seeds).",
+            "",
+            f"| method | gain at {board.rounds} | gain at {long.rounds} |",
+            "|---|---|---|",
+        ]
+        lines += [
+            f"| {md(m)} | {_gain_cell(board.gain(p, m))} | {_gain_cell(long.gain(p, m))} |"
+            for m in both
+            if m != BASELINE
+        ]
+        lines.append("")
+    return lines
+
+
+def where_ran(board: Board) -> str:
+    """'Where it ran: c2 cpu; dir01 cpu, cuda' from the cells' recorded devices ('' when none is)."""
+    parts = []
+    for p in board.partitions:
+        devices = sorted({d for m in board.methods if (c := board.cell(p, m)) for d in c.device.split(", ") if d})
+        if devices:
+            parts.append(f"{md(p)} {', '.join(devices)}")
+    return f"Where the cells ran (as their result file records): {'; '.join(parts)}." if parts else ""
+
+
+def leaderboard_md(
+    suite_path: Path, board: Board, root: Path = Path("."), long: Board | None = None, long_path: Path | None = None
+) -> str:
     last, partitions = board.last, board.partitions
     header = [line[2:] if line.startswith("# ") else line[1:] for line in _header_comment(root / suite_path)]
     lines = ["# Leaderboard: every method on three label-skew settings", "", GENERATED, ""]
@@ -660,6 +732,8 @@ def leaderboard_md(suite_path: Path, board: Board, root: Path = Path(".")) -> st
         ]
     if verdict := leaderboard_verdict(board):
         lines += [verdict, ""]
+    if ran := where_ran(board):
+        lines += [ran, ""]
     lines += [
         f"## Gain in global accuracy over FedAvg (points, mean of the last {last} rounds, paired by seed)",
         "",
@@ -703,6 +777,7 @@ def leaderboard_md(suite_path: Path, board: Board, root: Path = Path(".")) -> st
         )
     lines += [
         "",
+        *budget_section(board, long, long_path or CONVERGED_SUITE),
         "## Protocol, as the suite's header gives it",
         "",
         *md_code_block(header),
@@ -842,6 +917,7 @@ def readme(text: str, points: list[ClaimPoint], board: Board) -> str:
 
 
 LEADERBOARD_SUITE = Path("suites/leaderboard.yaml")
+CONVERGED_SUITE = Path("suites/leaderboard-converged.yaml")  # the same methods at a converged budget
 
 
 def generated_paths(root: Path) -> list[Path]:
@@ -860,10 +936,14 @@ def generate(root: Path, figures: bool = True) -> dict[Path, str]:
     suite_path = root / LEADERBOARD_SUITE
     suite = yaml.safe_load(suite_path.read_text())
     board = Board(suite, ev.sets.get(suite.get("name", "leaderboard")))
+    long = None
+    if (root / CONVERGED_SUITE).is_file():
+        long_suite = yaml.safe_load((root / CONVERGED_SUITE).read_text())
+        long = Board(long_suite, ev.sets.get(long_suite.get("name", "leaderboard-converged")))
     points = claim_points(claims, ev)
     out = {
         root / "docs" / "results.md": results_md(claims, ev),
-        root / "docs" / "leaderboard.md": leaderboard_md(LEADERBOARD_SUITE, board, root),
+        root / "docs" / "leaderboard.md": leaderboard_md(LEADERBOARD_SUITE, board, root, long, CONVERGED_SUITE),
         root / "README.md": readme((root / "README.md").read_text(), points, board),
     }
     if figures:
@@ -891,7 +971,8 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if stale else 0
     try:
         with locked(generated_paths(root)):  # one report at a time: each file whole, from one reading
-            for p, text in generate(root).items():
+            files = generate(root)
+            for p, text in files.items():
                 write_text(p, text)
     except ConfigError as e:
         print(f"fedskew report: {e}", file=sys.stderr)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -57,10 +59,18 @@ SMALL_JOB: dict[str, Any] = {
 }
 
 
+@pytest.fixture(scope="session")
+def _sim_links() -> Iterator[dict[Any, Any]]:
+    """One private SuperLink and Ray head per resources, shared by a test process's `flwr run` jobs
+    (as a suite's cells share one): starting and stopping them costs about 15 s a job."""
+    with contextlib.ExitStack() as stack:
+        yield {"stack": stack}
+
+
 @pytest.fixture
-def flwr_job(tmp_path: Path):
+def flwr_job(tmp_path: Path, _sim_links: dict[Any, Any]):
     """Run a real simulation through `flwr run` on a private SuperLink; return (summary, run_dir)."""
-    from fedskew.launcher import prepare_config, resources_for, run_simulation
+    from fedskew.launcher import prepare_config, resources_for, run_simulation, simulation_link
 
     def run(
         overrides: dict[str, Any], num_supernodes: int = 5, name: str = "job", actors: int | None = None
@@ -68,7 +78,11 @@ def flwr_job(tmp_path: Path):
         """`actors`: clients trained at once (default: every core busy)."""
         merged = {**SMALL_JOB, **overrides, "out-dir": str(tmp_path / "out"), "run-name": name}
         cfg, subm = prepare_config(ROOT, merged, num_supernodes)
-        summary = run_simulation(ROOT, subm, num_supernodes, stream=False, resources=resources_for(cfg, actors))
+        resources = resources_for(cfg, actors)
+        if resources not in _sim_links:
+            _sim_links[resources] = _sim_links["stack"].enter_context(simulation_link(ROOT, resources))
+        link = _sim_links[resources]
+        summary = run_simulation(ROOT, subm, num_supernodes, stream=False, resources=resources, link=link)
         run_dir = Path(summary["run_dir"])
         assert json.loads((run_dir / "summary.json").read_text()) == summary
         return summary, run_dir

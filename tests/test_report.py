@@ -22,6 +22,7 @@ from fedskew.report import (
     Evidence,
     Numbers,
     Row,
+    budget_section,
     generate,
     judged_verdict,
     leaderboard_headline,
@@ -33,7 +34,7 @@ from fedskew.report import (
 )
 from fedskew.resultfile import CellResult, ResultSet, Stat, dump_results, export_suite, load_all, load_results
 from fedskew.server_app.results import resumed_rounds, saved_config
-from fedskew.stats import Interval
+from fedskew.stats import Interval, rank_correlation
 from tests.harness import ROOT, app_defaults
 
 GENERATED = ("docs/results.md", "docs/leaderboard.md", "README.md")
@@ -369,6 +370,20 @@ def test_leaderboard_pages_give_paired_gains_with_intervals_and_the_seed_counts(
     headline = "\n".join(leaderboard_headline(board))
     assert "| fedrs | - | **+2.0 [+1.7, +2.3]** | - | n/a |" in headline and "c2 4" in headline
     assert leaderboard_verdict(Board(suite, None)) == ""
+    assert "## Budget: 40 rounds against a converged budget" in md and "**Not run yet.** At 40 rounds" in md
+
+    # a converged budget that reverses two methods' order: its gains beside the short budget's
+    long_suite = {**suite, "base": {**suite["base"], "num-server-rounds": 200}}
+    at_200 = {"fedavg": 0.0, "fedrs": 1.0, "moon": 3.0, "fedlc": 2.0, "fedprox": 4.0}
+    long_cells = [cell(m, [v + d for v in base]) for m, d in at_200.items()]
+    long = Board(long_suite, ResultSet("leaderboard-converged", "leaderboard-converged", "", long_cells))
+    section = "\n".join(budget_section(board, long, Path("suites/leaderboard-converged.yaml")))
+    # the short budget's means rank fedrs > moon > fedprox > fedavg > fedlc; the long one another way
+    short = [board.values("c2", m) for m in at_200]
+    rho = rank_correlation([np.mean(list(v.values())) for v in short], [np.mean(base) + d for d in at_200.values()])
+    assert f"**c2**: rank correlation {rho:.2f} over 5 methods (4 and 4 seeds)." in section
+    assert "| fedlc | **-1.0 [-1.0, -1.0]** | **+2.0 [+2.0, +2.0]** |" in section, section
+    assert "| method | gain at 40 | gain at 200 |" in section and "| fedavg |" not in section
 
 
 def test_the_leaderboard_suite_runs_every_registered_method_on_three_settings() -> None:
