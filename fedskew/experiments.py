@@ -76,7 +76,7 @@ from fedskew.markdown import md
 from fedskew.partitions import PartitionError
 from fedskew.registry import get_method
 from fedskew.resultfile import config_sha256, load_results, read_rounds
-from fedskew.server_app.results import LAST_ROUNDS, RESULTS, config_changes, round_statistics
+from fedskew.server_app.results import LAST_ROUNDS, RESULTS, round_statistics, saved_changes
 
 SUITE_KEYS = {"name", "num-supernodes", "seeds", "out-dir", "base", "methods", "partitions", "last-rounds"}
 # the run-config keys that decide which partition a cell's clients hold: with `method` and `seed`, what a
@@ -358,28 +358,6 @@ def revision_change(run_dir: Path, method: str) -> str:
         ran = 0
     now = get_method(method).revision
     return "" if ran == now else f"changed: {method} revision {ran}, now {now}"
-
-
-def read_saved(run_dir: Path) -> dict[str, Any] | None:
-    """`run_dir`'s `config.json` as a mapping; None when it is missing, not JSON or not an object."""
-    try:
-        saved = json.loads((run_dir / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
-    return saved if isinstance(saved, dict) else None
-
-
-def changes_from(saved: dict[str, Any] | None, cfg: dict[str, Any]) -> str:
-    """'' when the `saved` config (`read_saved`) is the config `cfg`, else why not (`config_changes`)."""
-    if saved is None:
-        return "config.json not readable"
-    changes = config_changes(saved, cfg)
-    return "" if not changes else "changed: " + ", ".join(changes)
-
-
-def saved_changes(run_dir: Path, cfg: dict[str, Any]) -> str:
-    """'' when `run_dir`'s `config.json` is the config `cfg`, else which keys differ (`config_changes`)."""
-    return changes_from(read_saved(run_dir), cfg)
 
 
 def describe(plans: list[CellPlan]) -> str:

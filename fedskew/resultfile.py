@@ -52,8 +52,9 @@ from typing import Any
 import numpy as np
 import yaml
 
-from fedskew.config import ConfigError, validate
+from fedskew.config import ConfigError, all_params, validate
 from fedskew.files import locked, write_text
+from fedskew.registry import METHODS, get_method
 
 # metric -> the `round_statistics` name of its accuracy (`<stat>_<name>`)
 METRICS = {
@@ -327,9 +328,6 @@ def config_sha256(saved: dict[str, Any], revision: int | None = None) -> str:
     under the same config: the run's, from its summary, else the code's). Equal for every seed of a
     cell, and for the same cell run again with the same defaults of its keys and the same revision:
     seeds recorded under one hash are one population."""
-    from fedskew.config import all_params
-    from fedskew.registry import METHODS
-
     params = all_params()
     method = METHODS.get(str(saved.get("method")))
     others = set().union(*(m.params for m in METHODS.values())) - (method.config_keys() if method else set())
@@ -470,7 +468,7 @@ def read_rounds(path: Path) -> list[dict[str, Any]]:
     """The rows of a run's `metrics.jsonl` (`read_jsonl`), which must hold rounds 1..R in order;
     else ConfigError naming the file and the first bad round (two writers that shared the folder
     leave 1, 1, 2, 2 or 1, 2, 3, 1: statistics over them would be wrong)."""
-    from fedskew.server_app.results import read_jsonl
+    from fedskew.server_app.results import read_jsonl  # late: the run folder's module imports torch
 
     rows = read_jsonl(path)
     for expected, row in enumerate(rows, start=1):
@@ -494,9 +492,8 @@ def _export(
     cells: list[Any] | None,
 ) -> Path:
     """`export_suite` under the result file's lock."""
-    from fedskew.experiments import changes_from, read_saved
-    from fedskew.registry import get_method
-    from fedskew.server_app.results import resumed_rounds, round_statistics
+    # late: the run folder's module imports torch, which `fedskew report` never needs
+    from fedskew.server_app.results import changes_from, read_saved, resumed_rounds, round_statistics
 
     overrides = dict(overrides or {})
     name = path.stem

@@ -49,6 +49,7 @@ from fedskew.config import COMMON, ConfigError, all_params
 from fedskew.data import dataset_slug
 from fedskew.diagnostics import last_rounds_per_class, worst_class
 from fedskew.files import atomic_write, check_folder
+from fedskew.registry import METHODS, get_method
 
 log = logging.getLogger("flwr.fedskew")
 
@@ -243,12 +244,32 @@ def config_changes(saved: Mapping[str, Any], cfg: Mapping[str, Any]) -> list[str
     return sorted(k for k, v in now.items() if k not in skip and saved.get(k, defaults.get(k)) != v)
 
 
+def read_saved(run_dir: Path) -> dict[str, Any] | None:
+    """`run_dir`'s `config.json` as a mapping; None when it is missing, not JSON or not an object."""
+    try:
+        saved = json.loads((run_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return saved if isinstance(saved, dict) else None
+
+
+def changes_from(saved: dict[str, Any] | None, cfg: dict[str, Any]) -> str:
+    """'' when the `saved` config (`read_saved`) is the config `cfg`, else why not (`config_changes`)."""
+    if saved is None:
+        return "config.json not readable"
+    changes = config_changes(saved, cfg)
+    return "" if not changes else "changed: " + ", ".join(changes)
+
+
+def saved_changes(run_dir: Path, cfg: dict[str, Any]) -> str:
+    """'' when `run_dir`'s `config.json` is the config `cfg`, else which keys differ (`config_changes`)."""
+    return changes_from(read_saved(run_dir), cfg)
+
+
 def foreign_keys(method: Any) -> set[str]:
     """Other methods' keys, which a run of `method` never reads (`MethodSpec.config_keys`): a changed
     default of MAP's does not make a FedRoD run one computed under another config. None for a method
     that is not registered."""
-    from fedskew.registry import METHODS
-
     spec = METHODS.get(method) if isinstance(method, str) else None
     if spec is None:
         return set()
@@ -390,8 +411,6 @@ def check_fits(state: dict[str, Any], strategy: Any, path: Path) -> None:
 def quiet_strategy(cfg: dict[str, Any]) -> Any:
     """The configured method's strategy on the CPU, built without Flower's start-up warnings (to
     check a checkpoint against it before anything starts)."""
-    from fedskew.registry import get_method
-
     flower = logging.getLogger("flwr")
     level = flower.level
     flower.setLevel(logging.ERROR)
