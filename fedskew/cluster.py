@@ -32,8 +32,8 @@ import sys
 from dataclasses import dataclass
 
 from fedskew.clientexec import ADDRESS
-from fedskew.config import ConfigError
 from fedskew.resources import RayNode, SimResources, free_actors
+from fedskew.schema import ConfigError
 
 REACH_TIMEOUT = 3.0  # s for a TCP connection to the head's GCS port
 PROBE_TIMEOUT = 30.0  # s for the probe to join the cluster, list its nodes and leave

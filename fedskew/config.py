@@ -4,6 +4,8 @@ Every key a user can set lives here (common keys) or in the method's registry li
 (`fedskew.registry`, keys prefixed by the method name). Validation turns the raw
 `context.run_config` (TOML types) into a plain dict of checked, typed values, or raises
 `ConfigError` with one line naming the key, the value and what is allowed.
+The types, `Param` and `ConfigError`, are `fedskew.schema`'s (a module that imports nothing of
+fedskew, below the registry); `ConfigError` is importable from here too, beside `validate`.
 
 Keys whose value sets how much is allocated or how long a loop runs have an upper bound where a
 larger value can only be a mistake (an 8 TB allocation or a client that never ends its round,
@@ -18,93 +20,17 @@ in their help texts); `round-timeout` is at least 1 s.
 from __future__ import annotations
 
 import difflib
-import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
+
+from fedskew.data import DATASET_INFO, HF_PREFIX, is_hf
+from fedskew.registry import METHODS
+from fedskew.schema import ConfigError, Param, parse_bindings
 
 DATASETS = ("fashion-mnist", "mnist", "cifar10", "cifar100", "svhn")
 AUGMENTATIONS = ("auto", "none", "crop", "crop-flip")
 MODELS = ("lenet", "map-lenet", "mupfl-cnn", "pfl-cnn", "pfllib-cnn", "mlp", "tfcnn", "vgg11", "resnet8", "resnet18")
 PARTITIONS = ("iid", "dirichlet", "classes-per-client", "long-tail", "map-random")
-
-
-class ConfigError(ValueError):
-    """A run-config value is missing, unknown, of the wrong type or out of range."""
-
-
-@dataclass(frozen=True)
-class Param:
-    """One run-config key: its type, default, allowed values and a short help text.
-
-    `low`/`high` bound numbers; `low_open`/`high_open` make a bound exclusive; `rule(value, cfg)`
-    is a further check that may read the other (typed) values and raises ValueError with the reason.
-    """
-
-    kind: type
-    default: Any
-    help: str
-    choices: tuple[Any, ...] | None = None
-    low: float | None = None
-    high: float | None = None
-    low_open: bool = False
-    high_open: bool = False
-    rule: Callable[[Any, dict[str, Any]], object] | None = None
-    # the default reproduces, to the last digit, runs made before the key existed: a run config with
-    # the key at its default hashes as one without it (`fedskew.resultfile.config_sha256`)
-    neutral: bool = False
-
-    def allowed(self) -> str:
-        if self.choices is not None:
-            return "one of " + ", ".join(repr(c) for c in self.choices)
-        if self.low is None and self.high is None:
-            return f"a {self.kind.__name__}"
-        lo = "-inf" if self.low is None else f"{self.low:g}"
-        hi = "inf" if self.high is None else f"{self.high:g}"
-        left = "(" if self.low_open or self.low is None else "["
-        right = ")" if self.high_open or self.high is None else "]"
-        return f"a {self.kind.__name__} in {left}{lo}, {hi}{right}"
-
-    def check(self, key: str, value: Any) -> Any:
-        """Return `value` converted to this param's type, or raise `ConfigError`."""
-        value = _coerce(key, value, self.kind)
-        bad = self.choices is not None and value not in self.choices
-        if self.kind in (int, float) and not bad:
-            if not math.isfinite(value):
-                bad = True
-            if self.low is not None and (value < self.low or (self.low_open and value == self.low)):
-                bad = True
-            if self.high is not None and (value > self.high or (self.high_open and value == self.high)):
-                bad = True
-        if bad:
-            raise ConfigError(f"{key}={value!r} is not allowed: must be {self.allowed()}")
-        return value
-
-
-INT64 = (-(2**63), 2**63 - 1)  # what a run config can carry (Flower sends integers as sint64)
-
-
-def _coerce(key: str, value: Any, kind: type) -> Any:
-    if kind is bool:
-        if isinstance(value, bool):
-            return value
-    elif kind is int:
-        if isinstance(value, float) and value.is_integer():
-            value = int(value)
-        if isinstance(value, int) and not isinstance(value, bool):
-            if not INT64[0] <= value <= INT64[1]:
-                raise ConfigError(f"{key}={value!r} is not allowed: must be a 64-bit integer")
-            return value
-    elif kind is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    elif kind is str:
-        if isinstance(value, str):
-            return value
-    raise ConfigError(
-        f"{key}={value!r} has type {type(value).__name__}: must be a {kind.__name__}"
-        + (' (quote strings: key="value")' if kind is str else "")
-    )
 
 
 def folder_name_rule(value: str, cfg: dict[str, Any]) -> None:
@@ -122,8 +48,6 @@ def path_rule(value: str, cfg: dict[str, Any]) -> None:
 def bindings_rule(value: str, cfg: dict[str, Any]) -> None:
     """A `Param.rule`: `partition-bindings` pairs node ids with partitions of the run (below
     num-partitions when it is set)."""
-    from fedskew.strategies.discovery import parse_bindings
-
     beyond = [p for p in parse_bindings(value).values() if cfg["num-partitions"] and p >= cfg["num-partitions"]]
     if beyond:
         raise ValueError(f"partition {beyond[0]} is not one of the num-partitions={cfg['num-partitions']}")
@@ -351,32 +275,6 @@ COMMON: dict[str, Param] = {
 }
 
 
-def parse_class_list(text: str, num_classes: int) -> list[int]:
-    """`"3,7"` -> [3, 7]; `"all"` -> every class; `""` -> none. Raises ValueError when invalid."""
-    text = text.strip()
-    if not text:
-        return []
-    if text == "all":
-        return list(range(num_classes))
-    try:
-        out = sorted({int(t) for t in text.split(",") if t.strip()})
-    except ValueError:
-        raise ValueError(f"class list {text!r}: expected comma-separated class ids or 'all'") from None
-    bad = [c for c in out if not 0 <= c < num_classes]
-    if bad:
-        raise ValueError(f"class list {text!r}: ids {bad} are outside [0, {num_classes})")
-    return out
-
-
-def class_list_rule(text: str, cfg: dict[str, Any]) -> None:
-    """A `Param.rule`: `text` is a class list of the configured data set (for an `hf:` data set,
-    whose classes are known only from the data, the ids are checked when the strategy starts)."""
-    from fedskew.data import DATASET_INFO
-
-    info = DATASET_INFO.get(cfg["dataset"])
-    parse_class_list(text, info.num_classes if info else 2**31)
-
-
 def _device_ok(value: str) -> bool:
     """auto, cpu, cuda or cuda:N with N in ASCII digits (`str.isdigit` takes other scripts' digits too,
     which torch refuses) below 128 (torch keeps the index in 8 bits: cuda:128 would be cuda:-128)."""
@@ -393,8 +291,6 @@ def validate(raw: Mapping[str, Any]) -> dict[str, Any]:
 
     Raises `ConfigError` (one line) for an unknown key, a wrong type or an out-of-range value.
     """
-    from fedskew.registry import METHODS  # late: the registry imports this module
-
     method = COMMON["method"].check("method", raw.get("method", COMMON["method"].default))
     if method not in METHODS:
         raise ConfigError(f"method={method!r} is not allowed: must be one of " + ", ".join(sorted(METHODS)))
@@ -411,8 +307,6 @@ def validate(raw: Mapping[str, Any]) -> dict[str, Any]:
 
 def all_params() -> dict[str, Param]:
     """Every known key: the common ones plus every registered method's own."""
-    from fedskew.registry import METHODS
-
     schema = dict(COMMON)
     for spec in METHODS.values():
         schema.update(spec.params)
@@ -420,8 +314,6 @@ def all_params() -> dict[str, Param]:
 
 
 def _check_cross(cfg: dict[str, Any]) -> None:
-    from fedskew.data import DATASET_INFO, HF_PREFIX, is_hf
-
     for key, p in all_params().items():
         if p.rule is not None:
             try:

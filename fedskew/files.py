@@ -36,7 +36,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from fedskew.config import ConfigError
+from fedskew.schema import ConfigError
 
 
 def atomic_write(path: Path, write: Callable[[BinaryIO], object]) -> None:

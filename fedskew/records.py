@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from fedskew.config import INT64
+from fedskew.schema import INT64
 
 VALUE_BOUND = 1e6
 

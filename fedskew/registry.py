@@ -11,7 +11,8 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from fedskew.config import Param, class_list_rule
+from fedskew.data import DATASET_INFO
+from fedskew.schema import Param, parse_class_list
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,13 @@ class MethodSpec:
 def _load(path: str) -> Any:
     module, _, attr = path.partition(":")
     return getattr(importlib.import_module(module), attr)
+
+
+def class_list_rule(text: str, cfg: dict[str, Any]) -> None:
+    """A `Param.rule`: `text` is a class list of the configured data set (for an `hf:` data set,
+    whose classes are known only from the data, the ids are checked when the strategy starts)."""
+    info = DATASET_INFO.get(cfg["dataset"])
+    parse_class_list(text, info.num_classes if info else 2**31)
 
 
 def _fedgen_batch_rule(iterations: int, cfg: dict[str, Any]) -> None:

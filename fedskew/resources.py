@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedskew.config import ConfigError
+from fedskew.schema import ConfigError
 
 # Ray divides GPU shares in units of 1/10,000; a share rounded down always fits `actors` times.
 _GPU_SHARE_UNIT = 10_000

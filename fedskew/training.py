@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedskew.config import ConfigError
+from fedskew.schema import ConfigError
 
 # (model, x, y) -> the batch loss, or (loss, the training loss reported for it)
 LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor | tuple[torch.Tensor, torch.Tensor]]

@@ -10,7 +10,6 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from fedskew.config import parse_class_list
 from fedskew.losses.fedmr import (
     aggregate_prototypes,
     class_prototypes,
@@ -19,6 +18,7 @@ from fedskew.losses.fedmr import (
     intra_class_loss,
     sharing_partitions,
 )
+from fedskew.schema import parse_class_list
 from tests.conftest import read_metrics
 
 # ---------------------------------------------------------------------------------------------- intra

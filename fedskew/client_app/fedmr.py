@@ -39,8 +39,8 @@ from torch import nn
 
 from fedskew import wire
 from fedskew.client_app.prototypes import PrototypeTrainer
-from fedskew.config import parse_class_list
 from fedskew.losses.fedmr import gradient_share, inter_class_loss, intra_class_loss
+from fedskew.schema import parse_class_list
 from fedskew.wire import FEDMR_CONFIG, FEDMR_PROTOTYPES
 
 

@@ -42,8 +42,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedskew.config import ConfigError
-from fedskew.data import MAX_IMAGE_SIZE
+from fedskew.data import MAX_IMAGE_SIZE, dataset_info
+from fedskew.schema import ConfigError
 
 if TYPE_CHECKING:
     from fedskew.data import DatasetInfo
@@ -263,8 +263,6 @@ def check_input(name: str, info: DatasetInfo) -> None:
 def build_model(name: str, dataset: str | DatasetInfo) -> SplitNet:
     """A fresh `name` network shaped for `dataset` (channels, image size, classes): the data set's
     `DatasetInfo` (`fedskew.data.dataset_info(cfg)`), or the name of a standard set."""
-    from fedskew.data import dataset_info
-
     info = dataset_info(dataset) if isinstance(dataset, str) else dataset
     check_input(name, info)
     return MODELS[name](info.channels, info.size, info.num_classes)

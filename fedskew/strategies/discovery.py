@@ -24,31 +24,13 @@ it was configured for. None of that is trusted:
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Mapping
 
+from fedskew.schema import parse_bindings
+
 Report = tuple[int, int]  # (partition-id, num-partitions) as a node reported them
-NODE_ID_MAX = 2**64 - 1  # Flower's node ids are unsigned 64-bit integers
 DECIDE = 'an operator decides with the run-config key partition-bindings="NODE:PARTITION"'
-
-
-def parse_bindings(text: str) -> dict[int, int]:
-    """node id -> partition of a `partition-bindings` text ("1000:0, 1017:1"; "" = none); ValueError
-    (what is wrong, in one line) unless each pair is two whole numbers, a node id in [0, 2**64) and
-    no node or partition named twice."""
-    bindings: dict[int, int] = {}
-    for pair in filter(None, (p.strip() for p in text.split(","))):
-        match = re.fullmatch(r"(\d+)\s*:\s*(\d+)", pair)
-        if match is None:
-            raise ValueError(f"{pair!r} is not NODE:PARTITION (two whole numbers, e.g. 1000:0)")
-        node, partition = int(match[1]), int(match[2])
-        if node > NODE_ID_MAX:
-            raise ValueError(f"node id {node} is not a Flower node id (at most 2**64 - 1)")
-        if node in bindings or partition in bindings.values():
-            raise ValueError(f"{pair!r}: node {node} or partition {partition} is bound twice")
-        bindings[node] = partition
-    return bindings
 
 
 def majority_count(reports: Mapping[int, Report]) -> int | None:

@@ -29,9 +29,9 @@ import torch
 from flwr.app import ConfigRecord, RecordDict
 
 from fedskew import wire
-from fedskew.config import parse_class_list
 from fedskew.losses.fedmr import sharing_partitions
 from fedskew.records import Rejected
+from fedskew.schema import parse_class_list
 from fedskew.strategies.prototypes import PrototypeStrategy
 from fedskew.wire import FEDMR_CONFIG, FEDMR_PROTOTYPES
 
