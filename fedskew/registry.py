@@ -1,18 +1,24 @@
 """The methods: each name maps to its server strategy, its client trainer and its own run-config keys.
 
 Adding a method means one strategy module (`strategies/<name>.py`), one trainer module
-(`client_app/<name>.py`) and one line here. The classes are imported lazily by dotted path so
-that the config validator can list methods without importing torch code.
+(`client_app/<name>.py`), its records in `fedskew/wire.py` when it sends more than the model, and one
+entry here naming them (`wire=`: both sides read it from here). The classes and the wire are
+imported lazily by dotted path so that the config validator can list methods without importing
+torch code.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedskew.data import DATASET_INFO
 from fedskew.schema import Param, parse_class_list
+
+if TYPE_CHECKING:
+    from fedskew.wire import Wire
 
 
 @dataclass(frozen=True)
@@ -28,6 +34,13 @@ class MethodSpec:
     # raised when the method's arithmetic changes under the same config (a fix), so that results of
     # the earlier code no longer share a hash with the new ones (`fedskew.resultfile.config_sha256`)
     revision: int = 0
+    # its records beyond the model arrays: the name of its `fedskew.wire.Wire`, the one declaration
+    # both its strategy and its trainer read (`DeclaredWire`)
+    wire: str = "BASE"
+
+    def wire_spec(self) -> Wire:
+        """The method's `fedskew.wire.Wire` (imported lazily, as the classes)."""
+        return _load(f"fedskew.wire:{self.wire}")
 
     def strategy_class(self) -> Any:
         return _load(self.strategy)
@@ -61,6 +74,28 @@ def _load(path: str) -> Any:
     return getattr(importlib.import_module(module), attr)
 
 
+class DeclaredWire:
+    """The `wire` of a strategy or trainer class (`BaseStrategy.wire`, `BaseTrainer.wire`): the
+    `fedskew.wire.Wire` its registry entries name (`MethodSpec.wire`, found by the class's dotted
+    path, so that neither side imports the other), else its nearest registered base class's, else
+    `fedskew.wire.BASE`. The one declaration both sides of a method read."""
+
+    def __get__(self, obj: Any, cls: type) -> Wire:
+        return wire_of(cls)
+
+
+@functools.cache
+def wire_of(cls: type) -> Wire:
+    for c in cls.__mro__:
+        path = f"{c.__module__}:{c.__qualname__}"
+        wires = {id(w): w for w in (m.wire_spec() for m in METHODS.values() if path in (m.strategy, m.trainer))}
+        if len(wires) > 1:
+            raise TypeError(f"{path} serves methods that declare different wires")
+        if wires:
+            return wires.popitem()[1]
+    return _load("fedskew.wire:BASE")
+
+
 def class_list_rule(text: str, cfg: dict[str, Any]) -> None:
     """A `Param.rule`: `text` is a class list of the configured data set (for an `hf:` data set,
     whose classes are known only from the data, the ids are checked when the strategy starts)."""
@@ -74,9 +109,12 @@ def _fedgen_batch_rule(iterations: int, cfg: dict[str, Any]) -> None:
         raise ValueError(f"the generator trains on batches of batch-size={cfg['batch-size']} labels; it needs >= 2")
 
 
-def _m(name: str, strategy: str, trainer: str, paper: str = "", revision: int = 0, **params: Param) -> MethodSpec:
+def _m(
+    name: str, strategy: str, trainer: str, paper: str = "", revision: int = 0, wire: str = "BASE", **params: Param
+) -> MethodSpec:
     keys = {f"{name}-{k.rstrip('_').replace('_', '-')}": p for k, p in params.items()}  # lambda_: -lambda
-    return MethodSpec(name, f"fedskew.strategies.{strategy}", f"fedskew.client_app.{trainer}", keys, paper, revision)
+    strategy, trainer = f"fedskew.strategies.{strategy}", f"fedskew.client_app.{trainer}"
+    return MethodSpec(name, strategy, trainer, keys, paper, revision, wire)
 
 
 # FedRS's restricted softmax (`fedskew.client_app.fedrs.FedRSTrainer`), for fedrs and scaffold-rs
@@ -136,6 +174,7 @@ METHODS: dict[str, MethodSpec] = {
             "fedrs",
             "fedrs:FedRSStrategy",
             "fedrs:FedRSTrainer",
+            wire="FEDRS",
             paper=(
                 'Li & Zhan, "FedRS: Federated Learning with Restricted Softmax for Label Distribution Non-IID '
                 'Data", KDD 2021'
@@ -146,6 +185,7 @@ METHODS: dict[str, MethodSpec] = {
             "scaffold",
             "scaffold:ScaffoldStrategy",
             "scaffold:ScaffoldTrainer",
+            wire="SCAFFOLD",
             revision=1,  # 1: update-norm-bound clips its diverging honest updates on 2-class splits
             paper='Karimireddy et al., "SCAFFOLD: Stochastic Controlled Averaging for Federated Learning", ICML 2020',
             server_lr=SCAFFOLD_SERVER_LR,
@@ -154,6 +194,7 @@ METHODS: dict[str, MethodSpec] = {
             "scaffold-rs",
             "scaffold_rs:ScaffoldRSStrategy",
             "scaffold_rs:ScaffoldRSTrainer",
+            wire="SCAFFOLD_RS",
             revision=1,  # 1: update-norm-bound clips its diverging honest updates on 2-class splits
             paper="SCAFFOLD (Karimireddy et al., ICML 2020) with FedRS's restricted softmax (Li & Zhan, KDD 2021)",
             server_lr=SCAFFOLD_SERVER_LR,
@@ -163,6 +204,7 @@ METHODS: dict[str, MethodSpec] = {
             "fednova",
             "fednova:FedNovaStrategy",
             "fednova:FedNovaTrainer",
+            wire="FEDNOVA",
             paper=(
                 'Wang et al., "Tackling the Objective Inconsistency Problem in Heterogeneous Federated '
                 'Optimization", NeurIPS 2020'
@@ -172,6 +214,7 @@ METHODS: dict[str, MethodSpec] = {
             "feddyn",
             "feddyn:FedDynStrategy",
             "feddyn:FedDynTrainer",
+            wire="FEDDYN",
             paper='Acar et al., "Federated Learning Based on Dynamic Regularization", ICLR 2021',
             alpha=Param(
                 float,
@@ -185,6 +228,7 @@ METHODS: dict[str, MethodSpec] = {
             "feddc",
             "feddc:FedDCStrategy",
             "feddc:FedDCTrainer",
+            wire="FEDDC",
             revision=1,  # 1: grad-clip clips the correction with the loss gradient, as the authors' code
             paper=(
                 'Gao et al., "FedDC: Federated Learning with Non-IID Data via Local Drift Decoupling and '
@@ -201,6 +245,7 @@ METHODS: dict[str, MethodSpec] = {
             "fedmr",
             "fedmr:FedMRStrategy",
             "fedmr:FedMRTrainer",
+            wire="FEDMR",
             paper=(
                 'Fan et al., "Federated Learning under Partially Class-Disjoint Data via Manifold Reshaping", TMLR 2023'
             ),
@@ -243,6 +288,7 @@ METHODS: dict[str, MethodSpec] = {
             "mupfl",
             "mupfl:MuPFLStrategy",
             "mupfl:MuPFLTrainer",
+            wire="MUPFL",
             paper=(
                 'Zhang et al., "Multi-level Personalized Federated Learning on Heterogeneous and Long-Tailed '
                 'Data" (MuPFL; extends ICME 2023)'
@@ -344,6 +390,7 @@ METHODS: dict[str, MethodSpec] = {
             "map",
             "map:MAPStrategy",
             "map:MAPTrainer",
+            wire="MAP",
             paper=(
                 'Li et al., "MAP: Model Aggregation and Personalization in Federated Learning with Incomplete '
                 'Classes", TKDE 2024'
@@ -388,6 +435,7 @@ METHODS: dict[str, MethodSpec] = {
             "fedphp",
             "fedphp:FedPHPStrategy",
             "fedphp:FedPHPTrainer",
+            wire="FEDPHP",
             paper='Li, Zhan et al., "FedPHP: Federated Personalization with Inherited Private Models", ECML-PKDD 2021',
             **_hpm("FedPHP", soften_student=False, mu_max=0.9),
         ),
@@ -395,6 +443,7 @@ METHODS: dict[str, MethodSpec] = {
             "fedproto",
             "fedproto:FedProtoStrategy",
             "fedproto:FedProtoTrainer",
+            wire="FEDPROTO",
             paper='Tan et al., "FedProto: Federated Prototype Learning across Heterogeneous Clients", AAAI 2022',
             lambda_=Param(
                 float,
@@ -419,6 +468,7 @@ METHODS: dict[str, MethodSpec] = {
             "fedgela",
             "fedgela:FedGELAStrategy",
             "fedgela:FedGELATrainer",
+            wire="FEDGELA",
             paper=(
                 'Fan et al., "Federated Learning with Bilateral Curation for Partially Class-Disjoint Data" '
                 "(FedGELA), NeurIPS 2023"
@@ -459,6 +509,7 @@ METHODS: dict[str, MethodSpec] = {
             "moon",
             "moon:MOONStrategy",
             "moon:MOONTrainer",
+            wire="MOON",
             paper='Li, He & Song, "Model-Contrastive Federated Learning", CVPR 2021',
             mu=Param(float, 1.0, "MOON: weight of the model-contrastive loss (authors' code default)", low=0.0),
             temperature=Param(
@@ -469,6 +520,7 @@ METHODS: dict[str, MethodSpec] = {
             "fedproc",
             "fedproc:FedProcStrategy",
             "fedproc:FedProcTrainer",
+            wire="FEDPROC",
             paper=(
                 'Mu et al., "FedProc: Prototypical Contrastive Federated Learning on Non-IID Data", FGCS 2023 '
                 "(arXiv 2109.12273)"
@@ -504,6 +556,7 @@ METHODS: dict[str, MethodSpec] = {
             "fedmmd",
             "fedmmd:FedMMDStrategy",
             "fedmmd:FedMMDTrainer",
+            wire="FEDMMD",
             paper='Yao, Huang & Sun, "Two-Stream Federated Learning: Reduce the Communication Costs", VCIP 2018',
             **{
                 "lambda": Param(
@@ -550,6 +603,7 @@ METHODS: dict[str, MethodSpec] = {
             "fedgen",
             "fedgen:FedGenStrategy",
             "fedgen:FedGenTrainer",
+            wire="FEDGEN",
             paper=(
                 'Zhu, Hong & Zhou, "Data-Free Knowledge Distillation for Heterogeneous Federated Learning", ICML 2021'
             ),
@@ -575,6 +629,7 @@ METHODS: dict[str, MethodSpec] = {
             "creff",
             "creff:CReFFStrategy",
             "creff:CReFFTrainer",
+            wire="CREFF",
             revision=1,  # 1: the feature matching's cosine divides by |a| |b| + 1e-6, as the authors' code
             paper=(
                 'Shang et al., "Federated Learning on Heterogeneous and Long-Tailed Data via Classifier '
@@ -594,6 +649,7 @@ METHODS: dict[str, MethodSpec] = {
             "ditto",
             "ditto:DittoStrategy",
             "ditto:DittoTrainer",
+            wire="DITTO",
             paper=(
                 'Li, Hu, Beirami & Smith, "Ditto: Fair and Robust Federated Learning Through Personalization", '
                 "ICML 2021"
@@ -618,6 +674,7 @@ METHODS: dict[str, MethodSpec] = {
             "fedrep",
             "fedrep:FedRepStrategy",
             "fedrep:FedRepTrainer",
+            wire="FEDREP",
             revision=1,  # 1: no weight decay on biases, as the authors' code
             paper=(
                 'Collins, Hassani, Mokhtari & Shakkottai, "Exploiting Shared Representations for Personalized '
@@ -635,6 +692,7 @@ METHODS: dict[str, MethodSpec] = {
             "fedbabu",
             "fedbabu:FedBABUStrategy",
             "fedbabu:FedBABUTrainer",
+            wire="FEDBABU",
             paper=(
                 'Oh, Kim & Yun, "FedBABU: Toward Enhanced Representation for Federated Image Classification", ICLR 2022'
             ),
@@ -656,6 +714,7 @@ METHODS: dict[str, MethodSpec] = {
             "fedrod",
             "fedrod:FedRoDStrategy",
             "fedrod:FedRoDTrainer",
+            wire="FEDROD",
             paper=(
                 'Chen & Chao, "On Bridging Generic and Personalized Federated Learning for Image Classification", '
                 "ICLR 2022"

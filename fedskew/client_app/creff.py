@@ -25,7 +25,6 @@ import torch
 from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 
-from fedskew import wire
 from fedskew.client_app.base import BaseTrainer
 from fedskew.losses.mupfl import class_gradients
 from fedskew.models import SplitNet
@@ -35,7 +34,6 @@ from fedskew.wire import CREFF_CLASSIFIER, CREFF_GRADS
 class CReFFTrainer(BaseTrainer):
     """FedAvg's local training; class gradients of the received model at the re-trained classifier."""
 
-    wire = wire.CREFF
     batched = True
 
     def load_global(self, model: nn.Module, content: RecordDict) -> None:

@@ -45,7 +45,6 @@ import torch.nn.functional as F
 from flwr.app import RecordDict
 from torch import nn
 
-from fedskew import wire
 from fedskew.client_app.base import BaseTrainer
 from fedskew.losses import proximal_term
 from fedskew.training import sgd
@@ -61,7 +60,6 @@ def parameter_distance(params: Iterable[torch.Tensor], reference: Iterable[torch
 class DittoTrainer(BaseTrainer):
     """FedAvg's local update for the upload; the personal model v_k trained on F_k + lambda/2 ||v - w^t||^2."""
 
-    wire = wire.DITTO
     keeps_state = "the personal model"
     kept_arrays = ("model",)
 

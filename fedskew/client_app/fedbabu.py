@@ -36,7 +36,6 @@ import copy
 from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 
-from fedskew import wire
 from fedskew.client_app.base import BaseTrainer
 from fedskew.models import body_state
 from fedskew.training import sgd, train_only
@@ -44,8 +43,6 @@ from fedskew.training import sgd, train_only
 
 class FedBABUTrainer(BaseTrainer):
     """Body-only local update (head frozen at its random start); personalized = fine-tuned global model."""
-
-    wire = wire.FEDBABU
 
     def load_global(self, model: nn.Module, content: RecordDict) -> None:
         super().load_global(model, content)

@@ -46,7 +46,6 @@ import torch
 from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 
-from fedskew import wire
 from fedskew.client_app.scaffold import ScaffoldTrainer
 from fedskew.losses import proximal_term
 from fedskew.losses.feddc import drift_update, penalty_target
@@ -60,7 +59,6 @@ DRIFT = "feddc-drift"
 class FedDCTrainer(ScaffoldTrainer):
     """SCAFFOLD's corrected local training plus the drift penalty; uploads theta_i + h_i."""
 
-    wire = wire.FEDDC
     keeps_state = "the drift h_i and the control variate c_i"
     kept_arrays = ("params", "params")
 

@@ -32,7 +32,6 @@ import torch
 from flwr.app import RecordDict
 from torch import nn
 
-from fedskew import wire
 from fedskew.client_app.base import BaseTrainer
 from fedskew.losses.feddyn import clip_outside_decay, feddyn_gradient_update, feddyn_penalty
 from fedskew.training import sgd
@@ -43,7 +42,6 @@ GRADIENT_STATE = "feddyn-gradient"
 class FedDynTrainer(BaseTrainer):
     """Cross-entropy plus the dynamic regulariser; keeps the client's gradient state."""
 
-    wire = wire.FEDDYN
     batched = True
     keeps_state = "the gradient state"
     kept_arrays = ("params",)

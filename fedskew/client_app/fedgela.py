@@ -56,7 +56,6 @@ def gela_model(cfg: dict[str, Any], etf: torch.Tensor, phi: torch.Tensor | None 
 class FedGELATrainer(BaseTrainer):
     """Backbone-only training against the client's adapted simplex ETF."""
 
-    wire = wire.FEDGELA
     batched = True
 
     @classmethod

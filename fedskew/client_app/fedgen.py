@@ -24,7 +24,6 @@ import torch.nn.functional as F
 from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 
-from fedskew import wire
 from fedskew.client_app.base import BaseTrainer
 from fedskew.losses.fedgen import Generator, build_generator, client_regulariser, regulariser_weight
 from fedskew.wire import FEDGEN_COUNTS, FEDGEN_GENERATOR
@@ -32,8 +31,6 @@ from fedskew.wire import FEDGEN_COUNTS, FEDGEN_GENERATOR
 
 class FedGenTrainer(BaseTrainer):
     """Cross-entropy plus the generator's teacher and latent terms once the server sent G."""
-
-    wire = wire.FEDGEN
 
     def load_global(self, model: nn.Module, content: RecordDict) -> None:
         super().load_global(model, content)

@@ -27,15 +27,12 @@ import torch.nn.functional as F
 from flwr.app import RecordDict
 from torch import nn
 
-from fedskew import wire
 from fedskew.client_app.base import BaseTrainer, frozen
 from fedskew.losses import mmd_multi_gaussian
 
 
 class FedMMDTrainer(BaseTrainer):
     """Cross-entropy plus lambda x the feature MMD to the frozen global model."""
-
-    wire = wire.FEDMMD
 
     def load_global(self, model: nn.Module, content: RecordDict) -> None:
         super().load_global(model, content)

@@ -37,7 +37,6 @@ import torch.nn.functional as F
 from flwr.app import RecordDict
 from torch import nn
 
-from fedskew import wire
 from fedskew.client_app.prototypes import PrototypeTrainer
 from fedskew.losses.fedmr import gradient_share, inter_class_loss, intra_class_loss
 from fedskew.schema import parse_class_list
@@ -47,7 +46,6 @@ from fedskew.wire import FEDMR_CONFIG, FEDMR_PROTOTYPES
 class FedMRTrainer(PrototypeTrainer):
     """FedAvg local training plus the intra-class and inter-class (prototype) losses."""
 
-    wire = wire.FEDMR
     prototype_record = FEDMR_PROTOTYPES
 
     def load_global(self, model: nn.Module, content: RecordDict) -> None:

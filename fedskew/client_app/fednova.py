@@ -4,12 +4,10 @@ model is uploaded; the normalisation by the client's a_i happens on the server
 model: the locally trained model. The batched engine stacks its clients (FedAvg's functional loss).
 """
 
-from fedskew import wire
 from fedskew.client_app.base import BaseTrainer
 
 
 class FedNovaTrainer(BaseTrainer):
     """Plain local training; nothing beyond the model is sent."""
 
-    wire = wire.FEDNOVA
     batched = True

@@ -39,7 +39,6 @@ import torch
 from flwr.app import RecordDict
 from torch import nn
 
-from fedskew import wire
 from fedskew.client_app.hpm import HPMTrainer
 from fedskew.training import built_with_seed
 
@@ -47,7 +46,6 @@ from fedskew.training import built_with_seed
 class FedPHPTrainer(HPMTrainer):
     """The downloaded model trained with CE + transfer from the HPM, uploaded, folded into the HPM."""
 
-    wire = wire.FEDPHP
     hpm_prefix = "fedphp"
 
     def expected_participations(self) -> float:

@@ -23,7 +23,6 @@ import torch.nn.functional as F
 from flwr.app import RecordDict
 from torch import nn
 
-from fedskew import wire
 from fedskew.client_app.prototypes import PrototypeTrainer
 from fedskew.losses.fedproc import prototype_weight, prototypical_contrastive_loss
 from fedskew.wire import FEDPROC_PROTOTYPES
@@ -32,7 +31,6 @@ from fedskew.wire import FEDPROC_PROTOTYPES
 class FedProcTrainer(PrototypeTrainer):
     """Hybrid prototypical-contrastive + cross-entropy local training; uploads local prototypes."""
 
-    wire = wire.FEDPROC
     prototype_record = FEDPROC_PROTOTYPES
 
     def load_global(self, model: nn.Module, content: RecordDict) -> None:

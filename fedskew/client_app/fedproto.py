@@ -81,7 +81,6 @@ class PrototypeClassifier(nn.Module):
 class FedProtoTrainer(BaseTrainer):
     """The client's own model, trained with CE + lambda x distance to the global prototypes."""
 
-    wire = wire.FEDPROTO
     keeps_state = "the personal model"
     kept_arrays = ("model",)
 

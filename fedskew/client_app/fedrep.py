@@ -43,7 +43,6 @@ from typing import Any
 from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 
-from fedskew import wire
 from fedskew.client_app.base import BaseTrainer, checked_arrays
 from fedskew.models import body_state
 from fedskew.training import sgd, train_only
@@ -67,7 +66,6 @@ def decay_groups(model: nn.Module, part: nn.Module) -> list[dict[str, Any]]:
 class FedRepTrainer(BaseTrainer):
     """Head epochs (body frozen), then body epochs (head frozen); the body travels, the head stays."""
 
-    wire = wire.FEDREP
     keeps_state = "the personal head"
     kept_arrays = ("head",)
 

@@ -37,7 +37,6 @@ import torch
 from flwr.app import RecordDict
 from torch import nn
 
-from fedskew import wire
 from fedskew.client_app.base import BaseTrainer
 from fedskew.losses.fedrod import balanced_softmax_loss, class_log_prior, personalized_risk
 from fedskew.models import SplitNet
@@ -61,7 +60,6 @@ class TwoHeads(nn.Module):
 class FedRoDTrainer(BaseTrainer):
     """Body and generic head on the balanced softmax; the personal head on the empirical risk of g + p."""
 
-    wire = wire.FEDROD
     keeps_state = "the personalized head"
     kept_arrays = ("head",)
 

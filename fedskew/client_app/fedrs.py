@@ -15,7 +15,6 @@ import torch
 from flwr.app import RecordDict
 from torch import nn
 
-from fedskew import wire
 from fedskew.client_app.base import BaseTrainer
 from fedskew.losses import fedrs_scale, restricted_softmax_cross_entropy
 
@@ -27,7 +26,6 @@ class FedRSTrainer(BaseTrainer):
     method that reuses the restricted softmax (MAP) subclasses this trainer with its own keys.
     """
 
-    wire = wire.FEDRS
     rs_prefix = "fedrs"
     batched = True
 

@@ -69,7 +69,6 @@ import copy
 from flwr.app import RecordDict
 from torch import nn
 
-from fedskew import wire
 from fedskew.client_app.fedrs import FedRSTrainer
 from fedskew.client_app.hpm import HPMTrainer
 from fedskew.losses.map import map_stage_steps
@@ -79,7 +78,6 @@ from fedskew.training import built_with_seed, sgd
 class MAPTrainer(HPMTrainer, FedRSTrainer):
     """Stage 1 = FedRS local training (uploaded); stage 2 = CE + transfer from the HPM; HPM update."""
 
-    wire = wire.MAP
     rs_prefix = "map"
     hpm_prefix = "map"
 

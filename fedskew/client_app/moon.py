@@ -36,7 +36,6 @@ import torch.nn.functional as F
 from flwr.app import RecordDict
 from torch import nn
 
-from fedskew import wire
 from fedskew.client_app.base import BaseTrainer, frozen
 from fedskew.losses.moon import model_contrastive_loss
 from fedskew.records import Number
@@ -50,7 +49,6 @@ ROUNDS = "moon"  # values: {slot: round it was trained in}
 class MOONTrainer(BaseTrainer):
     """Cross-entropy plus the model-contrastive term against the global and previous models."""
 
-    wire = wire.MOON
     keeps_state = "the previous local model"
     kept_arrays = ("model", "model")  # the latest local model and the one before
 

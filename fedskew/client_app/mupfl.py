@@ -38,7 +38,6 @@ import torch
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from torch import nn
 
-from fedskew import wire
 from fedskew.client_app.base import BaseTrainer
 from fedskew.losses.mupfl import BAVD, attach_bavd, class_gradients, finetune_classifier, flat_maps, loss_change
 from fedskew.models import SplitNet
@@ -55,7 +54,6 @@ from fedskew.wire import MUPFL_TIMES as TIMES
 class MuPFLTrainer(BaseTrainer):
     """FedAvg's round with MuPFL's classifier fine-tune, BAVD training and gradient upload."""
 
-    wire = wire.MUPFL
     keeps_state = "the BAVD activation map"
 
     @classmethod

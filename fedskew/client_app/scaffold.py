@@ -39,7 +39,6 @@ import torch
 from flwr.app import RecordDict
 from torch import nn
 
-from fedskew import wire
 from fedskew.client_app.base import BaseTrainer
 from fedskew.losses.scaffold import correct_after_step
 from fedskew.strategies.aggregate import scaffold_control_deltas
@@ -55,7 +54,6 @@ def as_numpy(names: list[str], tensors: Iterable[torch.Tensor]) -> dict[str, np.
 class ScaffoldTrainer(BaseTrainer):
     """Local SGD with each step corrected by c - c_i, then option II's c_i update."""
 
-    wire = wire.SCAFFOLD
     batched = True
     keeps_state = "the control variate c_i"
     kept_arrays = ("params",)

@@ -11,7 +11,6 @@ The combination is the method resolution order: `ScaffoldTrainer.local_train` ru
 FedRS's `loss` and SCAFFOLD's corrected `optimizer`; then SCAFFOLD updates c_i.
 """
 
-from fedskew import wire
 from fedskew.client_app.fedrs import FedRSTrainer
 from fedskew.client_app.scaffold import ScaffoldTrainer
 
@@ -19,6 +18,5 @@ from fedskew.client_app.scaffold import ScaffoldTrainer
 class ScaffoldRSTrainer(ScaffoldTrainer, FedRSTrainer):
     """SCAFFOLD's local procedure on the restricted-softmax cross-entropy."""
 
-    wire = wire.SCAFFOLD_RS
     batched = True
     rs_prefix = "scaffold-rs"

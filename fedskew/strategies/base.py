@@ -14,11 +14,12 @@ What the base does for every method:
   serves nothing, and a partition two nodes claim is served by neither while contested; refusals
   are logged, counted with the next round's failures, and asked again at the next discovery;
 - reply screening before any method sees a reply (`screen`): every record is checked against the
-  method's declared wire records (`wire`, a `fedskew.wire.Wire`: arrays decoded from their bytes
-  and checked, metrics typed and in range, no undeclared record), then `check_reply` ties the reply
-  to its node's partition, bounds `num-examples` by that partition's size and the update's norm by
-  `max-update-ratio` times the norm of the model sent (a finite but extreme model never enters the
-  average). A reply that fails is dropped, logged with node, partition and reason, and counted in
+  method's declared wire records (`wire`, the `fedskew.wire.Wire` its registry entry names: arrays
+  decoded from their bytes and checked, metrics typed and in range, no undeclared record), then
+  `check_reply` ties the reply to its node's partition, bounds `num-examples` by that partition's
+  size and the update's norm by `max-update-ratio` times the norm of the model sent (a finite but
+  extreme model never enters the average). A reply that fails is dropped, logged with node,
+  partition and reason, and counted in
   `self.failures` (failures.jsonl);
 - robustness against a client within every bound (`bound_updates`, before any method aggregates):
   each accepted update is clipped to `update-norm-bound` times the round's median update norm, and
@@ -46,7 +47,7 @@ import logging
 import math
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
@@ -60,6 +61,7 @@ from fedskew.data.clients import client_class_counts, client_indices
 from fedskew.models import SplitNet, build_model
 from fedskew.reasons import short_reason
 from fedskew.records import Rejected, Spec, Tensor, check_content
+from fedskew.registry import DeclaredWire
 from fedskew.strategies.aggregate import (
     clip_update,
     norm_bound,
@@ -71,7 +73,7 @@ from fedskew.strategies.aggregate import (
 )
 from fedskew.strategies.discovery import assign_partitions, majority_count
 from fedskew.training import built_with_seed, steps_per_round
-from fedskew.wire import BASE, CENTRAL_EVAL_METRICS, Dims, Wire
+from fedskew.wire import CENTRAL_EVAL_METRICS, Dims
 
 log = logging.getLogger("fedskew.server")
 
@@ -118,9 +120,10 @@ class RoundState:
 
 
 class BaseStrategy(Strategy):
-    """A fedskew method's server side; subclasses set `wire` and override the hooks that differ."""
+    """A fedskew method's server side; subclasses override the hooks that differ; its
+    records (`wire`) are its registry entry's."""
 
-    wire: ClassVar[Wire] = BASE  # the method's records beyond the model (`fedskew.wire`)
+    wire = DeclaredWire()  # the method's records beyond the model (`fedskew.wire`), `MethodSpec.wire`
 
     def __init__(self, cfg: dict[str, Any], device: torch.device | None = None) -> None:
         self.cfg = cfg

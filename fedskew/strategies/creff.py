@@ -35,7 +35,6 @@ import torch
 from flwr.app import ArrayRecord, Message
 from torch import nn
 
-from fedskew import wire
 from fedskew.losses.creff import fresh_classifier, retrain_classifier
 from fedskew.losses.mupfl import synthesize_features
 from fedskew.strategies.base import BaseStrategy
@@ -51,8 +50,6 @@ def seeded(*parts: int) -> torch.Generator:
 class CReFFStrategy(BaseStrategy):
     """FedAvg of the models; federated features matched to the clients' class gradients; a
     classifier re-trained on them for the evaluated model."""
-
-    wire = wire.CREFF
 
     def __init__(self, cfg: dict[str, Any], device: torch.device | None = None) -> None:
         super().__init__(cfg, device)

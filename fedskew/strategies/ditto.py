@@ -10,11 +10,8 @@ round's w^t (`ditto-distance`) and of their objective (`ditto-loss`).
 
 from __future__ import annotations
 
-from fedskew import wire
 from fedskew.strategies.base import BaseStrategy
 
 
 class DittoStrategy(BaseStrategy):
     """FedAvg on the uploaded global updates; the personal models stay on the clients."""
-
-    wire = wire.DITTO

@@ -15,15 +15,12 @@ from __future__ import annotations
 
 from flwr.app import ArrayRecord, Message
 
-from fedskew import wire
 from fedskew.models import BODY
 from fedskew.strategies.base import BaseStrategy
 
 
 class FedBABUStrategy(BaseStrategy):
     """Average of the uploaded bodies under the fixed initial head."""
-
-    wire = wire.FEDBABU
 
     def expected_upload(self, arrays: ArrayRecord) -> dict[str, tuple[tuple[int, ...], str]]:
         """The body's tensors of the model sent this round."""

@@ -44,7 +44,6 @@ import torch
 from flwr.app import ArrayRecord, Message, RecordDict
 from torch import nn
 
-from fedskew import wire
 from fedskew.records import Rejected
 from fedskew.strategies.aggregate import l2_norm, update_ratio
 from fedskew.strategies.base import RoundState, arrays_to_numpy, numpy_to_arrays
@@ -55,8 +54,6 @@ from fedskew.wire import FEDDC_UPDATE
 class FedDCStrategy(ScaffoldStrategy):
     """Average of the theta_i plus the mean drift of all clients; SCAFFOLD's control variate from
     the uploaded local updates."""
-
-    wire = wire.FEDDC
 
     def __init__(self, cfg: dict[str, Any], device: torch.device | None = None) -> None:
         super().__init__(cfg, device)

@@ -33,15 +33,12 @@ from typing import Any
 import torch
 from flwr.app import ArrayRecord, Message
 
-from fedskew import wire
 from fedskew.strategies.aggregate import feddyn_server_update, l2_norm
 from fedskew.strategies.base import BaseStrategy, RoundState, arrays_to_numpy, numpy_to_arrays
 
 
 class FedDynStrategy(BaseStrategy):
     """Averages the models and subtracts h / alpha; keeps h."""
-
-    wire = wire.FEDDYN
 
     def __init__(self, cfg: dict[str, Any], device: torch.device | None = None) -> None:
         super().__init__(cfg, device)

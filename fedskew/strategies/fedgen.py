@@ -28,7 +28,6 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, Message, RecordDict
 
-from fedskew import wire
 from fedskew.losses.fedgen import GENERATOR_LR_DECAY, build_generator, train_generator
 from fedskew.records import Rejected
 from fedskew.strategies.base import BaseStrategy
@@ -40,8 +39,6 @@ GENERATOR, ADAM = "generator.", "adam."
 
 class FedGenStrategy(BaseStrategy):
     """FedAvg plus a server-trained generator G(z | y) of classifier inputs."""
-
-    wire = wire.FEDGEN
 
     def __init__(self, cfg: dict[str, Any], device: torch.device | None = None) -> None:
         super().__init__(cfg, device)

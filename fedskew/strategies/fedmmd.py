@@ -3,11 +3,8 @@ with the feature-MMD term against the global model (`fedskew/client_app/fedmmd.p
 metrics add the client mean of `mmd-loss`.
 """
 
-from fedskew import wire
 from fedskew.strategies.base import BaseStrategy
 
 
 class FedMMDStrategy(BaseStrategy):
     """FedAvg aggregation of models trained with the two-stream MMD loss."""
-
-    wire = wire.FEDMMD

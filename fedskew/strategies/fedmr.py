@@ -28,7 +28,6 @@ import numpy as np
 import torch
 from flwr.app import ConfigRecord, RecordDict
 
-from fedskew import wire
 from fedskew.losses.fedmr import sharing_partitions
 from fedskew.records import Rejected
 from fedskew.schema import parse_class_list
@@ -39,7 +38,6 @@ from fedskew.wire import FEDMR_CONFIG, FEDMR_PROTOTYPES
 class FedMRStrategy(PrototypeStrategy):
     """FedAvg model aggregation plus count-weighted per-class prototype aggregation."""
 
-    wire = wire.FEDMR
     prototype_record = FEDMR_PROTOTYPES
 
     def __init__(self, cfg: dict[str, Any], device: torch.device | None = None) -> None:

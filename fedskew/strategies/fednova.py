@@ -31,15 +31,12 @@ from __future__ import annotations
 
 from flwr.app import ArrayRecord, Message
 
-from fedskew import wire
 from fedskew.strategies.aggregate import fednova_normalizer, normalized_average, normalized_models
 from fedskew.strategies.base import BaseStrategy, arrays_to_numpy, numpy_to_arrays
 
 
 class FedNovaStrategy(BaseStrategy):
     """Normalised averaging of the local updates by each client's a_i."""
-
-    wire = wire.FEDNOVA
 
     def normalizers(self, replies: list[Message]) -> list[float]:
         return [fednova_normalizer(self.local_steps(m), self.cfg["momentum"]) for m in replies]

@@ -11,11 +11,8 @@ clients; the server counts each partition's participations (`HPMStrategy`, share
 
 from __future__ import annotations
 
-from fedskew import wire
 from fedskew.strategies.hpm import HPMStrategy
 
 
 class FedPHPStrategy(HPMStrategy):
     """FedAvg of the uploads + HPM bookkeeping."""
-
-    wire = wire.FEDPHP

@@ -5,7 +5,6 @@ class j this round (`fedskew/strategies/prototypes.py`, shared with FedMR; recor
 round's metrics add the client means of `proto-loss` and `proto-alpha`.
 """
 
-from fedskew import wire
 from fedskew.strategies.prototypes import PrototypeStrategy
 from fedskew.wire import FEDPROC_PROTOTYPES
 
@@ -13,5 +12,4 @@ from fedskew.wire import FEDPROC_PROTOTYPES
 class FedProcStrategy(PrototypeStrategy):
     """FedAvg aggregation plus count-weighted global class prototypes."""
 
-    wire = wire.FEDPROC
     prototype_record = FEDPROC_PROTOTYPES

@@ -35,7 +35,6 @@ import numpy as np
 from flwr.app import ArrayRecord, Message, RecordDict
 from torch import nn
 
-from fedskew import wire
 from fedskew.losses.fedproto import global_prototypes
 from fedskew.records import Rejected
 from fedskew.strategies.prototypes import PrototypeStrategy
@@ -45,7 +44,6 @@ from fedskew.wire import FEDPROTO_PROTOTYPES
 class FedProtoStrategy(PrototypeStrategy):
     """Aggregates class prototypes only; no model arrays either way."""
 
-    wire = wire.FEDPROTO
     prototype_record = FEDPROTO_PROTOTYPES
 
     def initial_arrays(self) -> ArrayRecord:

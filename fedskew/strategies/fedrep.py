@@ -23,7 +23,6 @@ import torch
 from flwr.app import ArrayRecord
 from torch import nn
 
-from fedskew import wire
 from fedskew.models import body_state
 from fedskew.strategies.base import BaseStrategy
 
@@ -32,8 +31,6 @@ log = logging.getLogger("fedskew.server")
 
 class FedRepStrategy(BaseStrategy):
     """Average of the uploaded bodies; the heads stay on the clients; no central evaluation."""
-
-    wire = wire.FEDREP
 
     def __init__(self, cfg: dict[str, Any], device: torch.device | None = None) -> None:
         super().__init__(cfg, device)

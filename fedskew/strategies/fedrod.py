@@ -11,11 +11,8 @@ method's global model.
 
 from __future__ import annotations
 
-from fedskew import wire
 from fedskew.strategies.base import BaseStrategy
 
 
 class FedRoDStrategy(BaseStrategy):
     """FedAvg of body + generic head; the personalized heads stay on the clients."""
-
-    wire = wire.FEDROD

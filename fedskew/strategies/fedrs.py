@@ -5,11 +5,8 @@ FedAvg's. The paper averages uniformly, the authors' code by sample count; they 
 shard partitions. Set `aggregation-weights="uniform"` for the paper's rule.
 """
 
-from fedskew import wire
 from fedskew.strategies.base import BaseStrategy
 
 
 class FedRSStrategy(BaseStrategy):
     """FedAvg aggregation of models trained with the restricted softmax."""
-
-    wire = wire.FEDRS

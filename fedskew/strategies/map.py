@@ -23,7 +23,6 @@ import math
 
 from flwr.app import Message
 
-from fedskew import wire
 from fedskew.strategies.aggregate import summarize_clients
 from fedskew.strategies.base import arrays_to_numpy, numpy_to_arrays
 from fedskew.strategies.hpm import HPMStrategy
@@ -32,8 +31,6 @@ from fedskew.strategies.hpm import HPMStrategy
 class MAPStrategy(HPMStrategy):
     """The mean of the uploaded stage-1 models (uniform as Alg. 1 line 6 by default; sample-weighted
     without `map-uniform-aggregation`) + HPM bookkeeping."""
-
-    wire = wire.MAP
 
     def aggregate_arrays(self, server_round: int, replies: list[Message]):
         if not self.cfg["map-uniform-aggregation"]:

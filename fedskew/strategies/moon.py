@@ -4,11 +4,8 @@ on the clients. The round's metrics add the client means of `moon-loss` (the con
 `moon-negative` (the share of clients that had their previous model).
 """
 
-from fedskew import wire
 from fedskew.strategies.base import BaseStrategy
 
 
 class MOONStrategy(BaseStrategy):
     """FedAvg aggregation of models trained with the model-contrastive loss."""
-
-    wire = wire.MOON

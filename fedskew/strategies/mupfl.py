@@ -100,7 +100,6 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
-from fedskew import wire
 from fedskew.data import dataset_info
 from fedskew.losses.mupfl import aggregate_class_gradients, feature_norm, initial_features, synthesize_features
 from fedskew.strategies.aggregate import class_robust_mean
@@ -155,8 +154,6 @@ def class_targets(
 
 class MuPFLStrategy(BaseStrategy):
     """Per-client start models, ACMU cluster updates and PKCF feature synthesis."""
-
-    wire = wire.MUPFL
 
     def __init__(self, cfg: dict[str, Any], device: torch.device | None = None) -> None:
         super().__init__(cfg, device)

@@ -38,7 +38,6 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, Message
 
-from fedskew import wire
 from fedskew.strategies.aggregate import l2_norm, scaffold_control_deltas, scaffold_control_update, server_step
 from fedskew.strategies.base import BaseStrategy, RoundState, arrays_to_numpy, numpy_to_arrays
 from fedskew.training import round_lr
@@ -48,7 +47,6 @@ from fedskew.wire import CONTROL
 class ScaffoldStrategy(BaseStrategy):
     """Averages the models with a server step and keeps the server control variate c."""
 
-    wire = wire.SCAFFOLD
     prefix: ClassVar[str] = "scaffold"  # the method's keys: `<prefix>-server-lr`
 
     def __init__(self, cfg: dict[str, Any], device: torch.device | None = None) -> None:

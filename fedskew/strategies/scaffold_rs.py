@@ -2,12 +2,10 @@
 (`fedskew/strategies/scaffold.py`) with the key `scaffold-rs-server-lr`; the restricted softmax is a
 client matter (`fedskew/client_app/scaffold_rs.py`)."""
 
-from fedskew import wire
 from fedskew.strategies.scaffold import ScaffoldStrategy
 
 
 class ScaffoldRSStrategy(ScaffoldStrategy):
     """SCAFFOLD's server for clients that train with the restricted softmax."""
 
-    wire = wire.SCAFFOLD_RS
     prefix = "scaffold-rs"
