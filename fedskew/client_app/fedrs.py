@@ -3,7 +3,7 @@
 Each missing class's logit is scaled by `fedrs-alpha` (binary rule of the paper by default;
 `fedrs-scale="count"` gives the authors' count-proportional code rule). The scale comes from the
 client's whole local training set once per round, when the server's message is received (never per
-batch: the A7 compounding bug) and never leaves the client. Upload, aggregation and evaluation are
+batch, where it would compound over the batches) and never leaves the client. Upload, aggregation and evaluation are
 FedAvg's. The batched engine stacks its clients, each with its own scale (`batch_extras`).
 """
 

@@ -1,6 +1,8 @@
 """MAP client (Li et al., "MAP: Model Aggregation and Personalization in FL with Incomplete Classes",
 TKDE'24, Alg. 1 ClientProcedure): restricted softmax for the upload, inherited private model (HPM)
-for personalization. Maths in `fedskew/losses/map.py`; server in `fedskew/strategies/map.py`.
+for personalization. Maths in `fedskew/losses/map.py`; server in `fedskew/strategies/map.py`; the
+authors' code as a whole, client state and deployment, and the runs behind the defaults:
+`docs/notes/map.md` ("Client: the authors' code, state and deployment").
 
 One round on client k (participation n = z^k + 1):
 1. stage 1: train the downloaded global model with the restricted softmax (FedRS Eq. 8, keys
@@ -9,30 +11,16 @@ One round on client k (participation n = z^k + 1):
    distillation (`map-transfer="distill"`, Eq. 11) or multi-kernel feature MMD ("mmd", Eq. 12), at
    `lr * map-personal-lr-factor`, giving theta_hat;
 3. fold theta_hat into the HPM: psi <- (1 - mu) theta_hat + mu psi, mu = clip(mu_bar (n-1)/(Q T), 0,
-   mu_max) (Eq. 10, Sec. IV-B), and count the participation. The HPM never leaves the client and is
-   the model that `personal-accuracy` measures; theta_hat's accuracy is `stage2-accuracy`.
+   mu_max) (Eq. 10, Sec. IV-B), and count the participation. The HPM never leaves the client (its
+   `ClientState`, shared with FedPHP: `fedskew/client_app/hpm.py`) and is the model that
+   `personal-accuracy` measures; theta_hat's accuracy is `stage2-accuracy`.
 
 Stage lengths (`map-schedule`, `fedskew.losses.map.map_stage_steps`, nb = ceil(n / B)):
-- "algorithm1" (default): Alg. 1 as printed, E = `local-epochs` epochs split in halves ("for local
-  epoch e = 1, ..., E/2" then "e = E/2 + 1, ..., E"), both at the same lr
-  (`map-personal-lr-factor` 1): ceil(E nb / 2) and floor(E nb / 2) steps of a cycling loader, so
-  E = 5 gives 2.5 + 2.5 passes; with the uniform mean of line 6 (`map-uniform-aggregation`);
-- "epochs": stage 1 `local-epochs` passes (the upload FedRS's, with the same key), stage 2
-  `map-personal-epochs` passes (default 1);
-- "code": the authors' `lxcnju/MAP` `algorithms/fedap.py` (commit 42b1478): `update_local` takes
-  max(int(E nb), 5) steps, `update_local_hpm` max(int(0.1 x that), 5) (a median client of the
-  benchmark: 7 steps, against 15 for one epoch), and `generate_mu` divides by int(Q T).
-Algorithm 1 is the default as the reading the paper prints and the one measured best on both models
-(`docs/notes/map.md`).
-
-The authors' code as a whole (`suites/paper-map.yaml`, `map-authors-code`): `map-scale="fraction"`
-(their stage-1 mask thresholds class *fractions* at `min_samples` = 1, so every logit of a client
-with two or more classes is scaled by alpha), `map-schedule="code"`, `map-personal-lr-factor=0.2`,
-`map-mu-max=0.9`, `map-soften-student=false` (their KD `-sum softmax(o_p / 4) log_softmax(o)`, the
-same gradient), `map-hpm-init="initial"` (`self.hpms[client] = copy.deepcopy(self.model)`: every HPM
-starts as the initial model, the teacher of a first participation) and sample-count aggregation
-(`map-uniform-aggregation=false`). Not reproduced: their `update_bn` of the HPM (no
-network here has BatchNorm) and their loader's batches (a seeded permutation here).
+- "algorithm1" (default, Alg. 1 as printed): E = `local-epochs` split in halves, both at the same lr:
+  ceil(E nb / 2) and floor(E nb / 2) steps of a cycling loader; uniform mean (Alg. 1 line 6);
+- "epochs": stage 1 `local-epochs` passes, stage 2 `map-personal-epochs` passes (default 1);
+- "code": the authors' `lxcnju/MAP` `algorithms/fedap.py` (commit 42b1478): max(int(E nb), 5) steps,
+  then max(int(0.1 x that), 5), and `generate_mu` divides by int(Q T).
 
 Decisions (the paper against the authors' code `lxcnju/MAP`):
 - Restricted softmax: the paper's binary rule on raw training counts (count >= `map-tau`), reusing
@@ -46,20 +34,8 @@ Decisions (the paper against the authors' code `lxcnju/MAP`):
 - mu: pre-increment count (Alg. 1 line 14 before 15), Q T = fraction-train * num-server-rounds
   (at least 1), clipped to [0, `map-mu-max`] = [0, 1] (paper; the code clips at 0.9 and takes
   int(Q T), as `map-schedule="code"` does).
-- The HPM average covers every state-dict entry (integer buffers copied). The code's recomputation of
-  the HPM's BatchNorm statistics is not done (LeNet/MLP/TFCNN/VGG11 here have no BN).
-
-Client state and deployment. Per client, `ClientState` (`self.ctx.state`) keeps the tensors "hpm"
-(one model state dict, float32) and the values "map" = {"participations": z}, z an integer from 1 to the
-trainings the run can have sent this client before this round (`most_trainings`); the HPM machinery
-is shared with FedPHP (`fedskew/client_app/hpm.py`). By default they live in
-Flower's `context.state`, bounded by `state-max-mb` (64 MB; a SuperNode silently drops a context of
-~200 MB): LeNet's HPM is ~0.2 MB, MLP ~0.8 MB, VGG11 ~37 MB. A model over the bound raises
-`StateTooLargeError` instead of losing the HPM silently; for such models start each SuperNode with
-`--node-config '... state-dir="/var/lib/fedskew"'`, which keeps the state on disk per run and
-partition (no bound, survives a SuperNode restart). A lost state (SuperNode restarted without
-state-dir) is handled like a first participation (logged here); the server, which counts each
-partition's accepted replies, logs it too and counts it in the metric `hpm-state-lost`.
+- The HPM average covers every state-dict entry (integer buffers copied); the code's recomputation of
+  the HPM's BatchNorm statistics is not done (no network here has BatchNorm).
 """
 
 from __future__ import annotations

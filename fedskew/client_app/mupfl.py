@@ -1,6 +1,6 @@
-"""MuPFL client (Zhang et al., paper 002, Alg. 1 CLIENTUPDATE): PKCF classifier fine-tune, BAVD
+"""MuPFL client (Zhang et al., "Multi-level Personalized FL", Alg. 1 CLIENTUPDATE): PKCF classifier fine-tune, BAVD
 local training, per-class classifier gradients. Maths: `fedskew/losses/mupfl.py`; server:
-`fedskew/strategies/mupfl.py` (where the decisions and deviations are listed).
+`fedskew/strategies/mupfl.py`; decisions and their sources: `docs/notes/mupfl.md`.
 
 One round on client i:
 1. load the start model the server sent: w_glo (`mupfl-init="global"`, evaluated on the local test

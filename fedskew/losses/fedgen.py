@@ -45,10 +45,8 @@ beta_t likewise (`regulariser_weight`; the code's `exp_lr_scheduler(glob_iter)`,
 for MNIST). The first term is the paper's regulariser; the second ("latent loss") is the code's.
 
 The code trains the clients with plain SGD (`pFedIBOptimizer`: p -= lr grad). With fedskew's
-default momentum 0.9 the defaults alpha = beta = 10 can diverge (measured, 3 rounds, LeNet on
-Fashion-MNIST, 5 clients: with 2 classes a client one client's model went to NaN in round 3 and was
-dropped by the screening; with Dirichlet 0.1, batch 100, 2 epochs, global accuracy fell from 34 % to
-10 % in round 3, FedAvg 29 %); with momentum 0 or alpha = beta = 1 neither happened.
+default momentum 0.9 the defaults alpha = beta = 10 can diverge; momentum 0 or alpha = beta = 1
+does not (the runs: `docs/notes/fedgen.md`).
 
 Deviations from the code, each with its reason:
 - The teacher loss weights each sample by a_{y_i,k}. The code multiplies a (B,) loss by a (B, 1)

@@ -1,101 +1,44 @@
-"""MuPFL's client and server maths (Zhang et al., "Multi-level personalized FL", paper 002), pure torch.
-
-No public reference code exists: where the paper is silent the choice is ours, and says so.
+"""MuPFL's client and server maths (Zhang et al., "Multi-level Personalized Federated Learning on
+Heterogeneous and Long-Tailed Data"), pure torch. The paper has no public code: where it is silent
+the choice is ours; the readings, the paper's words behind each and the runs that chose the
+defaults are in `docs/notes/mupfl.md` ("The maths' readings").
 
 BAVD, biased activation value dropout (Sec. 3.3, Eq. 6). Per BAVD layer a map M, accumulated per
-iteration lambda from the batch-mean pre-mask activation h_bar (shape C x H x W: one value per channel and position):
+iteration lambda from the batch-mean pre-mask activation h_bar (C x H x W):
 
     M^(0) = h_bar^(0),    M^(lambda) = M^(lambda-1) + psi^(lambda) h_bar^(lambda),
     psi^(lambda) = l^(lambda-1) - l^(lambda)    (loss improvement; "paper" takes Eq. 6's printed sign)
 
-The map is what ACMU compares (Eq. 8). Which activations the forward pass zeroes (`mupfl-bavd-mask`,
-`BAVD_READINGS`) the paper says in four places that do not pin one rule down: Eq. 6 indexes M and h
-by the sample b; Sec. 3.3 zeroes "activation values h ... below this threshold mu_i", mu_i the mean
-of the normalised map; Sec. 3.6 runs torch.topk on "each H x W area of the batch and channel
-dimensions ... across all B x C slices"; Fig. 4's model "retains only high activation values". The
-readings, each a {0, 1} mask (with `rescale`, `mupfl-bavd-rescale`, the kept values of each slice
-scaled by positions / kept, as the standard (inverted) dropout layer BAVD replaces, Sec. 3.3):
+The map is what ACMU compares (Eq. 8). The mask (`mupfl-bavd-mask`, `BAVD_READINGS`; Eq. 6, Sec. 3.3,
+Sec. 3.6 and Fig. 4 do not pin one rule down), each {0, 1}: "batch", one mask for every sample where
+the min-max normalised map is >= its per-channel mean (`bavd_mask`); "sample-mean", each sample's
+own normalised activations below their mean (`sample_mean_mask`); "sample-topk" (default), each
+sample-channel slice keeps its ceil(K H W) largest (`sample_topk_mask`, K = `mupfl-bavd-top`, Sec.
+3.6's torch.topk); "map-threshold", the map's channel mean applied to each sample's normalised
+activations (`map_threshold_mask`). `mupfl-bavd-rescale` scales the kept values by positions / kept
+(inverted dropout). Identity in eval mode; `dropped_fractions` records the positions and the mass
+zeroed. Forward hooks (`attach_bavd`, state_dict unchanged) at `mupfl-bavd-site`: after every
+conv-block ReLU and ResNet block ("convs", Sec. 3.3), the last only ("last-conv"), or the
+classifier's input ("features", default; the only site of an mlp).
 
-- "batch": one mask for every sample, the positions where the min-max normalised map of
-  iteration lambda-1 is >= its per-channel mean over H x W (`bavd_mask`; invariant to any positive
-  affine normalisation). The zero map keeps everything. It drops the same positions of every image
-  (about 56 % of them in the paper's CNN), wherever that image is active, and psi cancels out of it;
-- "sample-mean": each sample's own min-max normalised activations below their own mean, per sample
-  and channel (`sample_mean_mask`; the map plays no part in the mask);
-- "sample-topk" (default): each sample and channel keeps its ceil(K x H W) largest activations
-  (`sample_topk_mask`, K = `mupfl-bavd-top`, the paper gives no K; at "features" one slice per
-  sample keeps its K d largest features);
-- "map-threshold": mu_c, the mean of the normalised map's channel c, applied to each sample's own
-  normalised activations (`map_threshold_mask`): the map sets the level, the sample the positions.
-
-BAVD is the identity in eval mode. Each layer also records the fraction of positions and of
-activation mass (sum |h|) its masks zero in training (`dropped_fractions`; the round's metrics
-`bavd-dropped-positions`, `bavd-dropped-mass`): a mask that drops half the positions can remove far
-less than half the mass when it drops the weak ones.
-
-BAVD is attached by forward hooks (`attach_bavd`) at `mupfl-bavd-site` (`BAVD_SITES`): after every
-conv-block ReLU (a ReLU preceded by a Conv2d/BatchNorm2d inside an nn.Sequential) and after every
-ResNet BasicBlock ("convs": "after the activation function in different layers", Sec. 3.3); after
-the last of those only ("last-conv"); or on the network's features, the flattened input of the
-classifier ("features", the default: one slice per sample; Fig. 4's model "retains only high
-activation values" of the representation it classifies). The model's state_dict is unchanged. Nets
-without conv blocks (mlp) get a BAVD layer only at "features".
-
-PKCF, prior-knowledge classifier fine-tuning (Sec. 3.5, Eqs. 16-21). The fedskew classifier is a
-bias-free linear head W in R^{K x d}, so the "real feature gradient" of class k has the closed form
+PKCF, prior-knowledge classifier fine-tuning (Sec. 3.5, Eqs. 16-21). The classifier is a bias-free
+W in R^{K x d}, so the real feature gradient of class k has the closed form (tested against autograd)
 
     z^k = d/dW mean_j CE(W h_j, k) = mean_j (softmax(W h_j) - e_k) h_j^T          (Eq. 16)
 
-(tested against autograd). The server averages z^k over the clients that uploaded class k (Eq. 17),
-then optimises synthetic features h_glo in R^{K x m x d} (labels k) by SGD so that their gradients
-z_hat^k (the same closed form, differentiable in h) match z^k_glo (Eqs. 18-20). Both are taken at
-one classifier W, the one the clients computed z^k at (CReFF: the server sends it). The distance
-(`mupfl-distance`) is CReFF's `distance_wb` by default, summed over the K rows of each class
-gradient and over the classes:
+The server averages z^k over the clients holding k (Eq. 17) and moves h_glo in R^{K x m x d} by SGD
+so that its gradients z_hat^k, taken at the same W, match (Eqs. 18-20; `mupfl-distance`):
 
-    L_match = sum_{k in K_t} sum_{r=1..K} (1 - cos(z_hat^k_r, z^k_r))                    ("creff")
+    L_match = sum_{k in K_t} sum_{r=1..K} (1 - cos(z_hat^k_r, z^k_r))     ("creff": CReFF's distance_wb)
+    L_match = 1/|K_t| sum_{k in K_t} (1 - cos(vec z_hat^k, vec z^k))       ("paper": Eq. 20)
 
-or Eq. 20 read as a distance (1 - its cosine similarity), one cosine of the flattened gradient,
-averaged:
-
-    L_match = 1/|K_t| sum_{k in K_t} (1 - cos(vec z_hat^k, vec z^k))                       ("paper")
-
-Each cos is torch's `F.cosine_similarity` (norms floored at 1e-8), as MuPFL's runs were recorded;
-CReFF's code divides by ||a|| ||b|| + 1e-6 instead (`cosine_similarity`, "creff-code").
-
-The clients then fine-tune their classifier on (h_glo, y) for tau epochs (Eq. 21).
-
-Where h_glo starts (`mupfl-feature-init`, `initial_features`): the global extractor's outputs as
-Sec. 3.5 writes it ("extractor", the default: "we can initiate the global federated feature h_glo =
-f_glo(u_glo)", Eq. 18; the server has no data, so on N(0, 1) inputs), N(0, 1) as CReFF's code
-("normal", the default until measured), or N(0, 1) rescaled to the real features' norm ("rescaled").
-The matching compares directions only, and it leaves the features near their start norm (100
-iterations: N(0, 1) in LeNet's 84 dimensions 9.2 -> 9.0, against 3.4 for the real features of a
-LeNet trained on a long tail; in the paper's CNN, 1024 dimensions, 32.0 -> 32.0 against 8.1 for
-the initial network's real features and 38.9 for a trained one's), so where the scales differ the
-classifier is fine-tuned on features of another scale than those it classifies. The round metrics
-`pkcf-real-norm` (the clients' median), `pkcf-initial-norm` and `pkcf-synthetic-norm` show it in a
-run.
-
-Why CReFF's form and lr 1.0: Eq. 20 averages |K_t| cosines where CReFF's distance sums about |K_t| K
-row distances, so at CReFF's lr 0.1 each synthetic feature gets a gradient about 100x smaller and
-does not move (on real client gradients a classifier trained on such features is at chance); CReFF's
-form at lr 1.0 converges within a round (the measurements: `docs/notes/mupfl.md`). The synthesis
-loss reported (`pkcf-match-loss-first/last`) is the mean cosine distance per compared vector, in
-[0, 2], for either form.
-
-Defaults, chosen by the federated runs that compare the readings (`suites/paper-mupfl.yaml`, the
-IF 10 x Dir 0.5 cell of Table VI, 3 seeds, personalized accuracy; `docs/results.md`): BAVD per
-sample, top K = 50 % on the features ("sample-topk" at "features", Sec. 3.6's torch.topk), the best
-of the readings. It zeroes half the features but little of their mass (after the ReLU most of the
-weak half is near zero), and it is level with no BAVD; the batch mask after both convolutions, the
-earlier default, cost about 6 points, and every reading on the features 0.4-1 point. No rescaling
-stays the default. The synthetic features start as the global extractor's outputs, Sec. 3.5's
-reading: with the fine-tune at tau = 30 it scored above N(0, 1)'s start on each of the 3 seeds (by
-0.5-0.8 points of personalized accuracy; its features' norm about 13 against the real features' 23
-and N(0, 1)'s 32). The fine-tune keeps the paper's tau = 30 epochs (Sec. 4.5 studies 10, 50 and 100,
-rising from 10): 10 epochs scored below it on each seed (by about 0.6), and 0, where the features
-reach no model (PKCF off), about 4 points below, the global model about 16.
+cos is `F.cosine_similarity` (norms floored at 1e-8; CReFF's code: ||a|| ||b|| + 1e-6). The default
+is CReFF's form at lr 1.0: Eq. 20's mean of |K_t| cosines gives each feature a gradient about 100x
+smaller than CReFF's sum, which at lr 0.1 leaves the features where they start. The reported loss
+(`pkcf-match-loss-first/last`) is the mean distance per compared vector, in [0, 2]. h_glo starts
+(`mupfl-feature-init`) as the global extractor's outputs on N(0, 1) inputs ("extractor", default,
+Eq. 18), N(0, 1) ("normal", CReFF's code) or N(0, 1) rescaled to the real features' norm. The
+clients then fine-tune their classifier on (h_glo, y) for tau epochs (Eq. 21).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""MuPFL's ACMU maths (adaptive cluster-based model update, paper 002 Sec. 3.4, Eqs. 7-14), numpy only.
+"""MuPFL's ACMU maths (adaptive cluster-based model update, Zhang et al., Sec. 3.4, Eqs. 7-14), numpy only.
 
 - Similarity (Eq. 8): Sim(i,j) = a cos(dw_i, dw_j) + (1 - a) cos(M_i, M_j), a = `alpha`.
 - k-means needs points: each client is embedded as phi_i = [sqrt(a) dw_i/|dw_i|, sqrt(1-a) M_i/|M_i|],

@@ -13,8 +13,8 @@ Deviation, for partial participation, which the paper does not run (all 20 clien
 every class is refreshed every round): a class no participant holds this round keeps its last
 global prototype (as FedMR's server does). Rebuilt from the round's uploads alone, as the code does,
 a class-disjoint client whose classes nobody else held that round gets no prototype to train towards
-or to predict by: measured with 5 clients, 2 sampled a round, 2 classes each, the personal accuracy
-by prototype fell to 0 from round 2 on. With full participation both rules are the same.
+or to predict by (its prototype-based personal accuracy falls to 0: `docs/notes/fedproto.md`). With
+full participation both rules are the same.
 
 Reply screening, beyond the base's: the prototype record has its declared form (finite float32
 [C, d], int64 counts >= 0), the counts sum to at most `num-examples` and, where the server knows the

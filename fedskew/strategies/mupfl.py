@@ -1,91 +1,39 @@
 """MuPFL server (Zhang et al., "Multi-level Personalized Federated Learning on Heterogeneous and
-Long-Tailed Data", Alg. 1): ACMU + PKCF.
+Long-Tailed Data", Alg. 1): ACMU + PKCF. The paper has no public code; each decision below, its
+source and the runs that chose the defaults are in `docs/notes/mupfl.md` ("Implementation
+decisions").
 
 Client side: `fedskew/client_app/mupfl.py`; maths: `fedskew/losses/mupfl.py` (BAVD, PKCF) and
 `fedskew/strategies/clustering.py` (ACMU). The paper's three tiers (client / edge "interface" /
 cloud) run as the client trainer and this one strategy.
 
 Round t on the server:
-1. each sampled client gets the global model w_glo (`mupfl-init="global"`, the default), its own
-   w~_i from its last participation (`"personal"`, Alg. 1 L6 read literally), or the feature
-   extractor of its w~_i with the global classifier (`"cluster"`; w_glo on a first participation
-   in both), plus (PKCF) the classifier of the global model it sends this round
-   (`mupfl-classifier`, the one the clients take z_i^k at and the synthesis matches at) and the
-   synthetic features h_glo of the classes seen so far;
+1. each sampled client gets its start (`mupfl-init`): the global model w_glo ("global", default;
+   Sec. 3.4-3.5, Table I's "FedAvg with clustering"), its own w~_i ("personal", Alg. 1 L6 read
+   literally) or w~_i's feature extractor with the global classifier ("cluster", Sec. 3.5's
+   (u_i, v_glo)); w_glo on a first participation. "personal" and "cluster" keep every w~_i on the
+   server (N models) and send w_glo beside the start (`mupfl-global`). With PKCF also the classifier
+   of the global model sent this round (`mupfl-classifier`: clients take z_i^k at it, the synthesis
+   matches at it, as CReFF) and the synthetic features h_glo of the classes seen so far;
 2. ACMU (`mupfl-acmu`): dw_i = w_i - start_i over the trainable parameters (Eq. 7); clients are
-   clustered on Eq. 8's similarity (update cosine and BAVD-map cosine, weight `mupfl-alpha`) with
-   k-means, kappa in [k-min, min(k-max, n-1)] by silhouette (Eqs. 9-13); w~_i = start_i + mean dw of
-   i's cluster (Eq. 14). ACMU off = one cluster. BN buffers are the client's own;
+   clustered on Eq. 8's similarity (update cosine and BAVD-map cosine, weight `mupfl-alpha`; update
+   cosine only with BAVD off) with k-means, kappa in [k-min, min(k-max, n-1)] by silhouette
+   (Eqs. 9-13); w~_i = start_i + mean dw of i's cluster (Eq. 14). ACMU off = one cluster. BN
+   buffers are the client's own;
 3. w_glo = sum_i n_i/n w~_i over the sampled clients (Eq. 15; `aggregation-weights` applies);
 4. PKCF (`mupfl-pkcf`): z^k_glo = mean of the uploaded z_i^k over the clients holding class k
    (Eq. 17; a z_i^k beyond `statistic-norm-bound` x the round's median is dropped: `class_targets`);
    h_glo (K x m x d) is optimised on `self.device` so that the gradients of the classifier sent this
-   round on it match z^k_glo (Eqs. 18-20, CReFF's row-wise cosine distance by default,
-   `mupfl-distance`); it is sent next round.
+   round on it match z^k_glo (Eqs. 18-20; `mupfl-distance`, `mupfl-feature-init`, warm-started,
+   `mupfl-match-iters` = 100 SGD steps at `mupfl-feature-lr` = 1.0: CReFF's code); it is sent next
+   round. PKCF also runs after the last round, so every round is timed.
 ACMU and PKCF are timed each round (metrics `acmu-seconds`, `pkcf-seconds`; CUDA synchronised).
 
-Decisions and deviations (the paper has no public code):
-- BAVD: psi = previous loss - current loss (`mupfl-psi-sign="paper"` for Eq. 6's printed sign);
-  maps from batch means; the map restarts each local epoch (`mupfl-bavd-reset` "round" / "never";
-  "never" keeps the maps in the client's `ClientState`); identity at eval, no rescaling
-  (`mupfl-bavd-rescale` scales the kept activations as inverted dropout). Which activations it
-  zeroes (`mupfl-bavd-mask`) and where (`mupfl-bavd-site`) are the readings of
-  `fedskew/losses/mupfl.py`; the default, each sample's top half on the features before the
-  classifier, is the one the federated runs of `suites/paper-mupfl.yaml` measured best (the batch
-  map after both convolutions, the earlier default, cost about 6 points of personalized accuracy).
-  At "convs" BAVD sits after every conv-block ReLU (LeNet: 2 layers) and after each ResNet block;
-  with BAVD off no maps are sent and ACMU uses the update cosine only (alpha = 1).
-- ACMU: silhouette on the distance 1 - Sim, k-means on the embedding phi (exactly Eq. 8), k-means++
-  with 10 restarts seeded by (seed, round); numpy implementation (no scikit-learn dependency).
-- Start model: the global model, not the client's own w~_i. The paper supports it: ACMU yields
-  "a more ideal updated local model w~_i for global aggregation" (Sec. 3.4: w~_i exists for Eq. 15),
-  after PKCF the client trains (u_i, v_glo) (Sec. 3.5: the global classifier), "at m = 0 MuPFL
-  defaults to FedAvg" (Sec. 4.5) and Table I's "FedAvg with clustering" is FedAvg whose update is
-  ACMU's; Alg. 1 L6's w_i^(t-1) reuses the superscript that L18 uses for SGD steps. With "personal"
-  nothing trains from w_glo, an average of drifting personal models (`docs/notes/mupfl.md`). "global"
-  stays the default: measured against it at IF 10 x Dir 0.5, "cluster" gives ACMU a gain (its
-  returning clients' starts are moved by their cluster's update, not by a stale round's mean) but
-  its evaluated model stays under the default's locally trained one, and its global model under
-  the default's (`suites/paper-mupfl.yaml`, `docs/results.md`).
-  "personal" keeps every w~_i on the server (N models).
-- ACMU on the client's path (`mupfl-init="cluster"`): Alg. 1 L6 trains from w_i^(t-1) and L7
-  subtracts it, L8 / Eq. 14 update w~_i from the same w_i^(t-1), and Sec. 3.5 ends "client i will
-  use the new parameters (u_i^(t+1), v_glo^(t+1)) for local model training": the client's own
-  (cluster-updated) feature extractor with the global classifier. Under "global" ACMU only
-  re-weights the deltas entering Eq. 15, and the personalized accuracy, read before the server's
-  cluster update, cannot see it ("ACMU adds 0.00" by construction). Under "cluster" the paper's
-  personalized model is that start after PKCF's fine-tune (`pkcf-accuracy`; `start-accuracy`
-  before the fine-tune), measured at the client's next participation (with 10 of 50 clients a
-  round, a few rounds after its cluster update). "personal" and "cluster" keep every w~_i on the
-  server (N models) and send w_glo beside the start for `client-global-accuracy`.
-- PKCF synthesis: h_glo starts at first use as `mupfl-feature-init` says (by default the global
-  extractor's outputs on N(0, 1) inputs, Sec. 3.5's Eq. 18; N(0, 1) as CReFF's code; or N(0, 1)
-  rescaled to the median of the clients' reported real-feature norms: `fedskew/losses/mupfl.py`),
-  then is warm-started; SGD for `mupfl-match-iters` = 100 iterations (CReFF); only classes seen so
-  far are sent. Distance and lr follow CReFF's public code
-  (`distance_wb`, 1 - cos per row of each class gradient, summed over rows and classes, at lr
-  `mupfl-feature-lr` = 1.0), not one cosine per class averaged over classes at CReFF's lr 0.1, which
-  leaves the features where they start (`fedskew/losses/mupfl.py`). The paper's form stays as
-  `mupfl-distance="paper"` (it needs lr ~20).
-- One classifier for real and synthetic gradients (CReFF sends the global model and both sides take
-  gradients at its classifier): the server sends the classifier of the global model of this round's
-  start, clients take z_i^k at it, and the synthesis matches at it; gradients taken at the clients'
-  own trained classifiers and at the new w_glo's would be compared at two different points. z_i^k
-  stays where Alg. 1 puts it (L19-20, after local training, the trained extractor's features): on
-  real gradients, features synthesised from post-training z serve the next global model better than
-  CReFF's pre-training z (`docs/notes/mupfl.md`).
-- The client fine-tunes the classifier only, tau = 30 epochs, then trains the whole model.
-- m = 20 features per class, tau = 30 (the values the paper holds fixed in Sec. 4.5).
-- The classifier is bias-free (fedskew's SplitNet), so z_i^k is the K x d weight gradient only.
-- Local optimiser: the common `sgd` (momentum / weight decay as for every method) rather than the
-  paper's plain SGD, so that MuPFL and FedAvg differ only by MuPFL's modules.
-- Metrics: `personalized-accuracy` is the locally trained model w_i on the client's test split (as
-  for every fedskew method); `client-global-accuracy` is w_glo on it before training (under
-  "personal" the server sends w_glo beside w~_i for it: one more model on the downlink), and
-  `start-accuracy` (only under "personal" and "cluster") is the paper's personalized model: what the
-  client receives (w~_i, or its extractor with the global classifier; w_glo for a first-time
-  client), both measured before the round's training.
-- PKCF also runs after the last round (its features are unused then) so every round is timed.
+Other decisions: m = 20 features per class and tau = 30 fine-tune epochs (Sec. 4.5's fixed values);
+the classifier is bias-free (SplitNet), so z_i^k is the K x d weight gradient; the local optimiser
+is the common `sgd` (the paper: plain SGD), so MuPFL and FedAvg differ only by MuPFL's modules.
+Metrics: `personal-accuracy` is the trained w_i on the client's test split, `client-global-accuracy`
+w_glo before training, `start-accuracy` ("personal", "cluster") the start the client received.
 """
 
 from __future__ import annotations
