@@ -29,6 +29,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 from _common import ROOT, in_process_setup
 
 from fedskew.experiments import labels, load_suite, select
@@ -112,28 +113,41 @@ def compare(ours_file: str, reference_file: str, stat: str) -> None:
     """Every cell of `ours_file` against the same cell of `reference_file`: the gap, paired over the
     seeds both hold (`fedskew.stats`), and whether it lies within the reference's spread over seeds."""
     from fedskew.resultfile import load_results, per_seed_values
-    from fedskew.stats import paired_gain
 
     ours, ref = load_results(ours_file), load_results(reference_file)
     print(f"| cell | ours ({ours.overrides.get('device', '')}) | reference | gap, paired | within the spread |")
     print("|---|---|---|---|---|")
-    inside = total = 0
+    inside = total = apart = 0
     for cell in ours.cells:
         other = ref.cell(cell.partition, cell.method)
         if other is None or stat not in cell.stats or stat not in other.stats:
             continue
-        a, b = per_seed_values(cell, stat), per_seed_values(other, stat)
-        gap = paired_gain(a, b) if a and b else None
         spread = other.stats[stat].std or 0.0
-        diff = cell.stats[stat].mean - other.stats[stat].mean
-        ok = abs(diff) <= max(spread, 1e-9) or (gap is not None and not gap.excludes_zero())
-        inside, total = inside + ok, total + 1
-        shown = gap.text() if gap is not None else f"{diff:+.2f} (no shared seed)"
-        print(
-            f"| {cell.partition}/{cell.method} | {cell.stats[stat].mean:.2f} | "
-            f"{other.stats[stat].mean:.2f} ± {spread:.2f} | {shown} | {'yes' if ok else 'no'} |"
-        )
-    print(f"\n{inside} of {total} cells within the reference's spread ({stat})")
+        mine, theirs = cell.stats[stat].mean, other.stats[stat].mean
+        head = f"| {cell.partition}/{cell.method} | {mine:.2f} | {theirs:.2f} ± {spread:.2f}"
+        if cell.rounds != other.rounds:  # another budget: nothing to compare
+            apart += 1
+            print(f"{head} | - | not comparable: {cell.rounds} rounds against {other.rounds} |")
+            continue
+        verdict, shown = within(per_seed_values(cell, stat), per_seed_values(other, stat), spread)
+        inside, total = inside + verdict, total + 1
+        print(f"{head} | {shown} | {'yes' if verdict else 'no'} |")
+    print(f"\n{inside} of {total} cells within the reference's spread ({stat})", end="")
+    print(f"; {apart} cells of another budget not compared" if apart else "")
+
+
+def within(ours: dict[int, float], ref: dict[int, float], spread: float) -> tuple[bool, str]:
+    """Is our cell within the reference's spread? With 2 or more shared seeds: its paired gap's
+    interval holds 0 or the gap is under the reference's std over seeds; otherwise the plain gap of
+    the means against that std."""
+    from fedskew.stats import paired_gain
+
+    diff = float(np.mean(list(ours.values())) - np.mean(list(ref.values())))
+    gap = paired_gain(ours, ref)
+    if gap is not None and gap.n >= 2:
+        return abs(gap.mean) <= spread or not gap.excludes_zero(), gap.text()
+    seeds = f"{gap.n} shared seed" if gap is not None else "no shared seed"
+    return abs(diff) <= spread, f"{diff:+.2f} ({seeds})"
 
 
 def main() -> None:
@@ -150,6 +164,7 @@ def main() -> None:
     ap.add_argument("--ways", default="per-cell:2,grid:1", help="comma-separated: per-cell:J, grid:P")
     ap.add_argument("--repeats", type=int, default=1)
     ap.add_argument("--out", default=str(ROOT / "outputs" / "bench-grid"))
+    ap.add_argument("--doc", metavar="MD", help="also write the table, command and machine into MD's grid block")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
@@ -166,13 +181,42 @@ def main() -> None:
             walls[way].append(wall)
             print(f"repeat {r + 1}: {way}: {n} cells in {wall:.0f} s ({60 * n / wall:.2f} cells a minute)", flush=True)
     first = ways[0]
-    print(f"\n| way | cells | wall (s), each repeat | cells a minute | ratio to {first} (each repeat) |")
-    print("|---|---|---|---|---|")
+    table = [
+        f"| way | cells | wall (s), each repeat | cells an hour | ratio to {first} (each repeat) |",
+        "|---|---|---|---|---|",
+    ]
     for way in ways:
         ratios = [a / b for a, b in zip(walls[first], walls[way], strict=True)]
-        rate = 60 * n * len(walls[way]) / sum(walls[way])
+        rate = 3600 * n * len(walls[way]) / sum(walls[way])
         each = ", ".join(f"{w:.0f}" for w in walls[way])
-        print(f"| {way} | {n} | {each} | {rate:.2f} | {', '.join(f'{x:.2f}' for x in ratios)} |")
+        table.append(f"| {way} | {n} | {each} | {rate:.0f} | {', '.join(f'{x:.2f}' for x in ratios)} |")
+    print("\n" + "\n".join(table))
+    if args.doc:
+        write_doc(Path(args.doc), table)
+
+
+def write_doc(doc: Path, table: list[str]) -> None:
+    """The table with its command and machine into `doc`'s `grid` block (atomically)."""
+    import os
+    import platform
+
+    from fedskew.files import write_text
+    from fedskew.report import replace_block
+
+    command = " ".join(a for a in sys.argv[1:] if not a.startswith("--doc") and a != str(doc))
+    info = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else []
+    cpu = next((line.split(":", 1)[1].strip() for line in info if "model name" in line), platform.processor())
+    load = os.getloadavg()[0]
+    body = [
+        "```bash",
+        f".venv/bin/python benchmarks/grid.py {command}",
+        "```",
+        "",
+        f"Machine: {cpu}, {available_cores()} cores, CPU only; load average {load:.1f} at the end.",
+        "",
+        *table,
+    ]
+    write_text(doc, replace_block(doc.read_text(), "grid", body, str(doc)))
 
 
 if __name__ == "__main__":

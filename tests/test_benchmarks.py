@@ -299,3 +299,26 @@ def test_suite_in_process_runs_cells_together_as_each_runs_alone(tmp_path: Path)
         assert json.loads((tmp_path / "s-alone" / name / "config.json").read_text())["engine"] == "batched"
     refused = run_benchmark("suite_in_process.py", str(suite), "--together", "2", "--tag", "flower")
     assert refused.returncode == 2 and "--together runs cells on the batched engine" in refused.stderr, refused.stderr
+
+
+def test_grid_compare_pairs_the_shared_seeds_and_leaves_other_budgets_apart(tmp_path: Path) -> None:
+    """`grid.py compare` (the GPU script's last step): a cell whose paired gap's interval holds 0 is
+    within the spread, one 10 points off on every seed is not, one of another budget is not compared."""
+    import numpy as np
+
+    from fedskew.resultfile import CellResult, ResultSet, Stat, dump_results
+
+    def cell(method: str, values: list[float], rounds: int = 40) -> CellResult:
+        stat = Stat(float(np.mean(values)), float(np.std(values)), values)
+        return CellResult("c2", method, [0, 1, 2], {"global.last10": stat}, rounds=rounds)
+
+    ref = [cell("fedavg", [60.0, 50.0, 70.0]), cell("fedrs", [61.0, 52.0, 69.0]), cell("moon", [55.0, 56.0, 57.0])]
+    ours = [cell("fedavg", [60.5, 49.0, 70.2]), cell("fedrs", [71.0, 62.0, 79.0]), cell("moon", [10.0] * 3, 2)]
+    dump_results(ResultSet("ref", "s", "suites/s.yaml", ref), tmp_path / "ref.yaml")
+    dump_results(ResultSet("ours", "s", "suites/s.yaml", ours), tmp_path / "ours.yaml")
+    res = run_benchmark("grid.py", "compare", str(tmp_path / "ours.yaml"), str(tmp_path / "ref.yaml"))
+    assert res.returncode == 0, res.stderr[-3000:]
+    rows = {line.split(" | ")[0][2:]: line for line in res.stdout.splitlines() if line.startswith("| c2/")}
+    assert rows["c2/fedavg"].endswith("| yes |") and rows["c2/fedrs"].endswith("| no |"), res.stdout
+    assert "not comparable: 2 rounds against 40" in rows["c2/moon"], res.stdout
+    assert "1 of 2 cells within the reference's spread (global.last10); 1 cells of another budget" in res.stdout
