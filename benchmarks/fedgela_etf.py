@@ -42,12 +42,11 @@ import yaml
 from _common import ROOT
 from torch import nn
 
-from fedskew.client_app.fedgela import gela_model
 from fedskew.config import validate
 from fedskew.data.clients import ClientData, client_class_counts, load_client_data, load_test_set
 from fedskew.experiments import run_name
 from fedskew.launcher import app_defaults
-from fedskew.losses.fedgela import ETFNet, class_geometry, gela_logits, local_phi
+from fedskew.losses.fedgela import ETFNet, class_geometry, gela_logits, gela_model, local_phi
 from fedskew.models import build_model
 from fedskew.strategies.fedgela import FedGELAStrategy
 from fedskew.training import clip_before_step, cross_entropy_loss, evaluate, sgd, train_epochs

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.func import functional_call
 
 from fedskew.schema import ConfigError
 
@@ -67,10 +68,9 @@ def pick_device(name: str = "auto") -> torch.device:
 
 def cuda_deterministic() -> None:
     """The same seed gives the same metrics on a GPU too: cuDNN's autotuner off and deterministic
-    kernels (cuDNN's convolution backward and cuBLAS otherwise sum in a run-dependent order: with 1
-    and 2 actors, `docs/benchmarks.md`, "How many clients a second do actors sharing the GPU
-    train?"). cuBLAS needs its workspace setting before its first handle, i.e. before this
-    process's first CUDA matrix product."""
+    kernels (cuDNN's convolution backward and cuBLAS otherwise sum in a run-dependent order; measured
+    on an H100: 1 and 2 actors gave different `metrics.jsonl` before). cuBLAS needs its workspace
+    setting before its first handle, i.e. before this process's first CUDA matrix product."""
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.backends.cudnn.benchmark = False
     torch.backends.cudnn.deterministic = True
@@ -256,3 +256,28 @@ def train_only(model: nn.Module, part: nn.Module) -> list[nn.Parameter]:
     model.requires_grad_(False)
     part.requires_grad_(True)
     return list(part.parameters())
+
+
+# what a trainer's stacked loss is made of (`fedskew.batched.stacked`: many clients as one model)
+def functional_forward(
+    model: nn.Module, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], x: torch.Tensor
+) -> torch.Tensor:
+    """`model(x)` computed with `params` and `buffers` in place of the module's own tensors."""
+    return functional_call(model, (params, buffers), (x,))
+
+
+def weighted_sum(losses: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """sum_i weight_i losses_i: the batch mean when the weights are 1/b on b examples (0 on padding)."""
+    return (losses * weight).sum()
+
+
+def module_refusal(model: nn.Module) -> str | None:
+    """Why `model` cannot be trained stacked (None: it can): a normalisation layer with running
+    statistics (BatchNorm: per-client buffers updated in training, statistics over the padded batch)
+    or dropout (random draws outside the clients' generators)."""
+    for name, m in model.named_modules():
+        if isinstance(m, nn.modules.batchnorm._NormBase):
+            return f"its {type(m).__name__} ({name}) keeps running statistics of each client's batches"
+        if isinstance(m, nn.modules.dropout._DropoutNd):
+            return f"its {type(m).__name__} ({name}) draws random numbers in training"
+    return None

@@ -19,7 +19,6 @@ from fedskew.batched.stacked import (
     SGDSettings,
     StackedSGD,
     client_steps,
-    module_refusal,
     sgd_settings,
     stack_schedules,
 )
@@ -28,7 +27,7 @@ from fedskew.config import validate
 from fedskew.data.augment import Augmentation
 from fedskew.models import build_model
 from fedskew.registry import get_method
-from fedskew.training import clip_before_step, sgd, train_steps
+from fedskew.training import clip_before_step, module_refusal, sgd, train_steps
 from fedskew.wire import CENTRAL_EVAL_METRICS
 from tests.conftest import read_metrics
 from tests.harness import ROOT, app_defaults, run_in_process

@@ -11,11 +11,20 @@ import torch.nn.functional as F
 from flwr.app import Array, ArrayRecord, ConfigRecord, RecordDict
 
 from fedskew.client_app.base import TrainerContext
-from fedskew.client_app.fedgela import FedGELATrainer, gela_model
+from fedskew.client_app.fedgela import FedGELATrainer
 from fedskew.client_app.state import ClientState
 from fedskew.config import validate
 from fedskew.data.clients import ClientData
-from fedskew.losses.fedgela import ETFNet, class_geometry, etf_checksum, etf_net, gela_logits, local_phi, make_etf
+from fedskew.losses.fedgela import (
+    ETFNet,
+    class_geometry,
+    etf_checksum,
+    etf_net,
+    gela_logits,
+    gela_model,
+    local_phi,
+    make_etf,
+)
 from fedskew.models import build_model
 from fedskew.partitions.core import classes_per_client_pmcn, dirichlet
 from fedskew.records import Rejected, check_content

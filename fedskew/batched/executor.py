@@ -45,7 +45,6 @@ from fedskew.batched.stacked import (
     SGDSettings,
     Step,
     client_steps,
-    module_refusal,
     sgd_settings,
     stack_schedules,
     train_stacked,
@@ -56,7 +55,8 @@ from fedskew.client_app.base import BaseTrainer, Started
 from fedskew.config import validate
 from fedskew.data.clients import PARTITION_KEYS, ClientData
 from fedskew.registry import get_method
-from fedskew.training import pick_device
+from fedskew.resources import available_cores
+from fedskew.training import module_refusal, pick_device
 
 log = logging.getLogger("fedskew.client")
 MEMORY_SHARE = 0.8  # of the GPU memory free before a chunk, what its stacked steps may take
@@ -75,8 +75,6 @@ def describe_engine(run_config: Mapping[str, Any]) -> str:
     device = pick_device(cfg["device"])
     where = f"batched engine in one process on {device}"
     if device.type == "cpu":
-        from fedskew.resources import available_cores
-
         where += f" ({available_cores()} torch threads)"
     refusal = stacked_refusal(cfg)
     if refusal is None:

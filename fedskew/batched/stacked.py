@@ -35,7 +35,7 @@ is built on the host and moved to the device once, the number of active clients 
 in advance, and the losses are summed on the device.
 
 A network whose training step is not a pure function of its parameters, buffers and batch cannot be
-stacked this way (`module_refusal`): BatchNorm updates running statistics and normalises over the
+stacked this way (`fedskew.training.module_refusal`): BatchNorm updates running statistics and normalises over the
 batch (padding would enter its statistics), dropout draws from the global random stream.
 """
 
@@ -47,8 +47,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch import nn
-from torch.func import functional_call, grad_and_value, vmap
+from torch.func import grad_and_value, vmap
 
 from fedskew.data.augment import Augmentation, Draw
 from fedskew.training import CLIP_NORMS, STEP_CORRECTION, minibatches
@@ -60,30 +59,6 @@ StackedLoss = Callable[
     [Tensors, Tensors, torch.Tensor, torch.Tensor, torch.Tensor, Tensors],
     torch.Tensor | tuple[torch.Tensor, torch.Tensor],
 ]
-
-
-def functional_forward(
-    model: nn.Module, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], x: torch.Tensor
-) -> torch.Tensor:
-    """`model(x)` computed with `params` and `buffers` in place of the module's own tensors."""
-    return functional_call(model, (params, buffers), (x,))
-
-
-def weighted_sum(losses: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """sum_i weight_i losses_i: the batch mean when the weights are 1/b on b examples (0 on padding)."""
-    return (losses * weight).sum()
-
-
-def module_refusal(model: nn.Module) -> str | None:
-    """Why `model` cannot be trained stacked (None: it can): a normalisation layer with running
-    statistics (BatchNorm: per-client buffers updated in training, statistics over the padded batch)
-    or dropout (random draws outside the clients' generators)."""
-    for name, m in model.named_modules():
-        if isinstance(m, nn.modules.batchnorm._NormBase):
-            return f"its {type(m).__name__} ({name}) keeps running statistics of each client's batches"
-        if isinstance(m, nn.modules.dropout._DropoutNd):
-            return f"its {type(m).__name__} ({name}) draws random numbers in training"
-    return None
 
 
 class NotStackable(ValueError):

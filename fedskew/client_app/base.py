@@ -10,8 +10,8 @@ personalized model is also evaluated on the central test set, and the reply adds
 accuracy over the classes the client holds (`personal-held-accuracy`: >= 1 image in its training
 split) and over those it lacks (`personal-missing-accuracy`): the generic accuracy of personal models
 that FedGELA (Fan et al., NeurIPS'23, §5) and FedRoD (Chen & Chao, ICLR'22) report for P-FL methods,
-split by what the client has seen. A method subclasses `BaseTrainer` and overrides only the
-hooks that differ (FL-bench style); its records (`wire`) are its registry entry's (`MethodSpec.wire`):
+split by what the client has seen. A method subclasses `BaseTrainer`, sets `wire`
+and overrides only the hooks that differ (FL-bench style):
 
     build_model      the network (default: `model` from the run config)
     receive          checks the server's records before anything else; a method reads its extras
@@ -71,7 +71,6 @@ import torch.nn.functional as F
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from torch import nn
 
-from fedskew.batched.stacked import functional_forward, module_refusal, weighted_sum
 from fedskew.client_app.state import ClientState
 from fedskew.data import dataset_info
 from fedskew.data.augment import augmentation
@@ -79,18 +78,20 @@ from fedskew.data.clients import ClientData
 from fedskew.diagnostics import held_and_missing_accuracy
 from fedskew.models import SplitNet, build_model, initial_model
 from fedskew.records import ArraysSpec, Rejected, Tensor, check_arrays, decoded_content, tensor_like
-from fedskew.registry import DeclaredWire
 from fedskew.training import (
     LossFn,
     compute_dtype,
     confusion,
     cross_entropy_loss,
     evaluate,
+    functional_forward,
+    module_refusal,
     sgd,
     steps_per_round,
     train_steps,
+    weighted_sum,
 )
-from fedskew.wire import MODEL, Dims
+from fedskew.wire import BASE, MODEL, Dims, Wire
 
 log = logging.getLogger("fedskew.client")
 
@@ -161,10 +162,9 @@ class TrainerContext:
 
 
 class BaseTrainer:
-    """A fedskew method's client side; subclasses override the hooks that differ; its
-    records (`wire`) are its registry entry's."""
+    """A fedskew method's client side; subclasses set `wire` and override the hooks that differ."""
 
-    wire = DeclaredWire()  # the method's records beyond the model (`fedskew.wire`), `MethodSpec.wire`
+    wire: ClassVar[Wire] = BASE  # the method's records beyond the model (`fedskew.wire`)
     batched: ClassVar[bool] = False  # read from the class's own body only (`stacked_refusal`)
     # What its clients keep across rounds that shapes their training ("" when nothing; `kept_state`)
     keeps_state: ClassVar[str] = ""
@@ -252,7 +252,7 @@ class BaseTrainer:
         """Why the batched engine trains this method's clients one by one, each with its own trainer
         as the ClientApp does (None: as one stacked model): the class does not opt in itself
         (`batched` in its own body), or the network keeps running statistics or draws random numbers
-        in training (BatchNorm, dropout: `fedskew.batched.stacked.module_refusal`)."""
+        in training (BatchNorm, dropout: `fedskew.training.module_refusal`)."""
         if not cls.__dict__.get("batched", False):
             return f"{cls.__name__} does not express its local step functionally"
         return module_refusal(build_model(cfg["model"], dataset_info(cfg)))

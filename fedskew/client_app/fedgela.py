@@ -26,13 +26,10 @@ from flwr.app import ConfigRecord, RecordDict
 from torch import nn
 
 from fedskew import wire
-from fedskew.batched.stacked import module_refusal
 from fedskew.client_app.base import BaseTrainer
-from fedskew.data import dataset_info
-from fedskew.losses.fedgela import ETFNet, etf_checksum, etf_net, feature_head, is_simplex_etf, local_phi
-from fedskew.models import build_model
+from fedskew.losses.fedgela import ETFNet, etf_checksum, feature_head, gela_model, is_simplex_etf, local_phi
 from fedskew.records import Rejected
-from fedskew.training import clip_before_step
+from fedskew.training import clip_before_step, module_refusal
 
 
 def verified_etf(etf: torch.Tensor, info: ConfigRecord) -> torch.Tensor:
@@ -46,16 +43,10 @@ def verified_etf(etf: torch.Tensor, info: ConfigRecord) -> torch.Tensor:
     return etf
 
 
-def gela_model(cfg: dict[str, Any], etf: torch.Tensor, phi: torch.Tensor | None = None) -> ETFNet:
-    """The run's FedGELA network (`fedgela-head`): a client's with its phi, the server's without."""
-    net = build_model(cfg["model"], dataset_info(cfg))
-    head, ew, temperature = cfg["fedgela-head"], cfg["fedgela-ew"], cfg["fedgela-temperature"]
-    return etf_net(net.features, net.feature_dim, etf, head, ew, temperature, phi, cfg["fedgela-mode"])
-
-
 class FedGELATrainer(BaseTrainer):
     """Backbone-only training against the client's adapted simplex ETF."""
 
+    wire = wire.FEDGELA
     batched = True
 
     @classmethod

@@ -19,8 +19,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord
 
 from fedskew import wire
-from fedskew.client_app.fedgela import gela_model
-from fedskew.losses.fedgela import ETFNet, etf_checksum, make_etf
+from fedskew.losses.fedgela import ETFNet, etf_checksum, gela_model, make_etf
 from fedskew.strategies.base import BaseStrategy
 
 BACKBONE = "features."
@@ -28,6 +27,8 @@ BACKBONE = "features."
 
 class FedGELAStrategy(BaseStrategy):
     """FedAvg over backbones; a fixed, broadcast simplex ETF is the classifier."""
+
+    wire = wire.FEDGELA
 
     def __init__(self, cfg: dict[str, Any], device: torch.device | None = None) -> None:
         super().__init__(cfg, device)
