@@ -180,9 +180,16 @@ def speed(args: argparse.Namespace) -> None:
 
 
 def accuracy(args: argparse.Namespace) -> None:
-    cfg = {"method": "fedavg", "model": "lenet", "fraction-train": 0.5, "num-server-rounds": args.rounds}
-    cfg |= {"checkpoint-every": 0, "device": args.device}
+    """Each of `--methods` over whole runs, batched against per-client, seed by seed."""
     print(f"load average before: {' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
+    for method in args.methods.split(","):
+        method_accuracy(method, args)
+    print(f"load average after: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
+
+
+def method_accuracy(method: str, args: argparse.Namespace) -> None:
+    cfg = {"method": method, "model": "lenet", "fraction-train": 0.5, "num-server-rounds": args.rounds}
+    cfg |= {"checkpoint-every": 0, "device": args.device}
     finals: dict[str, list[float]] = {"batched": [], "per-client": []}
     for seed in map(int, args.seeds.split(",")):
         for engine in finals:
@@ -191,18 +198,19 @@ def accuracy(args: argparse.Namespace) -> None:
                 stats = round_statistics(read_jsonl(Path(out) / "acc" / "metrics.jsonl"), 5)
             finals[engine].append(stats["last5_global_accuracy"])
             print(
-                f"  seed {seed} {engine:<10} final {100 * stats['final_global_accuracy']:6.2f} %  "
+                f"  {method} seed {seed} {engine:<10} final {100 * stats['final_global_accuracy']:6.2f} %  "
                 f"last 5 rounds {100 * stats['last5_global_accuracy']:6.2f} %",
                 flush=True,
             )
     spread = statistics.pstdev(finals["per-client"])
     gaps = [abs(a - b) for a, b in zip(finals["batched"], finals["per-client"], strict=True)]
     print(
-        f"last-5 global accuracy: per-client {100 * statistics.mean(finals['per-client']):.2f} ± {100 * spread:.2f} %, "
+        f"{method}: last-5 global accuracy: per-client {100 * statistics.mean(finals['per-client']):.2f} "
+        f"± {100 * spread:.2f} %, "
         f"batched {100 * statistics.mean(finals['batched']):.2f} %; largest same-seed gap {100 * max(gaps):.2f} points "
-        f"({'within' if max(gaps) <= spread else 'beyond'} the seeds' spread)"
+        f"({'within' if max(gaps) <= spread else 'beyond'} the seeds' spread)",
+        flush=True,
     )
-    print(f"load average after: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
 
 
 def sync(args: argparse.Namespace) -> None:
@@ -269,6 +277,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--device", default="auto", help="run-config device: auto (cuda when present), cpu, cuda")
     ap.add_argument("--seeds", default="0,1,2", help="accuracy: the seeds")
+    ap.add_argument("--methods", default="fedavg", help="accuracy: the methods (A,B), each on both engines")
     ap.add_argument("--quick", action="store_true", help="tiny: an MLP, 20 clients, 4 a round, 2 rounds")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -68,9 +68,10 @@ def pick_device(name: str = "auto") -> torch.device:
 
 def cuda_deterministic() -> None:
     """The same seed gives the same metrics on a GPU too: cuDNN's autotuner off and deterministic
-    kernels (cuDNN's convolution backward and cuBLAS otherwise sum in a run-dependent order; measured
-    on an H100: 1 and 2 actors gave different `metrics.jsonl` before). cuBLAS needs its workspace
-    setting before its first handle, i.e. before this process's first CUDA matrix product."""
+    kernels (cuDNN's convolution backward and cuBLAS otherwise sum in a run-dependent order: with 1
+    and 2 actors, `docs/benchmarks.md`, "How many clients a second do actors sharing the GPU
+    train?"). cuBLAS needs its workspace setting before its first handle, i.e. before this
+    process's first CUDA matrix product."""
     os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.backends.cudnn.benchmark = False
     torch.backends.cudnn.deterministic = True

@@ -10,8 +10,8 @@ personalized model is also evaluated on the central test set, and the reply adds
 accuracy over the classes the client holds (`personal-held-accuracy`: >= 1 image in its training
 split) and over those it lacks (`personal-missing-accuracy`): the generic accuracy of personal models
 that FedGELA (Fan et al., NeurIPS'23, §5) and FedRoD (Chen & Chao, ICLR'22) report for P-FL methods,
-split by what the client has seen. A method subclasses `BaseTrainer`, sets `wire`
-and overrides only the hooks that differ (FL-bench style):
+split by what the client has seen. A method subclasses `BaseTrainer` and overrides only the
+hooks that differ (FL-bench style); its records (`wire`) are its registry entry's (`MethodSpec.wire`):
 
     build_model      the network (default: `model` from the run config)
     receive          checks the server's records before anything else; a method reads its extras
@@ -78,6 +78,7 @@ from fedskew.data.clients import ClientData
 from fedskew.diagnostics import held_and_missing_accuracy
 from fedskew.models import SplitNet, build_model, initial_model
 from fedskew.records import ArraysSpec, Rejected, Tensor, check_arrays, decoded_content, tensor_like
+from fedskew.registry import DeclaredWire
 from fedskew.training import (
     LossFn,
     compute_dtype,
@@ -91,7 +92,7 @@ from fedskew.training import (
     train_steps,
     weighted_sum,
 )
-from fedskew.wire import BASE, MODEL, Dims, Wire
+from fedskew.wire import MODEL, Dims
 
 log = logging.getLogger("fedskew.client")
 
@@ -162,9 +163,10 @@ class TrainerContext:
 
 
 class BaseTrainer:
-    """A fedskew method's client side; subclasses set `wire` and override the hooks that differ."""
+    """A fedskew method's client side; subclasses override the hooks that differ; its
+    records (`wire`) are its registry entry's."""
 
-    wire: ClassVar[Wire] = BASE  # the method's records beyond the model (`fedskew.wire`)
+    wire = DeclaredWire()  # the method's records beyond the model (`fedskew.wire`), `MethodSpec.wire`
     batched: ClassVar[bool] = False  # read from the class's own body only (`stacked_refusal`)
     # What its clients keep across rounds that shapes their training ("" when nothing; `kept_state`)
     keeps_state: ClassVar[str] = ""

@@ -46,7 +46,6 @@ def verified_etf(etf: torch.Tensor, info: ConfigRecord) -> torch.Tensor:
 class FedGELATrainer(BaseTrainer):
     """Backbone-only training against the client's adapted simplex ETF."""
 
-    wire = wire.FEDGELA
     batched = True
 
     @classmethod

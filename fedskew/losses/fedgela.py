@@ -39,15 +39,10 @@ Decisions where the paper is silent or the authors' code differs:
   (`tests/test_fedgela.py`). Deviation: a training batch of one sample uses the running statistics
   (their loader drops the last batch). Under label skew the averaged BatchNorm running statistics
   are miscalibrated for the balanced test set, which is why this is not the default.
-- E_W = 300 (`fedgela-ew`), from the sweep `suites/fmnist-fedgela-ew.yaml` (numbers in
-  `results/fmnist-fedgela-ew.yaml`, discussion in `docs/notes/fedgela.md`): the best or near it on
-  Dirichlet(0.1) and on 2 classes per client, and above FedAvg on both; below the paper's tuned
-  range (1e3..1e6, with ResNet-18 and 10 local epochs), which this LeNet setting does not reach.
-  That range at the paper's own protocol (10 local epochs, full participation, Dirichlet 0.1, where
-  FedGELA's gap to the paper is largest: `suites/paper-fedgela.yaml`'s `fedgela-ew1e3` ..
-  `fedgela-ew1e6`, results in `results/paper-fedgela-ew-gpu.yaml`, `docs/results.md`) scores below 300 at every
-  value while the local training loss rises with E_W: the logits are sqrt(E_W) times a cosine, so
-  E_W scales the cross-entropy's gradient. 300 stays the default.
+- E_W = 300 (`fedgela-ew`), from the sweep `suites/fmnist-fedgela-ew.yaml`, below the paper's tuned
+  range 1e3..1e6 (ResNet-18, 10 local epochs); the logits are sqrt(E_W) times a cosine, so E_W
+  scales the cross-entropy's gradient. The sweep, the paper's range at its own protocol
+  (`suites/paper-fedgela.yaml`) and the reasoning: `docs/notes/fedgela.md` ("E_W").
 """
 
 from __future__ import annotations

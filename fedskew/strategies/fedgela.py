@@ -28,8 +28,6 @@ BACKBONE = "features."
 class FedGELAStrategy(BaseStrategy):
     """FedAvg over backbones; a fixed, broadcast simplex ETF is the classifier."""
 
-    wire = wire.FEDGELA
-
     def __init__(self, cfg: dict[str, Any], device: torch.device | None = None) -> None:
         super().__init__(cfg, device)
         net = super().build_model()
