@@ -37,6 +37,7 @@ from flwr.app import Context, Message, RecordDict
 
 from fedskew.batched.executor import BatchedExecutor, StackedTrainer
 from fedskew.batched.grid import RUN_ID, BatchedGrid
+from fedskew.server_app.app import main
 
 log = logging.getLogger("fedskew.client")
 
@@ -112,8 +113,6 @@ class ManyRuns:
         return replies
 
     def thread(self, turn: Turn) -> None:
-        from fedskew.server_app.app import main
-
         turn.go.acquire()
         t0 = time.perf_counter()
         try:

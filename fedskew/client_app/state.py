@@ -38,8 +38,11 @@ from typing import Any
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
+from fedskew.data import dataset_info
 from fedskew.files import atomic_write
+from fedskew.models import build_model
 from fedskew.records import VALUE_BOUND, Number, check_number
+from fedskew.registry import get_method
 
 log = logging.getLogger("fedskew.client")
 
@@ -255,10 +258,6 @@ def kept_state_bytes(cfg: Mapping[str, Any]) -> int:
     network's state dict, its parameters or its head) with the round tag, serialised as Flower holds
     them. 0 for a method whose clients keep no state under `cfg` (`kept_state`); small states
     (counters, MuPFL's BAVD maps: a few KB) are not counted."""
-    from fedskew.data import dataset_info
-    from fedskew.models import build_model
-    from fedskew.registry import get_method
-
     trainer = get_method(cfg["method"]).trainer_class()
     if not trainer.kept_state(cfg) or not trainer.kept_arrays:
         return 0
@@ -276,8 +275,6 @@ def state_bound_problem(cfg: Mapping[str, Any]) -> str:
     """'' when what a client of the validated `cfg` keeps fits `state-max-mb` (`kept_state_bytes`),
     else one line naming the key, its value and the smallest value that works: such a client would
     raise `StateTooLargeError` at the end of every round it trains, and never answer."""
-    from fedskew.registry import get_method
-
     need = kept_state_bytes(cfg)
     if need <= cfg["state-max-mb"] * MB:
         return ""

@@ -54,6 +54,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from fedskew.models import BasicBlock
 from fedskew.training import minibatches
 
 # ----------------------------------------------------------------------------- BAVD
@@ -236,8 +237,6 @@ def _bavd_targets(model: nn.Module, site: str = "convs") -> list[nn.Module]:
     """The modules whose outputs BAVD masks: "convs", every conv-block ReLU (a ReLU after a Conv2d or
     BatchNorm2d inside an nn.Sequential) and ResNet BasicBlock; "last-conv", the last of those;
     "features", the network's feature extractor (its flattened output, the classifier's input)."""
-    from fedskew.models import BasicBlock
-
     if site not in BAVD_SITES:
         raise ValueError(f"site={site!r} must be one of {BAVD_SITES}")
     if site == "features":
