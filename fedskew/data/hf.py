@@ -50,8 +50,8 @@ from typing import Any
 
 import numpy as np
 
-from fedskew.data import HF_PREFIX, MAX_CLASSES, MAX_IMAGE_SIZE, DataMissingError, DatasetInfo, dataset_slug
-from fedskew.data.readers import checked_split
+from fedskew.data.info import HF_PREFIX, MAX_CLASSES, MAX_IMAGE_SIZE, DatasetInfo, dataset_slug
+from fedskew.data.readers import DataMissingError, checked_split
 from fedskew.files import arrays_digest, atomic_write
 
 log = logging.getLogger("fedskew.data")

@@ -7,12 +7,10 @@ import gzip
 import os
 import pickle
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from fedskew.data import DatasetInfo
+from fedskew.data.info import DATASET_INFO, DatasetInfo
 
 Arrays = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # x_train, y_train, x_test, y_test
 
@@ -78,8 +76,6 @@ def checked_split(
 ) -> None:
     """One split's images and labels agree in number, images have the data set's shape and labels
     are its class ids (`info`, default: the standard set `name`'s); else ValueError naming the folder."""
-    from fedskew.data import DATASET_INFO  # late: that package imports this module
-
     info = info or DATASET_INFO[name]
     where = f"{name} in {folder}, {split} split"
     if len(x) != len(y):
