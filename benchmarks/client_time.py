@@ -27,15 +27,17 @@ from fedskew.registry import METHODS, get_method
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--methods", default=",".join(METHODS), help="comma-separated; fedavg is always included")
+    ap.add_argument("--methods", help="comma-separated (default: all; --quick: the five seed methods); with fedavg")
     ap.add_argument("--partitions", type=int, default=20, help="clients in the partition (data per client)")
     ap.add_argument("--clients", type=int, default=4, help="the nodes that train every round")
     ap.add_argument("--rounds", type=int, default=7, help="rounds; 2..R are measured")
     ap.add_argument("--model", default="lenet")
-    ap.add_argument("--quick", action="store_true", help="tiny: 200 partitions, 2 clients, 2 rounds")
+    ap.add_argument("--quick", action="store_true", help="tiny: 200 partitions, 2 clients, 2 rounds, 5 methods")
     args = ap.parse_args()
     if args.quick:
         args.partitions, args.clients, args.rounds = 200, 2, 2
+        args.methods = args.methods or "fedrs,map,mupfl,fedgela,fedmr"
+    args.methods = args.methods or ",".join(METHODS)
     methods = ["fedavg", *(m for m in args.methods.split(",") if m != "fedavg")]
     in_process_setup()
     torch.set_num_threads(1)

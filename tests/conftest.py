@@ -92,3 +92,34 @@ def flwr_job(tmp_path: Path, _sim_links: dict[Any, Any]):
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+# The tests that run for tens of seconds (real `flwr run` jobs, deployments, subprocess benchmarks),
+# scheduled first: pytest-xdist hands tests out in collection order, so a long one left to the end
+# would keep one worker busy while the others sit idle.
+LONG_FIRST = (
+    "test_ray_cluster.py",
+    "test_multihost.py",
+    "test_end_to_end.py",
+    "test_careless.py::test_a_real_run",
+    "test_interrupt.py",
+    "test_clientexec.py",
+    "test_fedmr.py::test_fedmr_flwr_run",
+    "test_fedgela.py::test_fedgela_end_to_end",
+    "test_map.py::test_flwr",
+    "test_mupfl.py::test_mupfl_runs_end_to_end",
+    "test_hf.py::test_an_hf_folder_through_a_real_flwr_run",
+    "test_benchmarks.py",
+    "test_batched.py::test_runs_trained_together",
+    "test_actor_pool.py",
+    "test_reliability.py",
+    "test_hostile.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def rank(item: pytest.Item) -> int:
+        name = item.nodeid.split("/")[-1]
+        return next((i for i, prefix in enumerate(LONG_FIRST) if name.startswith(prefix)), len(LONG_FIRST))
+
+    items.sort(key=rank)  # stable: the order within each file is kept
