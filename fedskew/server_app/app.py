@@ -371,6 +371,7 @@ def main(grid: Grid, context: Context) -> None:
             trackers.log_figure("per-class-accuracy", figure, rounds)
     finally:
         trackers.close()
+    out.write_summary(summary)  # last: the event files are closed, every file of the run is written
     nan = float("nan")
     worst = summary["last10_worst_class"]
     log.info(

@@ -515,8 +515,9 @@ class RunOutput:
         self, summary: dict[str, Any], state_dict: dict[str, torch.Tensor] | None, class_labels: list[str] | None = None
     ) -> Any:
         """Write `model.pt` (not for a method without a global model: `state_dict` None), the accuracy
-        plot, `per-class.png` (with `class_labels` on its class axis) and `summary.json`; return the
-        per-class figure (None without per-class records), for the trackers."""
+        plot and `per-class.png` (with `class_labels` on its class axis); return the per-class figure
+        (None without per-class records), for the trackers. `write_summary` comes after the trackers
+        have closed: a run is complete once its summary is there, every other file written."""
         if state_dict is not None:
             model = {k: v.cpu() for k, v in state_dict.items()}
             atomic_write(self.dir / "model.pt", lambda f: torch.save(model, f))
@@ -526,8 +527,11 @@ class RunOutput:
         (self.dir / "per-class.png").unlink(missing_ok=True)
         if figure is not None:
             figure.savefig(self.dir / "per-class.png", dpi=100)
-        write_json(self.dir / "summary.json", summary)
         return figure
+
+    def write_summary(self, summary: dict[str, Any]) -> None:
+        """`summary.json`, the run's last file (the launcher and the suites take it for the run's end)."""
+        write_json(self.dir / "summary.json", summary)
 
 
 def plot_accuracy(rows: list[dict[str, Any]], path: Path, title: str) -> None:
