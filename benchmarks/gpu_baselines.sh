@@ -24,12 +24,8 @@ FEDRS_ROUNDS=${FEDRS_ROUNDS:-150} METHODS=${METHODS:-all} STEPS=${STEPS:-fedrs p
 LB_TAG=${LB_TAG:-resnet18} LB_SET=${LB_SET:-}
 B=benchmarks/suite_in_process.py
 mkdir -p "$OUT" outputs/gpu
-SMI=
-if command -v nvidia-smi > /dev/null; then
-  nvidia-smi -L
-  nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 2 > "$OUT/smi.csv" &
-  SMI=$!
-fi
+. "$(dirname "$0")/_gpu.sh"
+start_smi
 # the seed methods' CUDA paths were measured by an earlier lending (docs/benchmarks.md, "GPU")
 seeds="fedavg fedprox fedrs fedmr mupfl map fedgela"
 if [ "$METHODS" = all ]; then
@@ -64,7 +60,7 @@ fi
 [ -n "$PATHS" ] && { wait "$PATHS" || status=1; }
 [ -n "$FEDRS" ] && { wait "$FEDRS" || status=1; }
 for pid in ${EXTRA:-}; do wait "$pid" || status=1; done
-[ -n "$SMI" ] && kill "$SMI"
+stop_smi
 tail -n 40 "$OUT"/*.log
 # the FedRS cells' metrics and checkpoints travel back (a cell stopped part-way resumes from it)
 tar czf "$OUT/runs.tgz" --exclude='*.png' --exclude='model.pt' --ignore-failed-read outputs/gpu/paper-*-gpu "outputs/gpu/leaderboard-$LB_TAG"

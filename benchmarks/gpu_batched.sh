@@ -17,12 +17,8 @@ set -u -o pipefail
 DEVICE=${DEVICE:-cuda} ROUNDS=${ROUNDS:-4} OUT=${OUT:-outputs/gpu} PY=${PY:-python3} END=${END:-540}
 SCENARIOS=${SCENARIOS:-lenet-10,lenet-50,pfl} ENGINES=${ENGINES:-batched,per-client,flower:1,flower:default}
 mkdir -p "$OUT"
-SMI=
-if command -v nvidia-smi > /dev/null; then
-  nvidia-smi -L
-  nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 2 > "$OUT/smi.csv" &
-  SMI=$!
-fi
+. "$(dirname "$0")/_gpu.sh"
+start_smi
 status=0
 {
   $PY benchmarks/batched.py sync --device "$DEVICE" || status=1
@@ -35,5 +31,5 @@ status=0
   exit $status
 } 2>&1 | tee "$OUT/batched.log"
 status=$?
-if [ -n "$SMI" ]; then kill "$SMI"; fi
+stop_smi
 exit $status

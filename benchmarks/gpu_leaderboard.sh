@@ -18,12 +18,8 @@ SEEDS=${SEEDS:-0,1,2,3,4,5,6,7,8,9} METHODS=${METHODS:-} SETS=${SETS:-} JOBS=${J
 SUITE=${SUITE:-suites/leaderboard.yaml}; EXPORT=${EXPORT:-$(basename "$SUITE" .yaml)-gpu}
 REFERENCE=${REFERENCE:-results/$(basename "$SUITE" .yaml).yaml}  # the suite's CPU cells
 mkdir -p "$OUT"
-SMI=
-if command -v nvidia-smi > /dev/null; then
-  nvidia-smi -L
-  nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 2 > "$OUT/smi.csv" &
-  SMI=$!
-fi
+. "$(dirname "$0")/_gpu.sh"
+start_smi
 status=0
 {
   [ "$DEVICE" = cpu ] || $PY benchmarks/batched.py sync --device "$DEVICE" || status=1
@@ -69,5 +65,5 @@ PY
   exit $status
 } 2>&1 | tee "$OUT/leaderboard.log"
 status=$?
-if [ -n "$SMI" ]; then kill "$SMI"; fi
+stop_smi
 exit $status

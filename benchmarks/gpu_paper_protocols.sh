@@ -28,11 +28,8 @@ set -u
 DEVICE=${DEVICE:-cuda} END=${END:-530} ROUNDS=${ROUNDS:-300} OUT=${OUT:-outputs/gpu}
 PY=${PY:-python3} B=benchmarks/suite_in_process.py STEPS=${STEPS:-fedmr fedrs}
 mkdir -p "$OUT" outputs/gpu
-if command -v nvidia-smi > /dev/null; then
-  nvidia-smi -L
-  nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv -l 2 > "$OUT/smi.csv" &
-  SMI=$!
-fi
+. "$(dirname "$0")/_gpu.sh"
+start_smi
 step() { [[ " $STEPS " == *" $1 "* ]]; }
 pack() {  # the cells of each partition named, one archive each (a file that comes back holds at most 16 MiB)
   for part in "$@"; do
@@ -67,7 +64,7 @@ if step mupfl-tau; then  # each PARTITIONS:METHODS of $MUPFL_CELLS its own call,
   wait "${groups[@]}"  # these alone: a bare `wait` waits for the nvidia-smi sampler too, which never ends
   cat "$OUT"/mupfl-*.log
 fi
-[ -n "${SMI:-}" ] && kill "$SMI"
+stop_smi
 # the cells' checkpoints travel back (a cell stopped part-way resumes from it): one archive a partition
 # (a file that comes back holds at most 16 MiB; a MuPFL checkpoint is 1 MB)
 pack $(ls -d outputs/gpu/paper-*/* outputs/suites/paper-*/* 2>/dev/null | sed 's|.*/||; s|--.*||' | sort -u)

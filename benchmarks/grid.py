@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 from _common import ROOT, in_process_setup
+from suite_in_process import cell_config, parse_sets
 
 from fedskew.experiments import labels, load_suite, select
 from fedskew.launcher import app_defaults
@@ -68,23 +69,11 @@ def run_way(way: str, args: argparse.Namespace, sets: list[str], folder: Path) -
                 cmd += [f"--{flag}", getattr(args, flag)]
         subprocess.run([*cmd, "--set", *sets] if sets else cmd, check=True, stdout=subprocess.DEVNULL)
     elif kind == "grid":
-        suite = load_suite(args.suite, app_defaults(ROOT))
+        defaults = app_defaults(ROOT)
+        suite = load_suite(args.suite, defaults)
         cells = select(suite, labels(args.methods), labels(args.partitions), labels(args.seeds, int, "--seeds"))
-        extra = {k: v for k, _, v in (s.partition("=") for s in sets)}
-        import yaml
-
-        configs = [
-            {
-                **app_defaults(ROOT),
-                **c.overrides,
-                **{k: yaml.safe_load(v) for k, v in extra.items()},
-                "engine": "batched",
-                "out-dir": str(folder),
-                "run-name": c.run_name,
-                "num-partitions": c.num_supernodes,
-            }
-            for c in cells
-        ]
+        batched = {**parse_sets(sets), "engine": "batched"}
+        configs = [{**defaults, **cell_config(c, batched, folder)} for c in cells]
         threads = max(1, available_cores() // count)
         procs = []
         for p in range(count):
