@@ -552,6 +552,12 @@ class Board:
         cell = self.cell(partition, method)
         return per_seed_values(cell, stat) if cell is not None and stat in cell.stats else None
 
+    def means(self, partition: str, stat: str = "") -> dict[str, float]:
+        """Method -> mean over its seeds of `stat` (default: the global accuracy's last-k mean), for
+        the methods of the setting that have it."""
+        stat = stat or f"global.last{self.last}"
+        return {m: c.stats[stat].mean for m in self.methods if (c := self.cell(partition, m)) and stat in c.stats}
+
     def gain(self, partition: str, method: str, stat: str = "") -> Interval | None:
         """`method`'s gain over FedAvg in `stat`, paired by seed (None: no shared seed or no value)."""
         mine, base = self.values(partition, method, stat), self.values(partition, BASELINE, stat)
@@ -648,12 +654,7 @@ def seeds_section(board: Board) -> list[str]:
     return [*lines, ""]
 
 
-def _mean_last(board: Board, partition: str, method: str) -> float | None:
-    cell, key = board.cell(partition, method), f"global.last{board.last}"
-    return cell.stats[key].mean if cell is not None and key in cell.stats else None
-
-
-def budget_section(board: Board, long: Board | None, long_path: Path) -> list[str]:
+def budget_section(board: Board, long: Board | None) -> list[str]:
     """The short budget's gains beside a converged budget's (`long`, the same settings), and the rank
     correlation of the methods' last-k means between the two: which verdicts depend on the budget."""
     lines = [f"## Budget: {board.rounds} rounds against a converged budget", ""]
@@ -662,8 +663,8 @@ def budget_section(board: Board, long: Board | None, long_path: Path) -> list[st
             *lines,
             f"**Not run yet.** At {board.rounds} rounds the last-{board.last} mean may still drift (see the table "
             "above: the best round often lies well above it), so these ranks may say how fast a method learns "
-            f"rather than where it ends. [`{long_path.as_posix()}`](../{long_path.as_posix()}) runs the same "
-            "methods and settings at a budget where FedAvg's and the leading methods' last-10 means have "
+            f"rather than where it ends. [`{CONVERGED_SUITE.as_posix()}`](../{CONVERGED_SUITE.as_posix()}) runs "
+            "the same methods and settings at a budget where FedAvg's and the leading methods' last-10 means have "
             "settled (`benchmarks/convergence.py` on `suites/leaderboard-long.yaml`); its export fills this "
             "section.",
             "",
@@ -675,14 +676,12 @@ def budget_section(board: Board, long: Board | None, long_path: Path) -> list[st
         "",
     ]
     for p in board.partitions:
-        both = [m for m in board.methods if _mean_last(board, p, m) is not None and _mean_last(long, p, m) is not None]
+        short, at_long = board.means(p), long.means(p)
+        both = [m for m in short if m in at_long]
         if not both:
             continue
-        rho = (
-            rank_correlation([_mean_last(board, p, m) for m in both], [_mean_last(long, p, m) for m in both])
-            if len(both) >= 3
-            else float("nan")
-        )
+        a, b = [short[m] for m in both], [at_long[m] for m in both]
+        rho = rank_correlation(a, b) if len(both) >= 3 else float("nan")
         lines += [
             f"**{md(p)}**: rank correlation {rho:.2f} over {len(both)} methods "
             f"({_seed_count(board, p)} and {_seed_count(long, p)} seeds).",
@@ -700,7 +699,8 @@ def budget_section(board: Board, long: Board | None, long_path: Path) -> list[st
 
 
 def where_ran(board: Board) -> str:
-    """'Where it ran: c2 cpu; dir01 cpu, cuda' from the cells' recorded devices ('' when none is)."""
+    """'Where the cells ran (...): c2 cpu; dir01 cpu, cuda.' from the cells' recorded devices ('' when
+    none is recorded)."""
     parts = []
     for p in board.partitions:
         devices = sorted({d for m in board.methods if (c := board.cell(p, m)) for d in c.device.split(", ") if d})
@@ -709,9 +709,7 @@ def where_ran(board: Board) -> str:
     return f"Where the cells ran (as their result file records): {'; '.join(parts)}." if parts else ""
 
 
-def leaderboard_md(
-    suite_path: Path, board: Board, root: Path = Path("."), long: Board | None = None, long_path: Path | None = None
-) -> str:
+def leaderboard_md(suite_path: Path, board: Board, root: Path = Path("."), long: Board | None = None) -> str:
     last, partitions = board.last, board.partitions
     header = [line[2:] if line.startswith("# ") else line[1:] for line in _header_comment(root / suite_path)]
     lines = ["# Leaderboard: every method on three label-skew settings", "", GENERATED, ""]
@@ -777,7 +775,7 @@ def leaderboard_md(
         )
     lines += [
         "",
-        *budget_section(board, long, long_path or CONVERGED_SUITE),
+        *budget_section(board, long),
         "## Protocol, as the suite's header gives it",
         "",
         *md_code_block(header),
@@ -943,7 +941,7 @@ def generate(root: Path, figures: bool = True) -> dict[Path, str]:
     points = claim_points(claims, ev)
     out = {
         root / "docs" / "results.md": results_md(claims, ev),
-        root / "docs" / "leaderboard.md": leaderboard_md(LEADERBOARD_SUITE, board, root, long, CONVERGED_SUITE),
+        root / "docs" / "leaderboard.md": leaderboard_md(LEADERBOARD_SUITE, board, root, long),
         root / "README.md": readme((root / "README.md").read_text(), points, board),
     }
     if figures:

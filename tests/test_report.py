@@ -377,7 +377,7 @@ def test_leaderboard_pages_give_paired_gains_with_intervals_and_the_seed_counts(
     at_200 = {"fedavg": 0.0, "fedrs": 1.0, "moon": 3.0, "fedlc": 2.0, "fedprox": 4.0}
     long_cells = [cell(m, [v + d for v in base]) for m, d in at_200.items()]
     long = Board(long_suite, ResultSet("leaderboard-converged", "leaderboard-converged", "", long_cells))
-    section = "\n".join(budget_section(board, long, Path("suites/leaderboard-converged.yaml")))
+    section = "\n".join(budget_section(board, long))
     # the short budget's means rank fedrs > moon > fedprox > fedavg > fedlc; the long one another way
     short = [board.values("c2", m) for m in at_200]
     rho = rank_correlation([np.mean(list(v.values())) for v in short], [np.mean(base) + d for d in at_200.values()])
