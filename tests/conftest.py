@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -60,17 +60,26 @@ SMALL_JOB: dict[str, Any] = {
 
 
 @pytest.fixture(scope="session")
-def _sim_links() -> Iterator[dict[Any, Any]]:
+def _sim_link() -> Iterator[Callable[[Any], Any]]:
     """One private SuperLink and Ray head per resources, shared by a test process's `flwr run` jobs
     (as a suite's cells share one): starting and stopping them costs about 15 s a job."""
+    from fedskew.launcher import simulation_link
+
+    links: dict[Any, Any] = {}
     with contextlib.ExitStack() as stack:
-        yield {"stack": stack}
+
+        def link_for(resources: Any) -> Any:
+            if resources not in links:
+                links[resources] = stack.enter_context(simulation_link(ROOT, resources))
+            return links[resources]
+
+        yield link_for
 
 
 @pytest.fixture
-def flwr_job(tmp_path: Path, _sim_links: dict[Any, Any]):
+def flwr_job(tmp_path: Path, _sim_link: Callable[[Any], Any]):
     """Run a real simulation through `flwr run` on a private SuperLink; return (summary, run_dir)."""
-    from fedskew.launcher import prepare_config, resources_for, run_simulation, simulation_link
+    from fedskew.launcher import prepare_config, resources_for, run_simulation
 
     def run(
         overrides: dict[str, Any], num_supernodes: int = 5, name: str = "job", actors: int | None = None
@@ -79,9 +88,7 @@ def flwr_job(tmp_path: Path, _sim_links: dict[Any, Any]):
         merged = {**SMALL_JOB, **overrides, "out-dir": str(tmp_path / "out"), "run-name": name}
         cfg, subm = prepare_config(ROOT, merged, num_supernodes)
         resources = resources_for(cfg, actors)
-        if resources not in _sim_links:
-            _sim_links[resources] = _sim_links["stack"].enter_context(simulation_link(ROOT, resources))
-        link = _sim_links[resources]
+        link = _sim_link(resources)
         summary = run_simulation(ROOT, subm, num_supernodes, stream=False, resources=resources, link=link)
         run_dir = Path(summary["run_dir"])
         assert json.loads((run_dir / "summary.json").read_text()) == summary
