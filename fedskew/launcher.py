@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import io
 import json
 import os
 import re
@@ -504,6 +505,7 @@ def submit(
         conf = Path(tmp) / "run-config.toml"
         conf.write_text("".join(f"{json.dumps(k)} = {json.dumps(v)}\n" for k, v in overrides.items()))
         app = stage_app(app_dir, Path(tmp) / "app")
+        install_fab(app, Path(env["FLWR_HOME"]))
         watch = RunWatch(link, summary_path)
         started = _flwr_json(["run", str(app), link.connection, "--run-config", str(conf), *flwr_args], env)
         if not started.get("success", True) or "run-id" not in started:
@@ -517,11 +519,47 @@ def submit(
             if logger:
                 logger.stop()
     if status != "finished:completed" or not summary_path.is_file():
+        app_log = link.exec_log_path if link.exec_proc else link.log_path  # where the ServerApp printed
         raise RunFailed(
             f"run {run_id} ended with status {status!r} (results: {summary_path.parent}; "
-            f"SuperLink log: {link.log_path})"
+            f"SuperLink log: {link.log_path}; app log: {app_log}){last_error(app_log)}"
         )
     return json.loads(summary_path.read_text())
+
+
+def install_fab(app: Path, flwr_home: Path) -> Path:
+    """Install `app`'s FAB into `flwr_home`/apps whole before `flwr run` sends it. Flower's own
+    install (`flwr.cli.install.validate_and_install`) creates the app's folder, then copies into it,
+    and skips any run whose folder exists: two runs of one FAB starting together (a suite's cells,
+    two `fedskew run`s on one machine) could load an app half copied. Here it is installed into a
+    private folder and renamed into place (atomic), so every run finds it whole or not at all. The
+    FAB is built as `flwr run` builds it (`build_fab_from_disk`, fixed zip dates), so its hash, and
+    the folder's name, are the same."""
+    from flwr.cli.build import build_fab_from_disk
+    from flwr.cli.install import install_from_fab
+
+    apps = flwr_home / "apps"
+    apps.mkdir(parents=True, exist_ok=True)
+    fab = build_fab_from_disk(app)
+    with tempfile.TemporaryDirectory(dir=apps, prefix=".staging-") as tmp, contextlib.redirect_stdout(io.StringIO()):
+        staged = install_from_fab(fab, install_dir=Path(tmp), skip_prompt=True)
+        final = apps / staged.name
+        with contextlib.suppress(OSError):  # already there, whole (or another install landed first)
+            os.rename(staged, final)
+    return final
+
+
+def last_error(log: Path, lines: int = 15) -> str:
+    """The last traceback (or ERROR line) of a log, indented, to show with a failure; '' if none."""
+    try:
+        text = ANSI_ESCAPE.sub("", log.read_text(errors="replace")).splitlines()
+    except OSError:
+        return ""
+    marks = [i for i, line in enumerate(text) if "Traceback" in line or "ERROR" in line]
+    if not marks:
+        return ""
+    tail = text[marks[-1] : marks[-1] + lines]
+    return "\nits last error:\n" + "\n".join("    " + line for line in tail)
 
 
 ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]")  # CSI sequences: colours, cursor moves

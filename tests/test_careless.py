@@ -473,3 +473,45 @@ def test_a_real_run_refuses_its_reused_name_and_overwrite_keeps_the_earlier_file
     kept = digest(aside)
     assert {name: kept[name] for name in first} == first and summary["rounds"] == 1
     assert {"summary.json", "metrics.jsonl", "checkpoint.pt"} <= {p.name for p in run_dir.iterdir()}
+
+
+def _install_in(args: tuple[str, str]) -> str:
+    from fedskew.launcher import install_fab
+
+    return str(install_fab(Path(args[0]), Path(args[1])))
+
+
+def test_runs_of_one_app_starting_together_each_find_its_fab_installed_whole(tmp_path) -> None:
+    """Flower copies a FAB into its folder after creating it and skips a run whose folder exists:
+    the launcher installs it first, renamed into place, so processes installing the same app at
+    once all get one folder holding every file, named as Flower names it."""
+    from concurrent.futures import ProcessPoolExecutor
+
+    from flwr.cli.build import build_fab_from_disk
+    from flwr.cli.install import install_from_fab
+
+    from tests.conftest import app_folder
+
+    staged_app, home = app_folder(tmp_path), tmp_path / "home"
+    with ProcessPoolExecutor(4) as pool:
+        paths = set(pool.map(_install_in, [(str(staged_app), str(home))] * 4))
+    assert len(paths) == 1
+    installed = Path(paths.pop())
+    with contextlib.redirect_stdout(None):
+        flowers = install_from_fab(build_fab_from_disk(staged_app), install_dir=tmp_path / "flower", skip_prompt=True)
+    assert installed.name == flowers.name and installed.parent == home / "apps"
+    files = sorted(p.relative_to(flowers) for p in flowers.rglob("*") if p.is_file())
+    assert files == sorted(p.relative_to(installed) for p in installed.rglob("*") if p.is_file())
+    assert all((installed / f).read_bytes() == (flowers / f).read_bytes() for f in files)
+    assert [p.name for p in (home / "apps").iterdir()] == [installed.name]  # no staging folder left
+
+
+def test_a_failed_run_shows_the_app_logs_last_error(tmp_path) -> None:
+    from fedskew.launcher import last_error
+
+    log = tmp_path / "app.log"
+    trace = "Traceback (most recent call last):\n  File x\nValueError: bad\n"
+    log.write_text("INFO ok\n\x1b[91mERROR \x1b[0m: old\n" + trace)
+    assert last_error(log) == "\nits last error:\n" + "\n".join("    " + line for line in trace.splitlines())
+    assert last_error(log, 1) == "\nits last error:\n    Traceback (most recent call last):"
+    assert last_error(tmp_path / "none.log") == ""
