@@ -61,17 +61,19 @@ SMALL_JOB: dict[str, Any] = {
 
 @pytest.fixture(scope="session")
 def _sim_link() -> Iterator[Callable[[Any], Any]]:
-    """One private SuperLink and Ray head per resources, shared by a test process's `flwr run` jobs
-    (as a suite's cells share one): starting and stopping them costs about 15 s a job."""
+    """One private SuperLink and Ray head per resources and `FEDSKEW_*` environment (which their
+    processes inherit at start), shared by a test process's `flwr run` jobs (as a suite's cells
+    share one): starting and stopping them costs about 15 s a job."""
     from fedskew.launcher import simulation_link
 
     links: dict[Any, Any] = {}
     with contextlib.ExitStack() as stack:
 
         def link_for(resources: Any) -> Any:
-            if resources not in links:
-                links[resources] = stack.enter_context(simulation_link(ROOT, resources))
-            return links[resources]
+            key = (resources, tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("FEDSKEW_"))))
+            if key not in links:
+                links[key] = stack.enter_context(simulation_link(ROOT, resources))
+            return links[key]
 
         yield link_for
 
