@@ -699,14 +699,26 @@ def budget_section(board: Board, long: Board | None) -> list[str]:
 
 
 def where_ran(board: Board) -> str:
-    """'Where the cells ran (...): c2 cpu; dir01 cpu, cuda.' from the cells' recorded devices ('' when
-    none is recorded)."""
+    """'Where the cells ran and how long, as their result file records: c2 cpu, 11.2 h (80 of 100
+    runs timed); dir01 cpu, cuda.' from the cells' devices and their runs' wall times ('' when none
+    is recorded)."""
     parts = []
     for p in board.partitions:
-        devices = sorted({d for m in board.methods if (c := board.cell(p, m)) for d in c.device.split(", ") if d})
-        if devices:
-            parts.append(f"{md(p)} {', '.join(devices)}")
-    return f"Where the cells ran (as their result file records): {'; '.join(parts)}." if parts else ""
+        cells = [c for m in board.methods if (c := board.cell(p, m))]
+        devices = sorted({d for c in cells for d in c.device.split(", ") if d})
+        runs = sum(len(c.seeds) for c in cells)
+        walls = [w for c in cells for w in c.wall_seconds.values()]
+        took = f"{sum(walls) / 3600:.1f} h" + (f" ({len(walls)} of {runs} runs timed)" if len(walls) < runs else "")
+        if devices or walls:
+            parts.append(
+                ", ".join([f"{md(p)} {', '.join(devices) or 'device not recorded'}", *([took] if walls else [])])
+            )
+    if not parts:
+        return ""
+    return (
+        "Where the cells ran and how long (the wall time of their runs, summed; the queue runs two at once), "
+        f"as their result file records: {'; '.join(parts)}."
+    )
 
 
 def leaderboard_md(suite_path: Path, board: Board, root: Path = Path("."), long: Board | None = None) -> str:

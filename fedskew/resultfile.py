@@ -78,7 +78,11 @@ METRIC_WORDS = {
 }
 STAT_NAME = re.compile(r"^[a-z][a-z0-9-]*\.(last\d+|osc\d+|osc\d+-\d+|r\d+-\d+|final|best)$")
 FILE_KEYS = {"suite", "suite-file", "overrides", "cells"}
-CELL_KEYS = {"partition", "method", "seeds", "rounds", "config", "config-sha256", "device", "source", "note", "stats"}
+CELL_KEYS = {
+    *("partition", "method", "seeds", "rounds", "config", "config-sha256", "device", "wall-seconds", "source"),
+    *("note", "stats"),
+}
+MAX_WALL_SECONDS = 365 * 86400.0  # a run's wall time in a result file: a year at most
 STAT_KEYS = {"mean", "std", "per-seed", "seeds"}
 # where and how, not what (the trackers only copy the metrics)
 UNHASHED = ("seed", "out-dir", "run-name", "data-root", "resume", "overwrite", "tensorboard", "wandb-project")
@@ -106,6 +110,8 @@ class CellResult:
     source: str = ""
     note: str = ""
     device: str = ""  # where its runs ran ("cpu", "cuda", "cpu, cuda"), '' where not recorded
+    # each seed's run: its wall time in seconds (`summary.json`'s wall_seconds), where recorded
+    wall_seconds: dict[int, float] = field(default_factory=dict)
 
     def stat_seeds(self, name: str) -> list[int]:
         return self.stats[name].seeds or self.seeds
@@ -225,7 +231,23 @@ def _cell(path: Path, i: int, raw: Any) -> CellResult:
         source=_text(path, f"{where}.source", raw.get("source", "")),
         note=_text(path, f"{where}.note", raw.get("note", "")),
         device=_text(path, f"{where}.device", raw.get("device", "")),
+        wall_seconds=_wall_seconds(path, f"{where}.wall-seconds", raw.get("wall-seconds", {}), seeds),
     )
+
+
+def _wall_seconds(path: Path, where: str, raw: Any, seeds: list[int]) -> dict[int, float]:
+    """{seed: seconds} for some of the cell's seeds, each a number in [0, MAX_WALL_SECONDS]."""
+    if not isinstance(raw, dict):
+        raise _fail(path, where, raw, "must be a mapping of seed to seconds")
+    out = {}
+    for seed, value in raw.items():
+        if not isinstance(seed, int) or isinstance(seed, bool) or seed not in seeds:
+            raise _fail(path, where, seed, f"a key must be one of the cell's seeds {seeds}")
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= MAX_WALL_SECONDS
+        if not ok:
+            raise _fail(path, f"{where}[{seed}]", value, f"must be seconds in [0, {MAX_WALL_SECONDS:g}]")
+        out[seed] = float(value)
+    return out
 
 
 def load_results(path: str | Path) -> ResultSet:
@@ -307,6 +329,8 @@ def dump_results(results: ResultSet, path: str | Path) -> None:
         for key, value in pairs:
             if value:
                 raw[key] = value
+        if c.wall_seconds:
+            raw["wall-seconds"] = _Flow({s: round(v, 1) for s, v in sorted(c.wall_seconds.items())})
         raw["stats"] = {name: _stat_raw(s) for name, s in c.stats.items()}
         cells.append(raw)
     top: dict[str, Any] = {"suite": results.suite, "suite-file": results.suite_file}
@@ -402,7 +426,8 @@ def merge_seeds(old: CellResult, fresh: CellResult) -> CellResult | None:
         )
     devices = ", ".join(sorted({d.strip() for c in (old, fresh) for d in c.device.split(",") if d.strip()}))
     source = f"{fresh.source}; seeds {kept} as recorded before"
-    return replace(fresh, seeds=seeds, stats=stats, source=source, device=devices)
+    walls = {s: v for s, v in old.wall_seconds.items() if s in kept} | fresh.wall_seconds
+    return replace(fresh, seeds=seeds, stats=stats, source=source, device=devices, wall_seconds=walls)
 
 
 def cell_stats(runs: list[dict[str, Any]], seeds: list[int], last: int) -> dict[str, Stat]:
@@ -504,6 +529,7 @@ def _export(
     for p in suite.partition_labels:
         for m in suite.method_labels:
             per_run, seeds, hashes, rounds, config, devices, clipped = [], [], set(), 0, None, set(), []
+            walls: dict[int, float] = {}
             for c in (c for c in (suite.cells if cells is None else cells) if c.partition == p and c.method == m):
                 run_dir = run_folder / c.run_name
                 if not (run_dir / ("metrics.jsonl" if upto else "summary.json")).is_file():
@@ -531,6 +557,8 @@ def _export(
                 # a run that predates revisions (no `method-revision` in its summary) is revision 0
                 hashes.add(config_sha256(saved, int(summary.get("method-revision", 0))))
                 devices.add(str(summary.get("device", "")))
+                if isinstance(wall := summary.get("wall_seconds"), (int, float)) and 0 <= wall <= MAX_WALL_SECONDS:
+                    walls[c.seed] = float(wall)
                 if any(r.get("update-clipped") for r in rows):
                     clipped.append(c.seed)
                 rounds = max([rounds, *(int(r["round"]) for r in rows)])
@@ -552,6 +580,7 @@ def _export(
                         config=config,
                         config_sha256=hashes.pop() if len(hashes) == 1 else "",
                         device=", ".join(sorted(devices - {""})),
+                        wall_seconds=walls,
                         source=f"{source}, from the runs' metrics.jsonl"
                         + (f", their first {upto} rounds (runs stopped part-way included)" if upto else ""),
                     )

@@ -155,6 +155,10 @@ def test_a_gain_is_paired_by_seed_when_both_cells_kept_their_values() -> None:
         (lambda c: c["stats"].update({"global.last10": {"mean": 1.0, "per-seed": [1.0, 1e308]}}), "per-seed[1]"),
         (lambda c: c["stats"].update({"global.last10": {"mean": 1.0, "sd": 1}}), "unknown key 'sd'"),
         (lambda c: c.update({"seeds": [0, 0]}), "distinct integers"),
+        (lambda c: c.update({"wall-seconds": {5: 1.0}}), "one of the cell's seeds [0, 1]"),
+        (lambda c: c.update({"wall-seconds": {0: -1.0}}), "wall-seconds[0]"),
+        (lambda c: c.update({"wall-seconds": {0: 1e300}}), "must be seconds in"),
+        (lambda c: c.update({"wall-seconds": [1.0]}), "a mapping of seed to seconds"),
         (lambda c: c.pop("method"), "no method"),
     ],
 )
@@ -170,6 +174,7 @@ def test_a_damaged_result_file_is_refused_naming_the_key(tmp_path: Path, edit, n
 
 def test_a_result_file_reads_back_what_was_written(tmp_path: Path) -> None:
     cell = CellResult("p", "m", [0, 1], {"global.last10": Stat(50.0, 1.5, [48.5, 51.5])}, rounds=30, note="n")
+    cell.wall_seconds = {1: 282.1}
     dump_results(ResultSet("x", "s", "suites/s.yaml", [cell], {"model": "tfcnn"}), tmp_path / "x.yaml")
     back = load_results(tmp_path / "x.yaml")
     assert back.cells == [cell] and back.overrides == {"model": "tfcnn"} and back.suite_file == "suites/s.yaml"
@@ -523,7 +528,7 @@ def test_an_export_records_the_device_and_keeps_revisions_apart(tmp_path: Path) 
     (tmp_path / "results").mkdir()
     fake_run(suite, cells[("fedavg", 0)], [0.5, 0.6, 0.7])
     summary = suite.folder / cells[("fedavg", 0)].run_name / "summary.json"
-    summary.write_text(json.dumps({"method-revision": 0, "device": "cuda"}))
+    summary.write_text(json.dumps({"method-revision": 0, "device": "cuda", "wall_seconds": 12.5}))
     rs = load_results(export_suite(suite, "suites/t.yaml", app_defaults(), tmp_path / "results"))
     assert rs.cell("iid", "fedavg").device == "cuda"
     shutil.rmtree(suite.folder)
@@ -532,6 +537,7 @@ def test_an_export_records_the_device_and_keeps_revisions_apart(tmp_path: Path) 
     summary.write_text(json.dumps({"method-revision": 0, "device": "cpu"}))
     rs = load_results(export_suite(suite, "suites/t.yaml", app_defaults(), tmp_path / "results"))
     assert rs.cell("iid", "fedavg").seeds == [0, 1] and rs.cell("iid", "fedavg").device == "cpu, cuda"
+    assert rs.cell("iid", "fedavg").wall_seconds == {0: 12.5}  # seed 0's as recorded; seed 1's summary has none
     summary.write_text(json.dumps({"method-revision": 7, "device": "cpu"}))  # the method's arithmetic changed
     with pytest.warns(UserWarning, match=r"seeds \[0\] were recorded under another config"):
         rs = load_results(export_suite(suite, "suites/t.yaml", app_defaults(), tmp_path / "results"))
@@ -558,3 +564,21 @@ def test_a_finished_run_of_an_earlier_revision_of_its_method_is_changed_not_done
         json.dumps({"method-revision": METHODS["scaffold"].revision})
     )
     assert [p.action for p in plan_cells(suite, ROOT, [cell])] == ["done"]
+
+
+def test_the_leaderboard_says_where_each_setting_ran_and_how_long() -> None:
+    from fedskew.report import where_ran
+
+    stat = {"global.last10": Stat(50.0)}
+    cells = [
+        CellResult("a", "fedavg", [0, 1], stat, device="cpu", wall_seconds={0: 1800.0, 1: 1800.0}),
+        CellResult("a", "fedrs", [0, 1], stat, device="cuda", wall_seconds={0: 3600.0}),
+        CellResult("b", "fedavg", [0], stat, device="cpu"),
+    ]
+    suite = {"methods": {"fedavg": {}, "fedrs": {}}, "partitions": {"a": {}, "b": {}}}
+    board = Board(suite, ResultSet("x", "s", "suites/s.yaml", cells))
+    assert where_ran(board) == (
+        "Where the cells ran and how long (the wall time of their runs, summed; the queue runs two at once), "
+        "as their result file records: a cpu, cuda, 2.0 h (3 of 4 runs timed); b cpu."
+    )
+    assert where_ran(Board(suite, ResultSet("x", "s", "s.yaml", [CellResult("b", "fedavg", [0], stat)]))) == ""
