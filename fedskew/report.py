@@ -699,8 +699,8 @@ def budget_section(board: Board, long: Board | None) -> list[str]:
 
 
 def where_ran(board: Board) -> str:
-    """'Where the cells ran and how long, as their result file records: c2 cpu, 11.2 h (80 of 100
-    runs timed); dir01 cpu, cuda.' from the cells' devices and their runs' wall times ('' when none
+    """'Where the cells ran and how long ... : c2 cpu, 11.2 h over the 80 of 100 runs timed; dir01
+    cpu, cuda.' from the cells' devices and their runs' wall times ('' when none
     is recorded)."""
     parts = []
     for p in board.partitions:
@@ -708,7 +708,9 @@ def where_ran(board: Board) -> str:
         devices = sorted({d for c in cells for d in c.device.split(", ") if d})
         runs = sum(len(c.seeds) for c in cells)
         walls = [w for c in cells for w in c.wall_seconds.values()]
-        took = f"{sum(walls) / 3600:.1f} h" + (f" ({len(walls)} of {runs} runs timed)" if len(walls) < runs else "")
+        took = f"{sum(walls) / 3600:.1f} h"
+        if len(walls) < runs:
+            took += f" over the {len(walls)} of {runs} runs timed"
         if devices or walls:
             parts.append(
                 ", ".join([f"{md(p)} {', '.join(devices) or 'device not recorded'}", *([took] if walls else [])])

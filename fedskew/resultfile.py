@@ -406,7 +406,7 @@ def merge_seeds(old: CellResult, fresh: CellResult) -> CellResult | None:
     if not kept:
         return fresh
     values: dict[str, dict[int, float]] = {}
-    for name in {*old.stats, *fresh.stats}:
+    for name in [*fresh.stats, *(n for n in old.stats if n not in fresh.stats)]:  # a stable order
         mine = per_seed_values(old, name) if name in old.stats else {}
         if mine is None:
             return None

@@ -579,6 +579,6 @@ def test_the_leaderboard_says_where_each_setting_ran_and_how_long() -> None:
     board = Board(suite, ResultSet("x", "s", "suites/s.yaml", cells))
     assert where_ran(board) == (
         "Where the cells ran and how long (the wall time of their runs, summed; the queue runs two at once), "
-        "as their result file records: a cpu, cuda, 2.0 h (3 of 4 runs timed); b cpu."
+        "as their result file records: a cpu, cuda, 2.0 h over the 3 of 4 runs timed; b cpu."
     )
     assert where_ran(Board(suite, ResultSet("x", "s", "s.yaml", [CellResult("b", "fedavg", [0], stat)]))) == ""
