@@ -171,6 +171,19 @@ METHODS: dict[str, MethodSpec] = {
             mu=Param(float, 0.01, "FedProx proximal weight: loss + mu/2 ||w - w_global||^2", low=0.0),
         ),
         _m(
+            "fedavgm",
+            "fedavgm:FedAvgMStrategy",
+            "fedavg:FedAvgTrainer",
+            paper=(
+                'Hsu, Qi & Brown, "Measuring the Effects of Non-Identical Data Distribution for Federated Visual '
+                'Classification", arXiv 2019'
+            ),
+            server_lr=Param(float, 1.0, "FedAvgM: server step size eta, x <- x - eta v", low=0.0, low_open=True),
+            server_momentum=Param(
+                float, 0.9, "FedAvgM: server momentum beta, v <- beta v + (x - avg)", low=0.0, high=1.0, high_open=True
+            ),
+        ),
+        _m(
             "fedrs",
             "fedrs:FedRSStrategy",
             "fedrs:FedRSTrainer",

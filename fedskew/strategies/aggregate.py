@@ -83,6 +83,25 @@ def server_step(x: Arrays, average: Arrays, lr: float) -> dict[str, np.ndarray]:
     return _cast(out, average)
 
 
+def server_momentum_step(
+    x: Arrays, average: Arrays, momentum: Arrays, lr: float, beta: float
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """FedAvgM's server update (Hsu, Qi & Brown 2019, Sec. 3; SGD with momentum on the pseudo-gradient,
+    as `torch.optim.SGD` and Flower's `FedAvgM` write it):
+
+        Delta = x - avg,   v <- beta v + Delta,   x <- x - eta v
+
+    over the arrays of `momentum` (the trainable parameters); every other array (BatchNorm's
+    statistics and counters) takes the average. beta = 0 and eta = 1 give the average (FedAvg).
+    Computed in float64; returns (the new model in `average`'s dtypes, v as float32)."""
+    out, v = dict(average), {}
+    for k, m in momentum.items():
+        x64 = np.asarray(x[k], dtype=np.float64)
+        v[k] = beta * np.asarray(m, dtype=np.float64) + (x64 - np.asarray(average[k], dtype=np.float64))
+        out[k] = x64 - lr * v[k]
+    return _cast(out, average), {k: a.astype(np.float32) for k, a in v.items()}
+
+
 def scaffold_control_deltas(
     control: Arrays, x: Arrays, models: Sequence[Arrays], steps: Sequence[int], lr: float
 ) -> list[dict[str, np.ndarray]]:
