@@ -14,7 +14,9 @@ Each client's step is exactly the step of the per-client path (`fedskew.training
   augmentation drawn from the same generator right after (`fedskew.data.augment.Augmentation.draw`),
   all drawn before training;
 - the last, smaller batch of a permutation (b < B examples) is padded to B with weight 0, the b real
-  examples weighted 1/b: sum_i w_i loss_i is then the batch mean that the per-client loss takes;
+  examples weighted 1/b (in the parameters' dtype: a float32 1/b would part float64 clients from
+  their per-client mean by float32 roundings): sum_i w_i loss_i is then the batch mean that the
+  per-client loss takes;
 - torch.optim.SGD's update (dampening 0, no Nesterov), per client (`StackedSGD`):
 
       g_k <- g_k * min(1, c / (||g_k|| + 1e-6))        for each clip norm c, in order (clip_grad_norm_)
@@ -154,7 +156,7 @@ def client_steps(
 class Schedule:
     """The stacked steps of K clients, ordered by decreasing number of steps: at step s the first
     `active[s]` clients train on rows `rows[:a, s]` of the stacked data, with weights
-    `weight[:a, s]` (1/b on the b real examples, 0 on padding) and, with augmentation, flips
+    `weight[:a, s]` (1/b on the b real examples, 0 on padding; float64) and, with augmentation, flips
     `[K, S, B]` and offsets `[K, S, 2, B]`."""
 
     rows: torch.Tensor
@@ -191,7 +193,7 @@ def stack_schedules(clients: list[list[Step]], offsets: list[int], batch_size: i
         raise ValueError("clients must come in decreasing number of steps")
     k, s = len(clients), max(lengths, default=0)
     rows = torch.zeros(k, s, batch_size, dtype=torch.long)
-    weight = torch.zeros(k, s, batch_size)
+    weight = torch.zeros(k, s, batch_size, dtype=torch.float64)
     draws = [d for c in clients for _, d in c if d is not None]
     flip = torch.zeros(k, s, batch_size, dtype=torch.bool) if any(d.flip is not None for d in draws) else None
     shift = torch.zeros(k, s, 2, batch_size, dtype=torch.long) if any(d.shift is not None for d in draws) else None
@@ -223,7 +225,8 @@ def train_stacked(
 ) -> torch.Tensor:
     """Run `schedule` (on the device of `x`) on the stacked `params` `[K, ...]`, updated in place;
     `buffers`, `extras` and the step `corrections` are stacked `[K, ...]` too, `x`, `y` the clients'
-    data stacked by rows. Returns each client's sum of its reported batch losses `[K]`, on the device."""
+    data stacked by rows. Returns each client's sum of its reported batch losses `[K]`, on the device,
+    summed in float32 as `fedskew.training.train_steps` sums them."""
     optimizer = StackedSGD(params, settings)
 
     def with_report(*args: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -232,8 +235,9 @@ def train_stacked(
 
     step = vmap(grad_and_value(with_report, has_aux=True))
     fill = augment.fill_value(x) if augment is not None and augment.pad else None
-    k = next(iter(params.values())).shape[0]
-    totals = torch.zeros(k, device=x.device)
+    first = next(iter(params.values()))
+    weights = schedule.weight.to(first.dtype)
+    totals = torch.zeros(first.shape[0], device=x.device)
     for s, a in enumerate(schedule.active):
         rows = schedule.rows[:a, s]  # [a, B]
         xb = x[rows]
@@ -246,7 +250,7 @@ def train_stacked(
             {name: t[:a] for name, t in buffers.items()},
             xb,
             y[rows],
-            schedule.weight[:a, s],
+            weights[:a, s],
             {name: t[:a] for name, t in extras.items()},
         )
         optimizer.step(grads, a, corrections)
