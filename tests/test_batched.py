@@ -23,6 +23,7 @@ from fedskew.batched.stacked import (
     stack_schedules,
 )
 from fedskew.client_app.app import app as client_app
+from fedskew.client_app.ditto import PERSONAL
 from fedskew.config import validate
 from fedskew.data.augment import Augmentation
 from fedskew.models import build_model
@@ -32,7 +33,7 @@ from fedskew.wire import CENTRAL_EVAL_METRICS
 from tests.conftest import read_metrics
 from tests.harness import ROOT, app_defaults, run_in_process
 
-STACKED = ["fedavg", "fedprox", "fedrs", "fedlc", "fedgela", "fednova", "creff", "scaffold", "scaffold-rs", "feddyn"]
+STACKED = "fedavg fedprox fedrs fedlc fedgela fednova creff scaffold scaffold-rs feddyn ditto".split()
 NODES = 40  # 4 of them sampled (fraction-train 0.1): ~1,200 examples each, different sizes (Dirichlet)
 ROUND = {"model": "mlp", "partition": "dirichlet", "fraction-train": 0.1, "local-epochs": 2, "batch-size": 32}
 # Uploads are compared in float64 (`compute-dtype`), on short clients: 400 nodes, 4 sampled (~100-200
@@ -152,7 +153,7 @@ def test_which_methods_and_models_are_stacked() -> None:
     for method in STACKED:
         assert stacked_refusal({**defaults, "method": method}) is None, method
     # subclasses of opted-in trainers (MAP and SCAFFOLD-RS reuse FedRS's loss) do not inherit it
-    for method in ("map", "fedmr", "moon", "ditto"):
+    for method in ("map", "fedmr", "moon", "fedrep"):
         assert "does not express its local step" in stacked_refusal({**defaults, "method": method})
     assert "BatchNorm2d" in stacked_refusal({**defaults, "model": "resnet8"})
     assert "BatchNorm1d" in stacked_refusal({**defaults, "method": "fedgela", "fedgela-head": "code"})
@@ -171,16 +172,15 @@ def first_round(method: str, **overrides: Any) -> tuple[BatchedGrid, list[Messag
     return grid, list(strategy.configure_train(1, strategy.initial_arrays(), config, grid))
 
 
-def per_client(grid: BatchedGrid, messages: list[Message], states: list | None = None) -> list[Message]:
-    """The ClientApp's replies (the Flower path's code), on fresh nodes serving the same partitions;
-    each node's state after its round appended to `states`."""
+def per_client(grid: BatchedGrid, messages: list[Message], states: list[RecordDict] | None = None) -> list[Message]:
+    """The ClientApp's replies (the Flower path's code), on other nodes serving the same partitions,
+    the i-th message's node holding `states[i]` (kept there: the node's state after its round; none
+    given: fresh states)."""
     replies = []
-    for msg in messages:
+    for msg, state in zip(messages, states or [RecordDict() for _ in messages], strict=True):
         node = grid.contexts[msg.metadata.dst_node_id]
-        context = Context(1, node.node_id, dict(node.node_config), RecordDict(), dict(node.run_config))
+        context = Context(1, node.node_id, dict(node.node_config), state, dict(node.run_config))
         replies.append(client_app(msg, context))
-        if states is not None:
-            states.append(context.state)
     return replies
 
 
@@ -209,7 +209,7 @@ def uploads(reply: Message) -> dict[str, torch.Tensor]:
 def test_each_client_uploads_what_the_per_client_path_uploads(method: str, overrides: dict[str, Any]) -> None:
     grid, messages = first_round(method, **SHORT, **overrides)
     batched = list(grid.send_and_receive(messages))
-    states: list[RecordDict] = []
+    states = [RecordDict() for _ in messages]
     reference = per_client(grid, messages, states)
     steps = [r.content["metrics"]["train-steps"] for r in reference]
     sizes = [r.content["metrics"]["num-examples"] for r in reference]
@@ -236,6 +236,90 @@ def test_each_client_uploads_what_the_per_client_path_uploads(method: str, overr
         assert kept.keys() == want_kept.keys()
         for k in kept:
             torch.testing.assert_close(kept[k], want_kept[k], **WIRE_ROUNDING)
+
+
+def next_round(messages: list[Message], arrays: ArrayRecord, server_round: int) -> list[Message]:
+    """The train messages of `server_round` to the same nodes, with `arrays` as the global model."""
+    config = ConfigRecord({"attempt": 0, "server-round": server_round})
+    return [
+        Message(
+            RecordDict({"arrays": arrays, "config": config}),
+            dst_node_id=m.metadata.dst_node_id,
+            message_type=MessageType.TRAIN,
+        )
+        for m in messages
+    ]
+
+
+# a kept float64 state, never rounded to float32: float64 roundings apart (1e-17 on these clients)
+FLOAT64 = {"rtol": 1e-9, "atol": 1e-12}
+
+
+def test_ditto_s_personal_models_and_metrics_are_the_per_client_path_s_over_two_rounds() -> None:
+    """Ditto's two phases stacked (the global updates, then the personal models against each
+    client's w^t) give each client the per-client path's upload, kept v_k and personalized metrics,
+    in float64: after round 1 (v_k from w^0) and after round 2, which reads the v_k kept in round 1
+    (against another w^t). 3 personal epochs to the global update's 2: the phase draws its own steps
+    from the client's generator where the global update's left it."""
+    grid, messages = first_round("ditto", **SHORT, **{"ditto-personal-epochs": 3, "ditto-lambda": 0.5})
+    states = [RecordDict() for _ in messages]
+    for server_round in (1, 2):
+        batched = list(grid.send_and_receive(messages))
+        reference = per_client(grid, messages, states)
+        for got, want in zip(batched, reference, strict=True):
+            a, b = uploads(got), uploads(want)
+            assert a.keys() == b.keys() and all(
+                torch.testing.assert_close(a[k], b[k], **WIRE_ROUNDING) is None for k in a
+            )
+            m, n = got.content["metrics"], want.content["metrics"]
+            assert m.keys() == n.keys()
+            assert m["train-steps"] == n["train-steps"] and m["participations"] == n["participations"] == server_round
+            assert m["personal-accuracy"] == n["personal-accuracy"]
+            for key in ("ditto-loss", "ditto-distance", "personal-loss", "train-loss"):
+                assert m[key] == pytest.approx(n[key], rel=1e-9), key
+        for msg, state in zip(messages, states, strict=True):
+            kept, want_kept = state_arrays(grid.contexts[msg.metadata.dst_node_id].state), state_arrays(state)
+            assert kept.keys() == want_kept.keys() and any(k.startswith(f"tensors.{PERSONAL}/") for k in kept)
+            for k in kept:
+                torch.testing.assert_close(kept[k], want_kept[k], **FLOAT64)
+        messages = next_round(messages, batched[0].content["arrays"], server_round + 1)  # w^2: a round-1 upload
+
+
+def test_ditto_on_the_batched_engine_trains_two_stacked_models_and_lambda_pulls_v_k_to_w_t(monkeypatch) -> None:
+    """`describe_engine` says Ditto stacks; a round trains two stacked models (the global updates, the
+    personal models) and no client alone; each kept v_k is not its upload, and `ditto-distance` is
+    its distance to the w^t received: at lambda 50 (plain SGD, lr lambda 0.5: a contraction) a
+    fraction of what it is at lambda 0."""
+    from fedskew.batched.executor import StackedTrainer, describe_engine
+
+    assert "ditto trains each round's clients as one stacked model" in describe_engine(
+        {**app_defaults(), "method": "ditto"}
+    )
+    chunks: list[int] = []
+    train_chunk = StackedTrainer.train_chunk
+    monkeypatch.setattr(
+        StackedTrainer,
+        "train_chunk",
+        lambda self, chunk, probe=False: chunks.append(len(chunk)) or train_chunk(self, chunk, probe),
+    )
+    distances = {}
+    for lam in (0.0, 50.0):
+        grid, messages = first_round("ditto", **SHORT, momentum=0.0, **{"ditto-lambda": lam})
+        replies = list(grid.send_and_receive(messages))
+        assert chunks == [len(messages)] * 2
+        chunks.clear()
+        w = messages[0].content["arrays"].to_torch_state_dict()
+        distances[lam] = []
+        for msg, reply in zip(messages, replies, strict=True):
+            kept = state_arrays(grid.contexts[msg.metadata.dst_node_id].state)
+            v = {k: kept[f"tensors.{PERSONAL}/{k}"] for k in w}
+            upload = uploads(reply)
+            assert max(float((v[k].float() - upload[k]).abs().max()) for k in upload) > 1e-5
+            distance = sum(float((v[k] - w[k].double()).pow(2).sum()) for k in w) ** 0.5
+            assert reply.content["metrics"]["ditto-distance"] == pytest.approx(distance, rel=1e-6)
+            distances[lam].append(distance)
+    assert all(d > 0 for d in distances[50.0])
+    assert all(a < 0.5 * b for a, b in zip(distances[50.0], distances[0.0], strict=True)), distances
 
 
 def test_a_method_that_does_not_opt_in_trains_per_client_with_its_own_trainer() -> None:

@@ -10,15 +10,19 @@ For a method whose trainer opts in (`BaseTrainer.stacked_refusal` is None) each 
 `begin` (records checked, model built, global model loaded and evaluated), draws its trainer's
 `local_steps` steps from its own generator (`fedskew.batched.stacked.client_steps`), and the
 round's clients then train as stacked models (`train_stacked`) in chunks; each client's trained
-weights go back into its own model and its trainer's `finish` writes its reply (personalized
-evaluation, upload, extras). Any
-other method runs `fit` per client, its ordinary trainer: never stacked unless it says it can be.
+weights go back into its own model. A chunk's clients then go on as `BaseTrainer.local_train` does:
+`after_steps`, then each of their `later_phases` (Ditto's personal update) as one more stacked model
+(`Stage`: the phase's model, its steps drawn from the client's generator where the main steps left
+it, its loss and extras), the phase's `end` after it; and their trainer's `finish` writes each reply
+(personalized evaluation, upload, extras). Any other method runs `fit` per client, its ordinary
+trainer: never stacked unless it says it can be.
 
 Chunks: `batched-chunk` clients per stacked model, or (0) on a CPU every client of the round, on a
 GPU as many as fit: one step of two clients (their copies) is run first and its peak memory taken as
 what a client costs beside its data, and clients are added to a chunk while those costs stay within
-`MEMORY_SHARE` of the memory the device has free (`fitting_chunks`). A chunk that still runs out of
-memory is split in two and run again (nothing is written back before a chunk ends).
+`MEMORY_SHARE` of the memory the device has free (`fitting_chunks`). A chunk (or a phase of it) that
+still runs out of memory is split in two and run again (nothing is written back before a stacked
+model ends).
 
 Data resident on the device: each partition's training tensors are copied to a GPU once and kept
 there across rounds (`ResidentData`, at most `RESIDENT_SHARE` of the GPU's memory, least recently
@@ -31,13 +35,14 @@ import copy
 import functools
 import logging
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from flwr.app import Context, Error, Message, MessageType
 from flwr.common.constant import ErrorCode
+from torch import nn
 from torch.func import stack_module_state
 
 from fedskew.batched.stacked import (
@@ -51,7 +56,7 @@ from fedskew.batched.stacked import (
 )
 from fedskew.client_app.app import app as client_app
 from fedskew.client_app.app import client_trainer, train_reply
-from fedskew.client_app.base import BaseTrainer, Started
+from fedskew.client_app.base import BaseTrainer, FunctionalLoss, Phase, Started
 from fedskew.config import validate
 from fedskew.data.clients import PARTITION_KEYS, ClientData
 from fedskew.registry import get_method
@@ -123,6 +128,42 @@ class ResidentData:
 
 
 @dataclass
+class Stage:
+    """What a client trains in one stacked model: `model`'s parameters for its `steps` under its
+    optimiser's `settings`, on `loss` (`BaseTrainer.functional_loss`'s form) reading its `extras`,
+    `corrections` subtracted after each step where its optimiser applies them."""
+
+    model: nn.Module
+    steps: list[Step]
+    settings: SGDSettings
+    loss: FunctionalLoss
+    extras: dict[str, torch.Tensor]
+    corrections: dict[str, torch.Tensor] | None = None
+
+
+def stage(
+    trainer: BaseTrainer,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    steps: int,
+    loss: FunctionalLoss,
+    extras: dict[str, torch.Tensor],
+    corrections: dict[str, torch.Tensor] | None = None,
+) -> Stage:
+    """`trainer`'s next `steps` SGD steps of `optimizer` on `model` as a `Stage`, their batches drawn
+    from its generator now, as `run_steps` would draw them next; raises `NotStackable` where the
+    network or the optimiser is not one the stacked step reproduces."""
+    if (reason := module_refusal(model)) is not None:
+        raise NotStackable(reason)
+    settings = sgd_settings(optimizer, list(model.parameters()))
+    if settings.corrected and corrections is None:
+        raise NotStackable(f"{type(trainer).__name__}'s optimiser corrects its steps but gives no step_corrections")
+    n, batch = len(trainer.data.y_train), trainer.cfg["batch-size"]
+    drawn = client_steps(n, steps, batch, trainer.ctx.generator, trainer.augment)
+    return Stage(model, drawn, settings, loss, extras, corrections if settings.corrected else None)
+
+
+@dataclass
 class Client:
     """One train message on its way through the engine."""
 
@@ -130,11 +171,13 @@ class Client:
     msg: Message
     trainer: BaseTrainer
     started: Started
-    steps: list[Step]
-    settings: SGDSettings
     data_key: tuple[int, int]  # (its run's executor, its partition): its resident data
+    stage: Stage  # what it trains next: its main steps, then each of its later phases
     run: int = 0  # which of the runs trained together it belongs to (`StackedTrainer.train`)
-    corrections: dict[str, torch.Tensor] | None = None  # its step corrections (`SGDSettings.corrected`)
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.run, self.index)
 
     @property
     def data_bytes(self) -> int:
@@ -179,7 +222,7 @@ def stack_key(c: Client) -> tuple:
     and run configs equal but for `NOT_IN_LOCAL_STEP` (the per-client values travel as extras)."""
     cfg = c.trainer.cfg
     shared = tuple(sorted((k, repr(v)) for k, v in cfg.items() if k not in NOT_IN_LOCAL_STEP))
-    return (type(c.trainer), c.settings, shared)
+    return (type(c.trainer), c.stage.settings, shared)
 
 
 class StackedTrainer:
@@ -199,7 +242,7 @@ class StackedTrainer:
             groups.setdefault(stack_key(c), []).append(c)
         replies: dict[tuple[int, int], Message] = {}
         for key, group in groups.items():
-            group.sort(key=lambda c: -len(c.steps))  # stable: the clients still training are a prefix
+            group.sort(key=lambda c: -len(c.stage.steps))  # chunks of clients of similar steps
             start = 0
             for size in self.chunk_sizes(key, group):
                 replies.update(self.train_some(group[start : start + size]))
@@ -207,52 +250,89 @@ class StackedTrainer:
         return replies
 
     def train_some(self, chunk: list[Client]) -> dict[tuple[int, int], Message]:
-        """Train `chunk` as one stacked model and write its replies (halved on running out of memory)."""
+        """Train `chunk` as `BaseTrainer.local_train` does, its steps as one stacked model, then
+        `after_steps`, then its clients' k-th later phases as one more stacked model each, and write
+        the replies; a client whose training raises gets Flower's error reply."""
+        replies: dict[tuple[int, int], Message] = {}
+        going: list[tuple[Client, dict[str, float], Iterator[Phase]]] = []
+        for c, s in zip(chunk, self.stacked(chunk, replies), strict=True):
+            if s is None:
+                continue
+            try:
+                s = c.trainer.after_steps(c.started.model, s)
+                going.append((c, s, c.trainer.later_phases(c.started.model)))
+            except Exception as e:
+                replies[c.key] = error_reply(c.msg, e)
+        while going:
+            staged: list[tuple[Client, dict[str, float], Iterator[Phase], Phase]] = []
+            for c, s, phases in going:
+                try:
+                    if (phase := next(phases, None)) is None:
+                        replies[c.key] = train_reply(c.trainer, c.msg, c.trainer.finish(c.started, s))
+                        continue
+                    c.stage = stage(
+                        c.trainer, phase.model, phase.optimizer, phase.steps, phase.functional_loss, phase.extras
+                    )
+                    staged.append((c, s, phases, phase))
+                except Exception as e:
+                    replies[c.key] = error_reply(c.msg, e)
+            going = []
+            for (c, s, phases, phase), phase_stats in zip(
+                staged, self.stacked([c for c, *_ in staged], replies), strict=True
+            ):
+                try:
+                    if phase_stats is not None:
+                        going.append((c, phase.end(s, phase_stats), phases))
+                except Exception as e:
+                    replies[c.key] = error_reply(c.msg, e)
+        return replies
+
+    def stacked(self, chunk: list[Client], replies: dict[tuple[int, int], Message]) -> list[dict[str, float] | None]:
+        """Each client's stats after training the `stage`s of `chunk` as one stacked model (halved on
+        running out of memory); None for a client whose training raised, its error reply in `replies`."""
+        if not chunk:
+            return []
         try:
-            stats = self.train_chunk(chunk)
+            return self.train_chunk(chunk)
         except torch.OutOfMemoryError:
             if len(chunk) == 1:
                 raise
             torch.cuda.empty_cache()
             half = len(chunk) // 2
             log.warning("batched engine: %d clients did not fit at once: %d, then the rest", len(chunk), half)
-            return {**self.train_some(chunk[:half]), **self.train_some(chunk[half:])}
+            return self.stacked(chunk[:half], replies) + self.stacked(chunk[half:], replies)
         except Exception as e:
-            return {(c.run, c.index): error_reply(c.msg, e) for c in chunk}
-        replies = {}
-        for c, s in zip(chunk, stats, strict=True):
-            try:
-                s = c.trainer.after_steps(c.started.model, s)  # as `BaseTrainer.local_train` ends
-                replies[(c.run, c.index)] = train_reply(c.trainer, c.msg, c.trainer.finish(c.started, s))
-            except Exception as e:
-                replies[(c.run, c.index)] = error_reply(c.msg, e)
-        return replies
+            replies.update({c.key: error_reply(c.msg, e) for c in chunk})
+            return [None] * len(chunk)
 
     def train_chunk(self, chunk: list[Client], probe: bool = False) -> list[dict[str, float]]:
-        """Each client's training stats after training `chunk` (one `stack_key`, ordered by
-        decreasing steps) stacked and writing each client's weights back into its model; `probe`:
-        one step, nothing written back."""
-        models = [c.started.model for c in chunk]
+        """Each client's training stats, in `chunk`'s order, after training the clients' `stage`s
+        (of one `stack_key`) as one stacked model, in decreasing number of steps, and writing each
+        stage's weights back into its model; `probe`: one step, nothing written back."""
+        ranked = sorted(range(len(chunk)), key=lambda k: -len(chunk[k].stage.steps))  # the ones training: a prefix
+        stages = [chunk[k].stage for k in ranked]
+        models = [st.model for st in stages]
         params, buffers = (
             {k: t.detach() for k, t in part.items()}
             for part in stack_module_state(models)  # type: ignore[arg-type]
         )
-        each = [c.trainer.batch_extras() for c in chunk]
-        extras = {k: torch.stack([e[k] for e in each]) for k in each[0]}
-        data = [self.resident.get(c.data_key, c.trainer.data) for c in chunk]
+        extras = {k: torch.stack([st.extras[k] for st in stages]) for k in stages[0].extras}
+        data = [self.resident.get(chunk[k].data_key, chunk[k].trainer.data) for k in ranked]
         offsets = [0]
         for x_k, _ in data[:-1]:
             offsets.append(offsets[-1] + len(x_k))
         x, y = torch.cat([d[0] for d in data]), torch.cat([d[1] for d in data])
         first = chunk[0].trainer
-        schedule = stack_schedules([c.steps for c in chunk], offsets, first.cfg["batch-size"])
+        schedule = stack_schedules([st.steps for st in stages], offsets, first.cfg["batch-size"])
         schedule = (schedule.first(1) if probe else schedule).to(self.device)
         template = copy.deepcopy(models[0]).to("meta").train()
-        loss = functools.partial(first.functional_loss, template)
+        loss = functools.partial(stages[0].loss, template)
+        settings = stages[0].settings
+        if any(st.settings != settings for st in stages):
+            raise NotStackable("the clients' optimisers differ in their settings")
         corrections = None
-        if chunk[0].settings.corrected:
-            corrections = {k: torch.stack([c.corrections[k] for c in chunk]) for k in params}  # type: ignore[index]
-        settings = chunk[0].settings
+        if settings.corrected:
+            corrections = {k: torch.stack([st.corrections[k] for st in stages]) for k in params}  # type: ignore[index]
         totals = train_stacked(loss, params, buffers, extras, x, y, schedule, settings, first.augment, corrections)
         if probe:
             return []
@@ -261,10 +341,10 @@ class StackedTrainer:
                 for name, p in model.named_parameters():
                     p.copy_(params[name][k])
         sums = totals.tolist()
-        return [
-            {"train-loss": sums[k] / max(len(c.steps), 1), "train-steps": float(len(c.steps))}
-            for k, c in enumerate(chunk)
-        ]
+        stats = [{} for _ in chunk]
+        for k, st, total in zip(ranked, stages, sums, strict=True):
+            stats[k] = {"train-loss": total / max(len(st.steps), 1), "train-steps": float(len(st.steps))}
+        return stats
 
     def chunk_sizes(self, key: tuple, clients: list[Client]) -> list[int]:
         """How many clients each stacked model holds, in order (module docstring)."""
@@ -334,18 +414,19 @@ class BatchedExecutor:
         return replies, stacked
 
     def client(self, i: int, msg: Message, trainer: BaseTrainer, started: Started, run: int) -> Client:
-        """A started trainer as a `Client`: its steps drawn from its own generator, its optimiser's
-        settings read (raises `NotStackable` when the trainer breaks what stacking needs)."""
+        """A started trainer as a `Client` whose stage is its main steps (`stage`: drawn from its own
+        generator; raises `NotStackable` when the trainer breaks what stacking needs)."""
         model = started.model
         if type(trainer).local_train is not BaseTrainer.local_train:
             raise NotStackable(f"{type(trainer).__name__} overrides local_train")
-        if (reason := module_refusal(model)) is not None:
-            raise NotStackable(reason)
-        settings = sgd_settings(trainer.optimizer(model), list(model.parameters()))
-        corrections = trainer.step_corrections(model) if settings.corrected else None
-        if settings.corrected and corrections is None:
-            raise NotStackable(f"{type(trainer).__name__}'s optimiser corrects its steps but gives no step_corrections")
-        n, batch = len(trainer.data.y_train), trainer.cfg["batch-size"]
-        steps = client_steps(n, trainer.local_steps(), batch, trainer.ctx.generator, trainer.augment)
-        data_key = (id(self), trainer.ctx.partition_id)
-        return Client(i, msg, trainer, started, steps, settings, data_key, run, corrections)
+        optimizer, steps = trainer.optimizer(model), trainer.local_steps()
+        main = stage(
+            trainer,
+            model,
+            optimizer,
+            steps,
+            trainer.functional_loss,
+            trainer.batch_extras(),
+            trainer.step_corrections(model),
+        )
+        return Client(i, msg, trainer, started, (id(self), trainer.ctx.partition_id), main, run)

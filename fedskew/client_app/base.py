@@ -24,6 +24,8 @@ hooks that differ (FL-bench style); its records (`wire`) are its registry entry'
                      configured augmentation, then `after_steps`)
     after_steps      what follows the steps: a client state's update from the trained model
                      (SCAFFOLD's c_i, FedDyn's g_k) and its metrics (default: nothing)
+    later_phases     further stages of the local training after `after_steps`, each a `Phase`: SGD
+                     steps of a model (Ditto's personal v_k; default: none), run by both engines
     received_global_model  the global model as received, for `client-global-accuracy` (default: the
                        model right after `load_global`; None: no global model reaches the client)
     personalized_model  what "personalized accuracy" measures (default: the trained model)
@@ -47,6 +49,10 @@ tensors before training (`receive`, `load_global`) and expresses `loss` function
                       it may return (loss, reported): the training loss the client reports
     stacked_refusal   why this method's clients are trained one by one instead (None: stacked)
 
+and its `later_phases`, if any, as `Phase`s whose optimiser is a plain SGD over the phase model's
+parameters and whose loss comes in functional form too: the engine stacks each phase over the
+round's clients after the main steps (Ditto: the personal models, each client's w^t an extra).
+
 `tests/test_batched.py` holds each opted-in method to the per-client path's uploads.
 
 `parameter_state` / `save_parameter_state` keep a client state shaped like the trainable parameters
@@ -62,7 +68,8 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import numpy as np
@@ -148,6 +155,37 @@ class Started:
     global_eval: tuple[float, float] | None
 
 
+Tensors = dict[str, torch.Tensor]
+# (model, params, buffers, x, y, weight, extras) -> a client's loss on one batch, or (loss, reported):
+# `BaseTrainer.functional_loss`'s form
+FunctionalLoss = Callable[
+    [nn.Module, Tensors, Tensors, torch.Tensor, torch.Tensor, torch.Tensor, Tensors],
+    torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+]
+
+
+@dataclass
+class Phase:
+    """A stage of a client's local training after its main steps (`BaseTrainer.later_phases`): `steps`
+    SGD steps of `optimizer` on `model`, minimising `loss`, their batches drawn from the round's
+    generator where the steps before left it (`run_steps`). `end(stats, phase_stats)` gives the
+    round's metrics after the phase from those before it and the phase's own (`train-loss`,
+    `train-steps`), and keeps what the client keeps of it.
+
+    The batched engine trains the phase of a round's clients as one stacked model: `optimizer` must
+    be a plain torch SGD over all of `model`'s parameters (`fedskew.batched.stacked.sgd_settings`),
+    `functional_loss` is `loss` in `BaseTrainer.functional_loss`'s form (called with a copy of
+    `model`), reading this client's own tensors from `extras` only."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    steps: int
+    loss: LossFn
+    functional_loss: FunctionalLoss
+    end: Callable[[dict[str, float], dict[str, float]], dict[str, float]]
+    extras: Tensors = field(default_factory=dict)
+
+
 @dataclass
 class TrainerContext:
     """Everything a trainer needs for one round on one client."""
@@ -219,11 +257,25 @@ class BaseTrainer:
         return sgd(model.parameters(), self.cfg)
 
     def local_train(self, model: nn.Module, content: RecordDict) -> dict[str, float]:
-        return self.after_steps(model, self.run_steps(model, self.optimizer(model), self.local_steps()))
+        stats = self.after_steps(model, self.run_steps(model, self.optimizer(model), self.local_steps()))
+        return self.run_later_phases(model, stats)
 
     def after_steps(self, model: nn.Module, stats: dict[str, float]) -> dict[str, float]:
         """The local training's end after its steps (`stats`: their loss and count): a client state's
         update from the trained `model` and its metrics (the batched engine calls it too)."""
+        return stats
+
+    def later_phases(self, model: nn.Module) -> Iterator[Phase]:
+        """The stages of the local training after the main steps on `model` and `after_steps`, in
+        order, each one built once the one before has ended (its `end` called): the per-client path
+        runs each with `run_steps` (`run_later_phases`), the batched engine stacks each over the
+        round's clients. Default: none."""
+        return iter(())
+
+    def run_later_phases(self, model: nn.Module, stats: dict[str, float]) -> dict[str, float]:
+        """The round's metrics `stats` after running `later_phases` on this client, one after the other."""
+        for phase in self.later_phases(model):
+            stats = phase.end(stats, self.run_steps(phase.model, phase.optimizer, phase.steps, phase.loss))
         return stats
 
     def local_steps(self) -> int:

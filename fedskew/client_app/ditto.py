@@ -34,20 +34,24 @@ Decisions (the authors' code `litian96/ditto` at 26d9b29a62f3872dcdf071be08e8976
 - Metrics: `ditto-loss` (mean h_k over the personal steps) and `ditto-distance` ||v_k - w^t||_2 over
   the parameters after the update; `client-global-accuracy` is w^t on the local test split,
   `personal-accuracy` v_k's.
+- The personal update is a `Phase` after the global one (`BaseTrainer.later_phases`): v_k is read
+  from the state when the phase starts and kept when it ends, on both engines; the batched engine
+  trains the round's global updates as one stacked model, then their personal models as another,
+  each client's w^t an extra (`personal_functional_loss`: CE in functional form + the same term).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
 from flwr.app import RecordDict
 from torch import nn
 
-from fedskew.client_app.base import BaseTrainer
+from fedskew.client_app.base import BaseTrainer, Phase
 from fedskew.losses import proximal_term
-from fedskew.training import sgd
+from fedskew.training import sgd, steps_per_round
 
 PERSONAL = "ditto-personal"
 
@@ -60,33 +64,62 @@ def parameter_distance(params: Iterable[torch.Tensor], reference: Iterable[torch
 class DittoTrainer(BaseTrainer):
     """FedAvg's local update for the upload; the personal model v_k trained on F_k + lambda/2 ||v - w^t||^2."""
 
+    batched = True
     keeps_state = "the personal model"
     kept_arrays = ("model",)
 
     def load_global(self, model: nn.Module, content: RecordDict) -> None:
         super().load_global(model, content)
-        self.anchor = [p.detach().clone() for p in model.parameters()]  # w^t, the received global model
+        self.anchor = {k: p.detach().clone() for k, p in model.named_parameters()}  # w^t, the received global model
 
     def personal_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """h_k on one mini-batch: CE + (lambda / 2) ||v - w^t||^2."""
-        return F.cross_entropy(model(x), y) + proximal_term(model.parameters(), self.anchor, self.cfg["ditto-lambda"])
+        prox = proximal_term(model.parameters(), self.anchor.values(), self.cfg["ditto-lambda"])
+        return F.cross_entropy(model(x), y) + prox
+
+    def personal_functional_loss(
+        self,
+        model: nn.Module,
+        params: dict[str, torch.Tensor],
+        buffers: dict[str, torch.Tensor],
+        x: torch.Tensor,
+        y: torch.Tensor,
+        weight: torch.Tensor,
+        extras: dict[str, torch.Tensor],
+    ) -> torch.Tensor:
+        """`personal_loss` in functional form: the CE of `functional_loss` + the term against this
+        client's w^t (`extras`, under vmap: one client's slice)."""
+        data = self.functional_loss(model, params, buffers, x, y, weight, {})
+        return data + proximal_term([params[k] for k in extras], extras.values(), self.cfg["ditto-lambda"])
 
     def personal_epochs(self) -> int:
         epochs = self.cfg["ditto-personal-epochs"]
         return self.cfg["local-epochs"] if epochs < 0 else epochs
 
-    def local_train(self, model: nn.Module, content: RecordDict) -> dict[str, float]:
-        stats = super().local_train(model, content)  # the global update: uploaded
-        self.personal = self.initial_model()  # v_k^0 = w^0 unless the client has its v_k
+    def later_phases(self, model: nn.Module) -> Iterator[Phase]:
+        """The personal update after the global one: v_k (w^0 unless the client has its v_k) for
+        `personal_epochs` epochs on h_k."""
+        self.personal = self.initial_model()
         self.restore(PERSONAL, self.personal)
-        personal = self.run_epochs(
-            self.personal, sgd(self.personal.parameters(), self.cfg), self.personal_epochs(), self.personal_loss
+        steps = steps_per_round(len(self.data.y_train), self.personal_epochs(), self.cfg["batch-size"])
+        optimizer = sgd(self.personal.parameters(), self.cfg)
+        yield Phase(
+            self.personal,
+            optimizer,
+            steps,
+            self.personal_loss,
+            self.personal_functional_loss,
+            self.end_personal,
+            extras=self.anchor,
         )
+
+    def end_personal(self, stats: dict[str, float], personal: dict[str, float]) -> dict[str, float]:
+        """Keep v_k; the global update's metrics with `ditto-loss` and `ditto-distance`."""
         self.keep(PERSONAL, self.personal)
         return {
             **stats,
             "ditto-loss": personal["train-loss"],
-            "ditto-distance": parameter_distance(self.personal.parameters(), self.anchor),
+            "ditto-distance": parameter_distance(self.personal.parameters(), self.anchor.values()),
         }
 
     def personalized_model(self, model: nn.Module) -> nn.Module:
