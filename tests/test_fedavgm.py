@@ -58,3 +58,16 @@ def test_in_process_runs_part_from_fedavg_once_momentum_carries_over(tmp_path, t
     assert acc["m0"] == acc["avg"]  # beta = 0, eta = 1: FedAvg to the last digit
     assert acc["m"][0] == acc["avg"][0] and acc["m"][1:] != acc["avg"][1:]  # round 1's v is its Delta
     assert all(r["momentum-norm"] > 0 for r in rows["m"])
+
+
+def test_the_momentum_is_checkpointed_and_restored() -> None:
+    from fedskew.config import validate
+    from fedskew.strategies.fedavgm import FedAvgMStrategy
+
+    cfg = validate({"method": "fedavgm", "model": "mlp"})
+    a, b = FedAvgMStrategy(cfg), FedAvgMStrategy(cfg)
+    a.momentum.value = {k: np.full_like(v, 0.5) for k, v in a.momentum.value.items()}
+    state = a.state_dict()
+    assert state and all(k.startswith("momentum/") for k in state)
+    b.load_state_dict(state)
+    assert all(np.array_equal(b.momentum.before(1)[k], v) for k, v in a.momentum.value.items())

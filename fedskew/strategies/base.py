@@ -171,11 +171,17 @@ class BaseStrategy(Strategy):
         return model.to(self.device)
 
     def state_dict(self) -> dict[str, Any]:
-        """Server-side method state for checkpoints (tensors and plain values); none by default."""
-        return {}
+        """Server-side method state for checkpoints (tensors and plain values): every `RoundState`
+        the strategy holds (SCAFFOLD's c, FedDyn's h ...; none by default). Other state: extend it."""
+        return {k: v for held in self._round_states() for k, v in held.state_dict().items()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore what `state_dict` returned."""
+        for held in self._round_states():
+            held.load_state_dict(state)
+
+    def _round_states(self) -> list[RoundState]:
+        return [v for v in vars(self).values() if isinstance(v, RoundState)]
 
     # ------------------------------------------------------------------ downlink
     def broadcast(self, server_round: int) -> dict[str, Any]:

@@ -36,12 +36,6 @@ class FedAvgMStrategy(BaseStrategy):
         super().__init__(cfg, device)
         self.momentum = RoundState.zeros("momentum", self.dims)
 
-    def state_dict(self) -> dict[str, Any]:
-        return self.momentum.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.momentum.load_state_dict(state)
-
     def aggregate_arrays(self, server_round: int, replies: list[Message]) -> ArrayRecord:
         average = arrays_to_numpy(super().aggregate_arrays(server_round, replies))
         x, v = arrays_to_numpy(self.sent_arrays), self.momentum.before(server_round)

@@ -59,13 +59,6 @@ class FedDCStrategy(ScaffoldStrategy):
         super().__init__(cfg, device)
         self.drift_sum = RoundState.zeros("drift-sum", self.dims)  # H = sum_j h_j over all clients
 
-    def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), **self.drift_sum.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        super().load_state_dict(state)
-        self.drift_sum.load_state_dict(state)
-
     def check_reply(self, content: RecordDict, partition: int) -> None:
         """The base's rules, and the same `max-update-ratio` bound on the local update theta_i - w as
         on the upload: c moves by it, so an extreme one would make every client's next steps extreme."""

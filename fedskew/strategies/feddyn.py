@@ -44,12 +44,6 @@ class FedDynStrategy(BaseStrategy):
         super().__init__(cfg, device)
         self.h = RoundState.zeros("h", self.dims)
 
-    def state_dict(self) -> dict[str, Any]:
-        return self.h.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.h.load_state_dict(state)
-
     def aggregate_arrays(self, server_round: int, replies: list[Message]) -> ArrayRecord:
         average = arrays_to_numpy(super().aggregate_arrays(server_round, replies))
         models = [arrays_to_numpy(m.content["arrays"]) for m in replies]

@@ -53,12 +53,6 @@ class ScaffoldStrategy(BaseStrategy):
         super().__init__(cfg, device)
         self.control = RoundState.zeros("control", self.dims)
 
-    def state_dict(self) -> dict[str, Any]:
-        return self.control.state_dict()
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.control.load_state_dict(state)
-
     def broadcast(self, server_round: int) -> dict[str, Any]:
         return {CONTROL: numpy_to_arrays(self.control.before(server_round))}
 
