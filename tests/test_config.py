@@ -113,7 +113,7 @@ def test_cli_rejects_impossible_partition_before_starting_flower() -> None:
     assert res.returncode == 2 and "no client" in res.stderr
 
 
-# ---------------------------------------------------------------------- up front, before any SuperLink (issue 15)
+# ---------------------------------------------------------------------- up front, before any SuperLink
 def write_run_dir(folder, config: str, partition: str | None = json.dumps({"train": [[1]] * 20})):
     """A stopped run's folder as `fedskew run --resume` reads it."""
     folder.mkdir(parents=True)

@@ -158,7 +158,7 @@ def test_real_fashion_mnist_is_complete() -> None:
     assert (np.bincount(y) == 6000).all() and (np.bincount(y2) == 1000).all()
 
 
-# ---------------------------------------------------------------------- damaged files are refused (issue 15)
+# ---------------------------------------------------------------------- damaged files are refused
 def _mnist_with(tmp_path: Path, n_images: int, labels: np.ndarray) -> Path:
     folder = tmp_path / "mnist"
     write_mnist(folder)

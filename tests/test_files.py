@@ -1,4 +1,4 @@
-"""Files (issue 15 item 12): what fedskew reads back is verified, it deletes only its own files,
+"""Files: what fedskew reads back is verified, it deletes only its own files,
 and what it writes reaches the disk before it replaces the old file."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Hostile clients (issue 15): a malformed or lying reply or node report is a logged failure that is
+"""Hostile clients: a malformed or lying reply or node report is a logged failure that is
 counted in failures.jsonl, never an exception, and never reaches the model or the method's state.
 
 Honest replies come from the real ClientApp (tests/harness.py: 4 nodes serving partitions 0-3 of

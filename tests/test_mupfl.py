@@ -377,7 +377,7 @@ def real_gradients() -> tuple[torch.Tensor, dict[int, torch.Tensor]]:
 
 
 def test_synthesis_converges_with_its_defaults_on_real_gradients(real_gradients) -> None:
-    """Issue 13: with lr 0.1 and one cosine per class the features did not move (loss 0.99 -> 0.98)."""
+    """Before the fix: with lr 0.1 and one cosine per class the features did not move (loss 0.99 -> 0.98)."""
     cfg = app_defaults()
     w, targets = real_gradients
     start = torch.randn(10, cfg["mupfl-features-per-class"], w.shape[1], generator=torch.Generator().manual_seed(1))
@@ -447,7 +447,7 @@ def test_finetune_changes_only_the_classifier() -> None:
 
 
 def test_default_start_model_is_the_global_model() -> None:
-    """Issue 13: with the personal start (the old default) the global model was an average of models
+    """Before the fix: with the personal start (the old default) the global model was an average of models
     nothing trained from. By default a returning client now starts from w_glo; 'personal' stays."""
     cfg = validate({**app_defaults(), "method": "mupfl"})
     strategy = MuPFLStrategy(cfg)

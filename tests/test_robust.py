@@ -1,4 +1,4 @@
-"""Robust aggregation (issue 59): a client that stays inside every screen (value bound,
+"""Robust aggregation: a client that stays inside every screen (value bound,
 `max-update-ratio`) can no longer steer the run. The maths of `fedskew.strategies.aggregate` (norm
 bound, coordinate-wise median and trimmed mean, the pooled state sums) on hand-made inputs, the base
 strategy's clip on hand-made replies, and in-process runs of the real ServerApp and ClientApp with

@@ -101,7 +101,7 @@ def test_papers_fmnist_networks_have_their_sizes(name: str, dim: int, params: in
     assert len(attach_bavd(model)) == 2
 
 
-# ----------------------------------------------------------------------------- finite extremes (issue 59)
+# ----------------------------------------------------------------------------- finite extremes
 @pytest.mark.parametrize("value", [1e30, 3e38, -1e7])
 def test_a_state_holding_a_value_beyond_the_reply_bound_is_lost(tmp_path, caplog, value: float) -> None:
     """The value bound replies are held to (+-1e6) holds for what a client reads back from its state

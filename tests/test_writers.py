@@ -1,4 +1,4 @@
-"""Who writes what (issue 59): a full disk never leaves half a results file, two writers never share a
+"""Who writes what: a full disk never leaves half a results file, two writers never share a
 run folder or a result file, an export refuses rounds two writers interleaved, an out-dir that cannot
 be made fails up front naming the key, a resume stays on its engine and the batched engine's log
 holds no colour codes in a pipe."""
