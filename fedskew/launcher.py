@@ -505,7 +505,8 @@ def submit(
         conf = Path(tmp) / "run-config.toml"
         conf.write_text("".join(f"{json.dumps(k)} = {json.dumps(v)}\n" for k, v in overrides.items()))
         app = stage_app(app_dir, Path(tmp) / "app")
-        install_fab(app, Path(env["FLWR_HOME"]))
+        with contextlib.suppress(OSError):  # a FLWR_HOME we cannot write: Flower installs it (or refuses)
+            install_fab(app, Path(env["FLWR_HOME"]))
         watch = RunWatch(link, summary_path)
         started = _flwr_json(["run", str(app), link.connection, "--run-config", str(conf), *flwr_args], env)
         if not started.get("success", True) or "run-id" not in started:
