@@ -28,7 +28,8 @@ for the GPU; prints whether the loop ran without one.
 
 `accuracy`: FedAvg, LeNet, 20 clients (2 classes each), 10 a round, `--rounds` rounds, the seeds of
 `--seeds` on `batched` and `per-client`: each run's final and last-5 global accuracy, and whether
-the engines differ by less than the seeds' spread.
+the engines differ by less than the seeds' spread; the same of the last-5 personalized accuracy (the
+sampled clients' personalized models on their local test splits: Ditto's v_k) where runs record one.
 
     .venv/bin/python benchmarks/batched.py speed [--scenarios lenet-10,lenet-50,pfl] [--engines batched,per-client]
         [--rounds 4] [--device auto] [--quick]
@@ -190,34 +191,47 @@ def accuracy(args: argparse.Namespace) -> None:
 def method_accuracy(method: str, args: argparse.Namespace) -> None:
     cfg = {"method": method, "model": "lenet", "fraction-train": 0.5, "num-server-rounds": args.rounds}
     cfg |= {"checkpoint-every": 0, "device": args.device, "compute-dtype": args.dtype}
-    finals: dict[str, list[float]] = {"batched": [], "per-client": []}
+    engines = ("batched", "per-client")
+    finals: dict[str, dict[str, list[float]]] = {kind: {e: [] for e in engines} for kind in ACCURACIES}
     for seed in map(int, args.seeds.split(",")):
         curves = {}
-        for engine in finals:
+        for engine in engines:
             with tempfile.TemporaryDirectory() as out:
                 in_child(engine, {**cfg, "seed": seed, "out-dir": out, "run-name": "acc"}, 20)
                 rows = read_jsonl(Path(out) / "acc" / "metrics.jsonl")
             stats = round_statistics(rows, 5)
             curves[engine] = [100 * r["global-accuracy"] for r in rows if r.get("global-accuracy") is not None]
-            finals[engine].append(stats["last5_global_accuracy"])
-            print(
-                f"  {method} seed {seed} {engine:<10} final {100 * stats['final_global_accuracy']:6.2f} %  "
-                f"last 5 rounds {100 * stats['last5_global_accuracy']:6.2f} %",
-                flush=True,
-            )
+            line = f"  {method} seed {seed} {engine:<10} final {100 * stats['final_global_accuracy']:6.2f} %"
+            for kind, key in ACCURACIES.items():
+                if stats[key] is not None:
+                    finals[kind][engine].append(stats[key])
+                    line += f"  last 5 rounds {kind} {100 * stats[key]:6.2f} %"
+            print(line, flush=True)
         # the diagnostic: the round from which the two engines' global models part (a float rounding
         # that a chaotic method amplifies parts them late and slowly; a defect, from round 1)
         gap = [abs(a - b) for a, b in zip(curves["batched"], curves["per-client"], strict=True)]
         first = next((r + 1 for r, g in enumerate(gap) if g > 0.5), None)
         print(f"  {method} seed {seed}: per-round gap {' '.join(f'{g:.2f}' for g in gap)}; first > 0.5: {first}")
+    for kind, by_engine in finals.items():
+        if by_engine["per-client"] and len(by_engine["batched"]) == len(by_engine["per-client"]):
+            print(engines_compared(f"{method}: last-5 {kind} accuracy", by_engine), flush=True)
+
+
+# what `accuracy` compares: the last-5 mean of each accuracy a run records (`round_statistics`)
+ACCURACIES = {"global": "last5_global_accuracy", "personalized": "last5_personalized_accuracy"}
+
+
+def engines_compared(what: str, finals: dict[str, list[float]]) -> str:
+    """One line: each engine's mean ± spread (population std over the seeds) of `finals` (fractions,
+    seed by seed), the same-seed gaps and whether the largest is within the per-client seeds' spread."""
     spread = statistics.pstdev(finals["per-client"])
     gaps = [abs(a - b) for a, b in zip(finals["batched"], finals["per-client"], strict=True)]
-    print(
-        f"{method}: last-5 global accuracy: per-client {100 * statistics.mean(finals['per-client']):.2f} "
-        f"± {100 * spread:.2f} %, "
-        f"batched {100 * statistics.mean(finals['batched']):.2f} %; largest same-seed gap {100 * max(gaps):.2f} points "
-        f"({'within' if max(gaps) <= spread else 'beyond'} the seeds' spread)",
-        flush=True,
+    means = ", ".join(
+        f"{e} {100 * statistics.mean(v):.2f} ± {100 * statistics.pstdev(v):.2f} %" for e, v in finals.items()
+    )
+    return (
+        f"{what}: {means}; same-seed gaps {' '.join(f'{100 * g:.2f}' for g in gaps)} points, the largest "
+        f"{'within' if max(gaps) <= spread else 'beyond'} the seeds' spread"
     )
 
 
