@@ -22,8 +22,8 @@ from torch.func import functional_call
 
 from fedskew.schema import ConfigError
 
-# (model, x, y) -> the batch loss, or (loss, the training loss reported for it)
-LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor | tuple[torch.Tensor, torch.Tensor]]
+Loss = torch.Tensor | tuple[torch.Tensor, torch.Tensor]  # a batch's loss, or (loss, the training loss reported)
+LossFn = Callable[[nn.Module, torch.Tensor, torch.Tensor], Loss]  # (model, x, y) -> the batch's `Loss`
 M = TypeVar("M", bound=nn.Module)
 Augment = Callable[[torch.Tensor, torch.Generator], torch.Tensor]  # (batch, generator) -> augmented batch
 

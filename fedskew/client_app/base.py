@@ -17,7 +17,12 @@ hooks that differ (FL-bench style); its records (`wire`) are its registry entry'
     receive          checks the server's records before anything else; a method reads its extras
                      from `self.received`, never unchecked
     load_global      how the downloaded arrays enter the model (checked by `checked_arrays`)
-    loss             the local objective on one mini-batch (default: cross-entropy)
+    example_losses   the data loss of a batch's logits, per example or as the batch mean (`reduction`;
+                     default: cross-entropy)
+    penalty          a term on the trainable parameters added to it (FedProx's, FedDyn's; default: none)
+    loss             the local objective on one mini-batch; by default derived from the two above
+                     (a method whose objective is not a loss of the logits plus a parameter term,
+                     e.g. MOON's, overrides `loss` itself and runs per client on the batched engine)
     optimizer        the local optimiser (default: `sgd` from the run config, fresh each round)
     local_train      the whole local procedure (default: `local_steps` steps of `run_steps` on
                      `loss`, i.e. `local-epochs` passes, batches through `self.augment`, the
@@ -38,22 +43,31 @@ The batched engine (`fedskew.batched`) trains a round's clients as one stacked m
 method's trainer class opts in by setting `batched = True` in its own body (never inherited: a
 subclass changes the local step and opts in for itself). Opting in states that the class keeps the
 base `local_train` (`run_epochs` on `loss` with `optimizer`, a torch SGD), prepares its per-client
-tensors before training (`receive`, `load_global`) and expresses `loss` functionally:
+tensors before training (`receive`, `load_global`) and writes its objective once, as
+`example_losses` and `penalty` (never `loss` itself), reading its per-client values only from
+`batch_extras`:
 
-    batch_extras      this client's own tensors that the loss reads (FedRS's scale, FedLC's offsets,
-                      FedProx's anchor), stacked over the round's clients by the engine
+    batch_extras      this client's own tensors that the objective reads (FedRS's scale, FedLC's
+                      offsets, FedProx's anchor), stacked over the round's clients by the engine
     step_corrections  its per-parameter step correction, where its optimiser applies one after each
                       step (SCAFFOLD's c - c_i: `fedskew.losses.scaffold.correct_after_step`)
-    functional_loss   `loss` on explicit parameters and buffers, with per-example weights (0 on the
-                      padding of a short batch), reading per-client values from the extras only;
-                      it may return (loss, reported): the training loss the client reports
+    reports_data_loss  the client reports the data loss alone as `train-loss`, without the penalty
     stacked_refusal   why this method's clients are trained one by one instead (None: stacked)
 
 and its `later_phases`, if any, as `Phase`s whose optimiser is a plain SGD over the phase model's
 parameters and whose loss comes in functional form too: the engine stacks each phase over the
 round's clients after the main steps (Ditto: the personal models, each client's w^t an extra).
 
-`tests/test_batched.py` holds each opted-in method to the per-client path's uploads.
+The base derives both forms of the objective from `example_losses` and `penalty`: `loss` (the
+per-client path: the batch mean of `example_losses`, reduction "mean", the kernel's own, plus
+`penalty` on the model's parameters, with this client's `batch_extras`) and `functional_loss` (the
+batched engine's: `loss` on explicit parameters and buffers, sum_i weight_i l_i of `example_losses`
+with reduction "none" and weights 1/b on a batch's b examples, 0 on the padding of a short batch,
+plus `penalty` on those parameters, with the engine's stacked extras). Either may return (loss,
+reported): the training loss the client reports (`objective`).
+
+`tests/test_objectives.py` holds each opted-in method's two forms to one value (in float64), and
+`tests/test_batched.py` its stacked clients to the per-client path's uploads.
 
 `parameter_state` / `save_parameter_state` keep a client state shaped like the trainable parameters
 (control variates, gradient state, drift) across rounds, zeros where the client has none.
@@ -87,10 +101,10 @@ from fedskew.models import SplitNet, build_model, initial_model
 from fedskew.records import ArraysSpec, Rejected, Tensor, check_arrays, decoded_content, tensor_like
 from fedskew.registry import DeclaredWire
 from fedskew.training import (
+    Loss,
     LossFn,
     compute_dtype,
     confusion,
-    cross_entropy_loss,
     evaluate,
     functional_forward,
     module_refusal,
@@ -160,7 +174,7 @@ Tensors = dict[str, torch.Tensor]
 # `BaseTrainer.functional_loss`'s form
 FunctionalLoss = Callable[
     [nn.Module, Tensors, Tensors, torch.Tensor, torch.Tensor, torch.Tensor, Tensors],
-    torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+    Loss,
 ]
 
 
@@ -206,6 +220,8 @@ class BaseTrainer:
 
     wire = DeclaredWire()  # the method's records beyond the model (`fedskew.wire`), `MethodSpec.wire`
     batched: ClassVar[bool] = False  # read from the class's own body only (`stacked_refusal`)
+    # the client reports its data loss alone as `train-loss`, not with its `penalty` (FedDyn's can be < 0)
+    reports_data_loss: ClassVar[bool] = False
     # What its clients keep across rounds that shapes their training ("" when nothing; `kept_state`)
     keeps_state: ClassVar[str] = ""
     # the model-sized arrays among them, one entry a copy: "model" (the network's state dict), "params"
@@ -250,8 +266,13 @@ class BaseTrainer:
     def load_global(self, model: nn.Module, content: RecordDict) -> None:
         model.load_state_dict(checked_arrays(content, model.state_dict()), strict=True)
 
-    def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return cross_entropy_loss(model, x, y)
+    def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Loss:
+        """The local objective on one mini-batch, derived from what the method writes: its
+        `example_losses` of `model(x)` as their batch mean (reduction "mean", the kernel's own) plus its
+        `penalty` on the model's parameters (`objective`), both reading `batch_extras`."""
+        extras = self.batch_extras()
+        data = self.example_losses(model(x), y, extras, "mean")
+        return self.objective(data, self.penalty(dict(model.named_parameters()), extras))
 
     def optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         return sgd(model.parameters(), self.cfg)
@@ -329,19 +350,38 @@ class BaseTrainer:
         y: torch.Tensor,
         weight: torch.Tensor,
         extras: dict[str, torch.Tensor],
-    ) -> torch.Tensor:
-        """`loss` of one client on one mini-batch in functional form: `model`'s forward on `params` and
-        `buffers` (`torch.func.functional_call`), sum_i weight_i loss_i with weight_i = 1/b on the b
-        examples of the batch and 0 on the padding of a short batch (the batch mean), reading this
-        client's own values only from `extras` (`batch_extras`): the engine calls it under `vmap` on
-        one trainer for all the clients of a round (default: `example_losses` of the logits)."""
+    ) -> Loss:
+        """`loss` of one client on one mini-batch in functional form, derived from the same two hooks:
+        `model`'s forward on `params` and `buffers` (`torch.func.functional_call`), sum_i weight_i l_i
+        of its `example_losses` l_i (reduction "none") with weight_i = 1/b on the b examples of the
+        batch and 0 on the padding of a short batch (the batch mean), plus its `penalty` on `params`
+        (`objective`), reading this client's own values only from `extras` (`batch_extras`): the
+        engine calls it under `vmap` on one trainer for all the clients of a round."""
         logits = functional_forward(model, params, buffers, x)
-        return weighted_sum(self.example_losses(logits, y, extras), weight)
+        data = weighted_sum(self.example_losses(logits, y, extras, "none"), weight)
+        return self.objective(data, self.penalty(params, extras))
 
-    def example_losses(self, logits: torch.Tensor, y: torch.Tensor, extras: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The per-example loss of a batch's logits that `functional_loss` weighs, as `loss` computes
-        it (default: cross-entropy); a method whose loss only changes the logits' loss overrides this."""
-        return F.cross_entropy(logits, y, reduction="none")
+    def example_losses(
+        self, logits: torch.Tensor, y: torch.Tensor, extras: dict[str, torch.Tensor], reduction: str = "none"
+    ) -> torch.Tensor:
+        """The method's data loss of a batch's logits, written once: one value per example
+        (`reduction="none"`, what `functional_loss` weighs) or their batch mean (`"mean"`, what
+        `loss` descends, from the same kernel call), its per-client values read from `extras`
+        (default: cross-entropy)."""
+        return F.cross_entropy(logits, y, reduction=reduction)
+
+    def penalty(self, params: dict[str, torch.Tensor], extras: dict[str, torch.Tensor]) -> torch.Tensor | None:
+        """The method's term on the trainable parameters `params` (name -> tensor: the model's own in
+        `loss`, the functional ones in `functional_loss`) added to the data loss, its anchors read
+        from `extras` (FedProx's proximal term, FedDyn's regulariser); None: no term (default)."""
+        return None
+
+    def objective(self, data: torch.Tensor, penalty: torch.Tensor | None) -> Loss:
+        """The loss `loss` and `functional_loss` return: `data + penalty` (`data` without a penalty),
+        with `data` as the reported training loss beside it where `reports_data_loss`."""
+        if penalty is None:
+            return data
+        return (data + penalty, data) if self.reports_data_loss else data + penalty
 
     # ------------------------------------------------------------------ state
     def parameter_state(self, name: str, model: nn.Module) -> list[torch.Tensor]:

@@ -15,8 +15,11 @@ uploads theta_k^t and keeps g_k <- g_k - alpha (theta_k^t - theta^{t-1}). Decisi
   less the alpha theta that the code keeps in its weight decay, clip(G - alpha theta) + alpha theta
   (`clip_outside_decay`); weight decay stays outside the clip.
 - `train-loss` is the mean L_k (cross-entropy) without the regulariser, whose linear term can be
-  negative (a loss metric is declared >= 0): the loss reports it beside the objective.
-- The batched engine stacks its clients (`grad-clip` 0), each with its theta^{t-1} and g_k as extras.
+  negative (a loss metric is declared >= 0): the loss reports it beside the objective
+  (`reports_data_loss`).
+- The regulariser is written once, as the trainer's `penalty` on the cross-entropy (the base derives
+  `loss` and the batched engine's `functional_loss`). The batched engine stacks its clients
+  (`grad-clip` 0), each with its theta^{t-1} and g_k as extras.
 - g_k is this client's state (`ClientState`, one model-sized float32 tensor per trainable
   parameter, written with its round); a client without one starts from g_k = 0 (Alg. 1 initialises
   grad L_k(theta_k^0) = 0) and logs it.
@@ -43,6 +46,7 @@ class FedDynTrainer(BaseTrainer):
     """Cross-entropy plus the dynamic regulariser; keeps the client's gradient state."""
 
     batched = True
+    reports_data_loss = True  # `train-loss`: the cross-entropy alone
     keeps_state = "the gradient state"
     kept_arrays = ("params",)
 
@@ -58,29 +62,14 @@ class FedDynTrainer(BaseTrainer):
         clip_outside_decay(opt, self.cfg["grad-clip"], self.cfg["feddyn-alpha"])
         return opt
 
-    def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        data_loss = super().loss(model, x, y)
-        alpha = self.cfg["feddyn-alpha"]
-        return data_loss + feddyn_penalty(list(model.parameters()), self.start, self.gradient_state, alpha), data_loss
-
     def batch_extras(self) -> dict[str, torch.Tensor]:
         start = {f"start/{k}": w for k, w in zip(self.names, self.start, strict=True)}
         return {**start, **{f"gradient/{k}": g for k, g in zip(self.names, self.gradient_state, strict=True)}}
 
-    def functional_loss(
-        self,
-        model: nn.Module,
-        params: dict[str, torch.Tensor],
-        buffers: dict[str, torch.Tensor],
-        x: torch.Tensor,
-        y: torch.Tensor,
-        weight: torch.Tensor,
-        extras: dict[str, torch.Tensor],
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        data = super().functional_loss(model, params, buffers, x, y, weight, extras)
+    def penalty(self, params: dict[str, torch.Tensor], extras: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The dynamic regulariser (`feddyn_penalty`), theta^{t-1} and g_k from `extras` (`batch_extras`)."""
         start, gradient = ([extras[f"{part}/{k}"] for k in self.names] for part in ("start", "gradient"))
-        penalty = feddyn_penalty([params[k] for k in self.names], start, gradient, self.cfg["feddyn-alpha"])
-        return data + penalty, data
+        return feddyn_penalty([params[k] for k in self.names], start, gradient, self.cfg["feddyn-alpha"])
 
     def after_steps(self, model: nn.Module, stats: dict[str, float]) -> dict[str, float]:
         alpha = self.cfg["feddyn-alpha"]

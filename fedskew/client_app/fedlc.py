@@ -4,8 +4,9 @@ f_y(x) - tau * n_{k,y}^{-1/4} (`fedskew/losses/fedlc.py`, with the decisions on 
 missing classes and tau), n_{k,y} this client's training counts, computed once per round from the
 whole local training set when the server's message is received; they never leave the client.
 Upload, aggregation, evaluation and the personalized model (the trained model, raw logits) are
-FedAvg's: the server is `FedAvgStrategy`. The batched engine stacks its clients, each with its own
-offsets (`batch_extras`).
+FedAvg's: the server is `FedAvgStrategy`. The loss is written once, as `example_losses` (the base
+derives `loss` and the batched engine's `functional_loss`); the batched engine stacks its clients,
+each with its own offsets (`batch_extras`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from typing import Any
 
 import torch
 from flwr.app import RecordDict
-from torch import nn
 
 from fedskew.client_app.base import BaseTrainer
 from fedskew.losses.fedlc import calibrated_cross_entropy, calibration
@@ -31,11 +31,10 @@ class FedLCTrainer(BaseTrainer):
         self.offsets = calibration(counts, self.cfg["fedlc-tau"]).to(self.device)
         return received
 
-    def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return calibrated_cross_entropy(model(x), y, self.offsets)
-
     def batch_extras(self) -> dict[str, torch.Tensor]:
         return {"offsets": self.offsets}
 
-    def example_losses(self, logits: torch.Tensor, y: torch.Tensor, extras: dict[str, torch.Tensor]) -> torch.Tensor:
-        return calibrated_cross_entropy(logits, y, extras["offsets"], "none")
+    def example_losses(
+        self, logits: torch.Tensor, y: torch.Tensor, extras: dict[str, torch.Tensor], reduction: str = "none"
+    ) -> torch.Tensor:
+        return calibrated_cross_entropy(logits, y, extras["offsets"], reduction)

@@ -1,8 +1,9 @@
 """FedProx client (Li et al., MLSys'20): cross-entropy + (mu/2) ||w - w_global||^2.
 
 The standard proximal form (the FedProx paper, Eq. 2), not the mean smooth-L1 distance that FedRS's
-public code uses for its FedProx baseline. The batched engine stacks its clients, each with its own
-anchor w_global (`batch_extras`).
+public code uses for its FedProx baseline. The trainer writes the proximal term once, as its
+`penalty` on the cross-entropy (the base derives `loss` and the batched engine's `functional_loss`);
+the batched engine stacks its clients, each with its own anchor w_global (`batch_extras`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ from torch import nn
 
 from fedskew.client_app.base import BaseTrainer
 from fedskew.losses import proximal_term
-from fedskew.training import cross_entropy_loss
 
 
 class FedProxTrainer(BaseTrainer):
@@ -25,22 +25,9 @@ class FedProxTrainer(BaseTrainer):
         super().load_global(model, content)
         self.global_params = {k: p.detach().clone() for k, p in model.named_parameters()}
 
-    def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        prox = proximal_term(model.parameters(), self.global_params.values(), self.cfg["fedprox-mu"])
-        return cross_entropy_loss(model, x, y) + prox
-
     def batch_extras(self) -> dict[str, torch.Tensor]:
         return self.global_params
 
-    def functional_loss(
-        self,
-        model: nn.Module,
-        params: dict[str, torch.Tensor],
-        buffers: dict[str, torch.Tensor],
-        x: torch.Tensor,
-        y: torch.Tensor,
-        weight: torch.Tensor,
-        extras: dict[str, torch.Tensor],
-    ) -> torch.Tensor:
-        data = super().functional_loss(model, params, buffers, x, y, weight, extras)
-        return data + proximal_term([params[k] for k in extras], extras.values(), self.cfg["fedprox-mu"])
+    def penalty(self, params: dict[str, torch.Tensor], extras: dict[str, torch.Tensor]) -> torch.Tensor:
+        """(mu/2) ||w - w_global||^2, the anchor w_global from `extras` (`batch_extras`)."""
+        return proximal_term([params[k] for k in extras], extras.values(), self.cfg["fedprox-mu"])

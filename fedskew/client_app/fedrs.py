@@ -4,7 +4,9 @@ Each missing class's logit is scaled by `fedrs-alpha` (binary rule of the paper 
 `fedrs-scale="count"` gives the authors' count-proportional code rule). The scale comes from the
 client's whole local training set once per round, when the server's message is received (never per
 batch, where it would compound over the batches) and never leaves the client. Upload, aggregation and evaluation are
-FedAvg's. The batched engine stacks its clients, each with its own scale (`batch_extras`).
+FedAvg's. The loss is written once, as `example_losses` (the base derives `loss` and the batched
+engine's `functional_loss`); the batched engine stacks its clients, each with its own scale
+(`batch_extras`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,6 @@ from typing import Any
 
 import torch
 from flwr.app import RecordDict
-from torch import nn
 
 from fedskew.client_app.base import BaseTrainer
 from fedskew.losses import fedrs_scale, restricted_softmax_cross_entropy
@@ -40,11 +41,10 @@ class FedRSTrainer(BaseTrainer):
         observed = (self.data.train_counts >= self.cfg[f"{self.rs_prefix}-tau"]).sum()
         return {**super().train_metrics(), "observed-classes": float(observed)}
 
-    def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return restricted_softmax_cross_entropy(model(x), y, self.scale)
-
     def batch_extras(self) -> dict[str, torch.Tensor]:
         return {"scale": self.scale}
 
-    def example_losses(self, logits: torch.Tensor, y: torch.Tensor, extras: dict[str, torch.Tensor]) -> torch.Tensor:
-        return restricted_softmax_cross_entropy(logits, y, extras["scale"], "none")
+    def example_losses(
+        self, logits: torch.Tensor, y: torch.Tensor, extras: dict[str, torch.Tensor], reduction: str = "none"
+    ) -> torch.Tensor:
+        return restricted_softmax_cross_entropy(logits, y, extras["scale"], reduction)

@@ -1,0 +1,89 @@
+"""Each batched method writes its objective once (`example_losses`, `penalty`) and the base derives
+its two forms (`fedskew/client_app/base.py`): the per-client `loss` and the batched engine's
+`functional_loss`, with weights 1/b on a batch's b examples and 0 on padding, agree on one client's
+batch in float64; and `loss` is the method's loss op for op, as the per-client path computed it
+before the derivation (the committed results depend on its last digits)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fedskew.client_app.app import client_trainer
+from fedskew.client_app.base import BaseTrainer
+from fedskew.losses import proximal_term, restricted_softmax_cross_entropy
+from fedskew.losses.feddyn import feddyn_penalty
+from fedskew.losses.fedlc import calibrated_cross_entropy
+from fedskew.registry import METHODS
+from fedskew.training import Loss
+from tests.test_batched import first_round
+
+BATCHED = [name for name, spec in METHODS.items() if spec.trainer_class().__dict__.get("batched", False)]
+# float64 rounding: the two forms sum the b examples' losses in other orders (a few epsilons, 2.2e-16)
+FLOAT64 = {"rtol": 1e-12, "atol": 0.0}
+
+
+def cross_entropy(t: Any, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> Loss:
+    return F.cross_entropy(model(x), y)
+
+
+def feddyn_loss(t: Any, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> Loss:
+    ce = F.cross_entropy(model(x), y)
+    return ce + feddyn_penalty(list(model.parameters()), t.start, t.gradient_state, t.cfg["feddyn-alpha"]), ce
+
+
+# the per-client losses as the trainers wrote them before `example_losses` and `penalty` derived them
+WRITTEN: dict[str, Callable[[Any, torch.nn.Module, torch.Tensor, torch.Tensor], Loss]] = {
+    "fedrs": lambda t, model, x, y: restricted_softmax_cross_entropy(model(x), y, t.scale),
+    "scaffold-rs": lambda t, model, x, y: restricted_softmax_cross_entropy(model(x), y, t.scale),
+    "fedlc": lambda t, model, x, y: calibrated_cross_entropy(model(x), y, t.offsets),
+    "fedprox": lambda t, model, x, y: (
+        F.cross_entropy(model(x), y) + proximal_term(model.parameters(), t.global_params.values(), t.cfg["fedprox-mu"])
+    ),
+    "feddyn": feddyn_loss,
+}
+
+
+def pair(loss: Loss) -> tuple[torch.Tensor, torch.Tensor]:
+    """(loss, the training loss reported for it)."""
+    return loss if isinstance(loss, tuple) else (loss, loss)
+
+
+def started_client(method: str) -> tuple[BaseTrainer, torch.nn.Module]:
+    """A trainer of `method` in float64 after `begin` on its round-1 message, and its model moved off
+    the received one (FedProx's and FedDyn's penalties are 0 there), FedDyn with a nonzero g_k."""
+    grid, messages = first_round(method, **{"compute-dtype": "float64"})
+    msg = messages[0]
+    trainer = client_trainer(msg, grid.contexts[msg.metadata.dst_node_id], set_threads=False)
+    model = trainer.begin(msg.content).model
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    if method == "feddyn":
+        trainer.gradient_state = [0.1 * torch.randn(p.shape, generator=g, dtype=p.dtype) for p in model.parameters()]
+    return trainer, model
+
+
+@pytest.mark.parametrize("method", BATCHED)
+def test_loss_and_functional_loss_are_one_objective(method: str, task_identity: None) -> None:
+    trainer, model = started_client(method)
+    model.train()
+    b, pad = 13, 3
+    x, y = trainer.data.x_train[: b + pad], trainer.data.y_train[: b + pad]
+    assert x.dtype == torch.float64 and next(model.parameters()).dtype == torch.float64
+    weight = torch.cat([torch.full((b,), 1.0 / b, dtype=torch.float64), torch.zeros(pad, dtype=torch.float64)])
+    params, buffers = dict(model.named_parameters()), dict(model.named_buffers())
+    stacked = pair(trainer.functional_loss(model, params, buffers, x, y, weight, trainer.batch_extras()))
+    per_client = pair(trainer.loss(model, x[:b], y[:b]))
+    for got, want in zip(stacked, per_client, strict=True):
+        assert got.dtype == want.dtype == torch.float64
+        torch.testing.assert_close(got, want, **FLOAT64)
+    written = pair(WRITTEN.get(method, cross_entropy)(trainer, model, x[:b], y[:b]))
+    assert all(torch.equal(a, w) for a, w in zip(per_client, written, strict=True)), method
+    penalty = trainer.penalty(params, trainer.batch_extras())
+    assert (penalty is not None and abs(float(penalty.detach())) > 1e-4) == (method in ("fedprox", "feddyn"))
