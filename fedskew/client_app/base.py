@@ -26,7 +26,7 @@ hooks that differ (FL-bench style); its records (`wire`) are its registry entry'
     optimizer        the local optimiser (default: `sgd` from the run config, fresh each round)
     local_train      the whole local procedure (default: `local_steps` steps of `run_steps` on
                      `loss`, i.e. `local-epochs` passes, batches through `self.augment`, the
-                     configured augmentation, then `after_steps`)
+                     configured augmentation, then `after_steps`, then `later_phases`)
     after_steps      what follows the steps: a client state's update from the trained model
                      (SCAFFOLD's c_i, FedDyn's g_k) and its metrics (default: nothing)
     later_phases     further stages of the local training after `after_steps`, each a `Phase`: SGD
@@ -189,7 +189,9 @@ class Phase:
     The batched engine trains the phase of a round's clients as one stacked model: `optimizer` must
     be a plain torch SGD over all of `model`'s parameters (`fedskew.batched.stacked.sgd_settings`),
     `functional_loss` is `loss` in `BaseTrainer.functional_loss`'s form (called with a copy of
-    `model`), reading this client's own tensors from `extras` only."""
+    `model`), reading this client's own tensors from `extras` only. (FedRep's body epochs after its
+    head epochs would be one once the engine stacks a part of a network's parameters, the frozen
+    part as buffers, under two parameter groups.)"""
 
     model: nn.Module
     optimizer: torch.optim.Optimizer
