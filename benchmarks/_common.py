@@ -27,7 +27,7 @@ if str(ROOT) not in sys.path:  # that checkout's fedskew and tests.harness, not 
 from flwr.app import Message  # noqa: E402
 
 from fedskew.config import validate  # noqa: E402
-from fedskew.launcher import FLWR_ENV, app_defaults, prepare_config, run_simulation  # noqa: E402
+from fedskew.run.launcher import FLWR_ENV, app_defaults, prepare_config, run_simulation  # noqa: E402
 from fedskew.server_app.results import read_jsonl  # noqa: E402
 from tests.harness import InProcessGrid  # noqa: E402
 
@@ -186,8 +186,8 @@ def measured_simulation(overrides: dict[str, Any], num_clients: int, actors: int
     """One simulation with `actors` (None: the default, every core busy): the median round and
     clients' part of rounds 2..R, the busy fraction of all cores (and GPUs) over them, the
     start-up (wall time minus the rounds), the config and the metrics rows."""
-    from fedskew.launcher import resources_for
     from fedskew.resources import available_cores
+    from fedskew.run.launcher import resources_for
 
     resources = resources_for(validate({**app_defaults(ROOT), **overrides}), actors)
     cpu, gpu = CpuSampler(), GpuSampler()

@@ -33,7 +33,7 @@ def main() -> None:
     marks["import ClientApp"] = time.perf_counter()
     from fedskew.config import validate
     from fedskew.data.node import load_node_data
-    from fedskew.launcher import app_defaults
+    from fedskew.run.launcher import app_defaults
 
     run_config = {**app_defaults(Path(__file__).resolve().parent.parent), "method": method}
     node_config = {"partition-id": pid, "num-partitions": num}

@@ -81,7 +81,7 @@ def run_one(spec: str) -> None:
     job = json.loads(spec)
     if job["engine"].startswith("batched"):
         from fedskew.batched.grid import run_batched
-        from fedskew.launcher import app_defaults
+        from fedskew.run.launcher import app_defaults
 
         threads = 1 if job["engine"] == "batched:1" else None
         run_batched({**app_defaults(ROOT), **job["cfg"]}, job["nodes"], quiet=True, threads=threads)

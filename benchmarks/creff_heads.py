@@ -25,9 +25,9 @@ from _common import ROOT, in_process_setup
 from fedskew.config import validate
 from fedskew.data.clients import load_test_set
 from fedskew.diagnostics import balanced_accuracy, per_class_accuracy
-from fedskew.launcher import app_defaults
 from fedskew.losses.mupfl import feature_norm
 from fedskew.models import build_model
+from fedskew.run.launcher import app_defaults
 from fedskew.training import confusion, extract_features
 
 

@@ -13,7 +13,7 @@ Then (unless `--no-e2e`) real messages end to end, for each of `--modes`: a loca
 SuperLink and one SuperNode started by `deploy/supernode.sh --insecure`, `--rounds` rounds of
 FedAvg, one message each (round 1 fills the node's data cache). `cold` is Flower's default
 isolation (`--cold`: a fresh `flwr-clientapp` process per message), `warm` the default of
-`supernode.sh` (`--isolation process` with `fedskew.clientexec`, which forks a process that has
+`supernode.sh` (`--isolation process` with `fedskew.run.clientexec`, which forks a process that has
 torch and Flower imported). Each message's send-to-reply time (as the ServerApp sees it) is split
 with the SuperNode's log lines (stamped as they arrive) and the ClientApp process's lifetime
 (watched every 10 ms): the SuperNode's idle poll of the SuperLink, the message download, the task
@@ -42,7 +42,7 @@ from typing import IO
 
 from _common import ROOT, median, private_cache, read_jsonl, tree_pids
 
-from fedskew.launcher import PrivateSuperLink, flower_env, free_port, submit
+from fedskew.run.launcher import PrivateSuperLink, flower_env, free_port, submit
 
 CHILD = Path(__file__).resolve().parent / "_one_message.py"
 PARTS = ("import torch", "import flwr", "import ClientApp", "data load", "train (ClientApp call)")
@@ -95,7 +95,7 @@ class Stamped(threading.Thread):
 
 class ChildWatch(threading.Thread):
     """Every 10 ms, the children of the first process under `root` whose command line holds
-    `spawner` (flower-superexec, or fedskew.clientexec): when each ClientApp process started and
+    `spawner` (flower-superexec, or fedskew.run.clientexec): when each ClientApp process started and
     was last seen running."""
 
     def __init__(self, root: int, spawner: str) -> None:
@@ -127,7 +127,7 @@ class ChildWatch(threading.Thread):
 @contextlib.contextmanager
 def supernode(link: PrivateSuperLink, node_config: str, warm: bool) -> Iterator[tuple[Stamped, ChildWatch]]:
     """One insecure SuperNode started with the project's `deploy/supernode.sh`: warm (a
-    fedskew.clientexec fork per message) or cold (`--cold`: Flower's fresh flwr-clientapp per message)."""
+    fedskew.run.clientexec fork per message) or cold (`--cold`: Flower's fresh flwr-clientapp per message)."""
     log = open(link.home / f"supernode-{link.port}.log", "w")
     script = ROOT / "deploy" / "supernode.sh"
     cold = ["--cold"] if "--cold" in script.read_text() and not warm else []  # an older checkout: always cold
@@ -141,7 +141,7 @@ def supernode(link: PrivateSuperLink, node_config: str, warm: bool) -> Iterator[
         start_new_session=True,
     )
     stamps = Stamped(proc.stdout, log)
-    watch = ChildWatch(proc.pid, "fedskew.clientexec" if warm else "flower-superexec")
+    watch = ChildWatch(proc.pid, "fedskew.run.clientexec" if warm else "flower-superexec")
     stamps.start()
     watch.start()
     try:

@@ -44,10 +44,10 @@ from torch import nn
 
 from fedskew.config import validate
 from fedskew.data.clients import ClientData, client_class_counts, load_client_data, load_test_set
-from fedskew.experiments import run_name
-from fedskew.launcher import app_defaults
 from fedskew.losses.fedgela import ETFNet, class_geometry, gela_logits, gela_model, local_phi
 from fedskew.models import build_model
+from fedskew.run.experiments import run_name
+from fedskew.run.launcher import app_defaults
 from fedskew.strategies.fedgela import FedGELAStrategy
 from fedskew.training import clip_before_step, cross_entropy_loss, evaluate, sgd, train_epochs
 

@@ -56,7 +56,7 @@ PY
   result="results/$EXPORT.yaml"; [ -f "$result" ] || result="$OUT/$EXPORT.yaml.check"
   $PY - "$result" "$wall" <<'PY'
 import sys
-from fedskew.resultfile import load_results
+from fedskew.reports.resultfile import load_results
 cells = load_results(sys.argv[1]).cells
 runs = sum(len(c.seeds) for c in cells)
 print(f"{runs} runs ({len(cells)} cells) finished in {sys.argv[2]} s: {60 * runs / max(int(sys.argv[2]), 1):.1f} runs a minute")

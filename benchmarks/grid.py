@@ -33,9 +33,9 @@ import numpy as np
 from _common import ROOT, in_process_setup
 from suite_in_process import cell_config, parse_sets
 
-from fedskew.experiments import labels, load_suite, select
-from fedskew.launcher import app_defaults
 from fedskew.resources import available_cores
+from fedskew.run.experiments import labels, load_suite, select
+from fedskew.run.launcher import app_defaults
 
 SCRIPT = Path(__file__).resolve()
 
@@ -100,8 +100,8 @@ def stacked_labels(suite_file: str, methods: str | None) -> list[str]:
 
 def compare(ours_file: str, reference_file: str, stat: str) -> None:
     """Every cell of `ours_file` against the same cell of `reference_file`: the gap, paired over the
-    seeds both hold (`fedskew.stats`), and whether it lies within the reference's spread over seeds."""
-    from fedskew.resultfile import load_results, per_seed_values
+    seeds both hold (`fedskew.reports.stats`), and whether it lies within the reference's spread over seeds."""
+    from fedskew.reports.resultfile import load_results, per_seed_values
 
     ours, ref = load_results(ours_file), load_results(reference_file)
     print(f"| cell | ours ({ours.overrides.get('device', '')}) | reference | gap, paired | within the spread |")
@@ -129,7 +129,7 @@ def within(ours: dict[int, float], ref: dict[int, float], spread: float) -> tupl
     """Is our cell within the reference's spread? With 2 or more shared seeds: its paired gap's
     interval holds 0 or the gap is under the reference's std over seeds; otherwise the plain gap of
     the means against that std."""
-    from fedskew.stats import paired_gain
+    from fedskew.reports.stats import paired_gain
 
     diff = float(np.mean(list(ours.values())) - np.mean(list(ref.values())))
     gap = paired_gain(ours, ref)
@@ -190,7 +190,7 @@ def write_doc(doc: Path, table: list[str]) -> None:
     import platform
 
     from fedskew.files import write_text
-    from fedskew.report import replace_block
+    from fedskew.reports.report import replace_block
 
     command = " ".join(a for a in sys.argv[1:] if not a.startswith("--doc") and a != str(doc))
     info = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else []

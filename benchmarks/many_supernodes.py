@@ -53,7 +53,7 @@ from pathlib import Path
 
 from _common import ROOT, median, read_jsonl, tree_pids
 
-from fedskew.launcher import FLWR_ENV, free_ports, stage_app
+from fedskew.run.launcher import FLWR_ENV, free_ports, stage_app
 from tests.multihost import AS_NOBODY
 
 BIN = Path(sys.executable).parent
@@ -94,7 +94,7 @@ class Sampler(threading.Thread):
 def cpu_by_process(root_pid: int) -> dict[str, float]:
     """CPU seconds of a SuperNode's processes so far: `flower-supernode`, its warm executor (with the
     forks it waited for), the rest (the shell loop that restarts the executor)."""
-    out = {"flower-supernode": 0.0, "fedskew.clientexec": 0.0, "other": 0.0}
+    out = {"flower-supernode": 0.0, "fedskew.run.clientexec": 0.0, "other": 0.0}
     for pid in tree_pids(root_pid):
         with contextlib.suppress(OSError, IndexError, ValueError):
             command = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")

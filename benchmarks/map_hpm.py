@@ -26,7 +26,7 @@ from pathlib import Path
 
 from _common import ROOT, read_jsonl
 
-from fedskew.experiments import run_name
+from fedskew.run.experiments import run_name
 
 MU_ROUNDS = (2, 10, 30, 50, 100, 150)
 PERSONAL = "personalized-accuracy"

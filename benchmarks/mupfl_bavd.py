@@ -35,9 +35,9 @@ from _common import ROOT
 
 from fedskew.config import validate
 from fedskew.data.clients import load_client_data
-from fedskew.launcher import app_defaults
 from fedskew.losses.mupfl import BAVD, attach_bavd, loss_change
 from fedskew.models import build_model
+from fedskew.run.launcher import app_defaults
 from fedskew.training import cross_entropy_loss, evaluate, sgd, train_epochs
 
 

@@ -29,15 +29,15 @@ from pathlib import Path
 
 from _common import ROOT, read_jsonl, tree_pids
 
-from fedskew.experiments import load_suite, run_suite
-from fedskew.launcher import app_defaults, prepare_config, run_simulation
+from fedskew.run.experiments import load_suite, run_suite
+from fedskew.run.launcher import app_defaults, prepare_config, run_simulation
 
 PROCESSES = {  # timeline label -> a piece of the command line
     "SuperLink process": "flower-superlink",
     "`flwr run` CLI": "bin/flwr run",
     "SuperExec": "flower-superexec",
     "flwr-simulation (ServerApp + Ray driver)": "flwr-simulation",
-    "fedskew's warm executor (its forks: ServerApp + Ray driver)": "fedskew.clientexec",
+    "fedskew's warm executor (its forks: ServerApp + Ray driver)": "fedskew.run.clientexec",
     "Ray GCS": "gcs_server",
     "Ray raylet": "raylet/raylet",
     "Ray workers (the ClientApp actors)": "default_worker.py",

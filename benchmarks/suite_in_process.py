@@ -49,11 +49,11 @@ import yaml
 from _common import ROOT, in_process_setup
 
 from fedskew.config import ConfigError, validate
-from fedskew.experiments import Cell, Suite, labels, load_suite, plan_cells, select
 from fedskew.files import locked
-from fedskew.launcher import app_defaults
+from fedskew.reports.resultfile import check_result_name, export_suite
 from fedskew.resources import available_cores
-from fedskew.resultfile import check_result_name, export_suite
+from fedskew.run.experiments import Cell, Suite, labels, load_suite, plan_cells, select
+from fedskew.run.launcher import app_defaults
 from fedskew.server_app.results import read_jsonl, round_statistics
 
 

@@ -28,7 +28,7 @@ from _common import in_process_setup, read_jsonl, run_config
 
 from fedskew.config import ConfigError
 from fedskew.files import atomic_write
-from fedskew.report import replace_block
+from fedskew.reports.report import replace_block
 from fedskew.server_app.app import main as server_main
 
 # Fashion-MNIST, LeNet, 20 partitions with 10 clients a round: the label skews of the papers'

@@ -8,7 +8,7 @@ refused for their update size. A run's bound is its config's `max-update-ratio` 
 
 With --write NOTE the table also replaces the part of NOTE between its
 `<!-- report:update-ratio begin -->` and `<!-- report:update-ratio end -->` lines
-(`fedskew.report.replace_block`), so `docs/notes/update-ratio.md` holds this script's output, not
+(`fedskew.reports.report.replace_block`), so `docs/notes/update-ratio.md` holds this script's output, not
 numbers typed by hand.
 """
 
@@ -22,7 +22,7 @@ from _common import read_jsonl
 
 from fedskew.config import ConfigError
 from fedskew.files import write_text
-from fedskew.report import replace_block
+from fedskew.reports.report import replace_block
 
 REFUSED = "times the norm of the model sent"  # the reason `BaseStrategy.check_reply` gives
 

@@ -13,7 +13,7 @@
 #   -p PORT     this node's local Runtime API port (default 9094; distinct per node on one host)
 #   --insecure  plain HTTP, no authentication, any app: only when asked for explicitly
 #   --cold      Flower's default isolation: a fresh flwr-clientapp process per message (about 2 s
-#               more each). Default: a warm executor (fedskew.clientexec, --isolation process)
+#               more each). Default: a warm executor (fedskew.run.clientexec, --isolation process)
 #   NODE-CONFIG e.g. 'partition-id=0 num-partitions=2 device="cuda:0" data-root="/data" cache-dir="/var/cache/fedskew"'
 #
 # Runs as an unprivileged user only (e.g. sudo -u fedskew deploy/supernode.sh ...): a node executes
@@ -35,13 +35,13 @@ shift
 find_flower flower-supernode
 RUNTIME=(--port "$PORT")
 # warm_executor: the SuperNode (exec'd below, keeping this script's pid $$) only serves its Runtime
-# API; fedskew.clientexec runs the ClientApps from there until the SuperNode is gone (restarted
+# API; fedskew.run.clientexec runs the ClientApps from there until the SuperNode is gone (restarted
 # should it ever die).
 warm_executor() {
   [ "$WARM" = 1 ] || return 0
   RUNTIME=(--isolation process --host 127.0.0.1 --port "$PORT")
   (while kill -0 $$ 2>/dev/null; do
-     "$(dirname "$BIN")/python" -m fedskew.clientexec --runtime-api-address "127.0.0.1:$PORT" --parent-pid $$
+     "$(dirname "$BIN")/python" -m fedskew.run.clientexec --runtime-api-address "127.0.0.1:$PORT" --parent-pid $$
      sleep 1
    done) &
 }

@@ -1,4 +1,4 @@
-"""`fedskew` command line: argument parsing and printing; the work is in `fedskew.launcher`.
+"""`fedskew` command line: argument parsing and printing; the work is in `fedskew.run.launcher`.
 
 fedskew run [--run-config 'k=v ...'] [--num-supernodes N] [--actors A | --ray-address HOST:PORT]
             [--federation-config 'k=v'] [--resume RUN_DIR | --overwrite] [--engine flower|batched]
@@ -7,15 +7,15 @@ fedskew run [--run-config 'k=v ...'] [--num-supernodes N] [--actors A | --ray-ad
     submit the app with `flwr run`, stream its log, print the summary, stop what it started
     (also when interrupted), and exit non-zero when the run failed (`flwr run` itself exits 0
     on failed runs). The simulation trains A clients at once (default: every core busy); with
-    --ray-address it joins that running Ray cluster instead (`fedskew.cluster`): every node busy.
+    --ray-address it joins that running Ray cluster instead (`fedskew.run.cluster`): every node busy.
     --engine batched (run-config key `engine`) runs the ServerApp and the clients in this process
     instead (`fedskew.batched`), and says whether the method's clients train as one stacked model.
 fedskew experiment SUITE.yaml [--dry-run | --report | --export] [--rerun-changed] [--ray-address HOST:PORT]
-    Run a suite of simulations (see `fedskew.experiments`); --dry-run checks every cell as a run would;
-    --export writes its finished cells' numbers into results/<suite>.yaml (`fedskew.resultfile`).
+    Run a suite of simulations (see `fedskew.run.experiments`); --dry-run checks every cell as a run would;
+    --export writes its finished cells' numbers into results/<suite>.yaml (`fedskew.reports.resultfile`).
 fedskew report [--check]
     Regenerate docs/results.md, docs/leaderboard.md, the figures and README's tables from results/
-    (`fedskew.report`); --check only says whether they are stale.
+    (`fedskew.reports.report`); --check only says whether they are stale.
 fedskew config
     List every run-config key with its default and meaning.
 fedskew data get NAME [--data-root DIR] [--mirror URL]
@@ -33,12 +33,23 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fedskew.cluster import connect, parse_address
 from fedskew.config import COMMON, DATASETS, ConfigError, all_params
 from fedskew.data.download import DownloadError, get_dataset, list_datasets
-from fedskew.experiments import comparison, describe, labels, load_suite, plan_cells, run_suite, select, write_report
 from fedskew.files import locked
-from fedskew.launcher import (
+from fedskew.registry import METHODS, get_method
+from fedskew.reports.resultfile import export_suite
+from fedskew.run.cluster import connect, parse_address
+from fedskew.run.experiments import (
+    comparison,
+    describe,
+    labels,
+    load_suite,
+    plan_cells,
+    run_suite,
+    select,
+    write_report,
+)
+from fedskew.run.launcher import (
     RunFailed,
     app_defaults,
     find_app_dir,
@@ -48,8 +59,6 @@ from fedskew.launcher import (
     resume_overrides,
     run_simulation,
 )
-from fedskew.registry import METHODS, get_method
-from fedskew.resultfile import export_suite
 
 
 def format_summary(s: dict[str, Any]) -> str:
@@ -150,7 +159,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from fedskew.report import main as report_main
+    from fedskew.reports.report import main as report_main
 
     return report_main(["--root", str(find_app_dir(None))] + (["--check"] if args.check else []))
 

@@ -32,7 +32,7 @@ class MethodSpec:
     params: dict[str, Param] = field(default_factory=dict)
     paper: str = ""
     # raised when the method's arithmetic changes under the same config (a fix), so that results of
-    # the earlier code no longer share a hash with the new ones (`fedskew.resultfile.config_sha256`)
+    # the earlier code no longer share a hash with the new ones (`fedskew.reports.resultfile.config_sha256`)
     revision: int = 0
     # its records beyond the model arrays: the name of its `fedskew.wire.Wire`, the one declaration
     # both its strategy and its trainer read (`DeclaredWire`)

@@ -1,8 +1,8 @@
-"""The run config's types: a key (`Param`), the error a bad value raises (`ConfigError`), the
-integer range a run config carries (`INT64`), and the parsers of values that several layers read
-(class lists, partition bindings). It imports nothing of fedskew, so every module may import it: the
-config (`fedskew.config`: the common keys and `validate`), the method registry (`fedskew.registry`:
-each method's keys) and the modules below them.
+"""The run config's types: a key (`Param`), the error a bad value raises (`ConfigError`) and the one
+a run that does not complete raises (`RunFailed`), the integer range a run config carries (`INT64`),
+and the parsers of values that several layers read (class lists, partition bindings). It imports
+nothing of fedskew, so every module may import it: the config (`fedskew.config`: the common keys and
+`validate`), the method registry (`fedskew.registry`: each method's keys) and the modules below them.
 """
 
 from __future__ import annotations
@@ -18,6 +18,10 @@ NODE_ID_MAX = 2**64 - 1  # Flower's node ids are unsigned 64-bit integers
 
 class ConfigError(ValueError):
     """A run-config value is missing, unknown, of the wrong type or out of range."""
+
+
+class RunFailed(RuntimeError):
+    """The federated run did not complete (raised by the launcher and by the batched engine)."""
 
 
 @dataclass(frozen=True)
@@ -38,7 +42,7 @@ class Param:
     high_open: bool = False
     rule: Callable[[Any, dict[str, Any]], object] | None = None
     # the default reproduces, to the last digit, runs made before the key existed: a run config with
-    # the key at its default hashes as one without it (`fedskew.resultfile.config_sha256`)
+    # the key at its default hashes as one without it (`fedskew.reports.resultfile.config_sha256`)
     neutral: bool = False
 
     def allowed(self) -> str:

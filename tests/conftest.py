@@ -18,7 +18,7 @@ def app_folder(parent: Path) -> Path:
     """This checkout's app as `flwr build` and `flwr run` accept it wherever the checkout sits: a
     folder named `fedskew` under `parent` (the same one on every call) holding what the FAB needs
     (Flower refuses an app folder whose name is not a valid app name, e.g. a clone in /tmp/tmp.x1Y)."""
-    from fedskew.launcher import stage_app
+    from fedskew.run.launcher import stage_app
 
     dest = parent / "app" / "fedskew"
     return dest if dest.is_dir() else stage_app(ROOT, dest)
@@ -64,7 +64,7 @@ def _sim_link() -> Iterator[Callable[[Any], Any]]:
     """One private SuperLink and Ray head per resources and `FEDSKEW_*` environment (which their
     processes inherit at start), shared by a test process's `flwr run` jobs (as a suite's cells
     share one): starting and stopping them costs about 15 s a job."""
-    from fedskew.launcher import simulation_link
+    from fedskew.run.launcher import simulation_link
 
     links: dict[Any, Any] = {}
     with contextlib.ExitStack() as stack:
@@ -81,7 +81,7 @@ def _sim_link() -> Iterator[Callable[[Any], Any]]:
 @pytest.fixture
 def flwr_job(tmp_path: Path, _sim_link: Callable[[Any], Any]):
     """Run a real simulation through `flwr run` on a private SuperLink; return (summary, run_dir)."""
-    from fedskew.launcher import prepare_config, resources_for, run_simulation
+    from fedskew.run.launcher import prepare_config, resources_for, run_simulation
 
     def run(
         overrides: dict[str, Any], num_supernodes: int = 5, name: str = "job", actors: int | None = None

@@ -80,7 +80,7 @@ def test_a_dead_actor_leaves_the_pool_and_the_rest_serve_every_later_client(loca
     import ray
     from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
 
-    from fedskew.actor_pool import SurvivingRayBackend
+    from fedskew.run.actor_pool import SurvivingRayBackend
 
     flowers = one_actor_killed(RayBackend, local_ray)
     answers = [send(flowers, pid) for pid in range(4)]
@@ -99,7 +99,7 @@ def test_a_dead_actor_leaves_the_pool_and_the_rest_serve_every_later_client(loca
 def test_a_pool_with_no_actor_left_fails_at_once(local_ray, task_identity) -> None:
     import ray
 
-    from fedskew.actor_pool import SurvivingRayBackend
+    from fedskew.run.actor_pool import SurvivingRayBackend
 
     backend = one_actor_killed(SurvivingRayBackend, local_ray)
     ray.kill(backend.pool.pool[0], no_restart=True)
@@ -114,8 +114,8 @@ def test_an_actor_ray_reports_unavailable_leaves_the_pool_named_by_its_node(
     is retired at once, the client's failure names the node from Ray's actor table."""
     import ray
 
-    from fedskew import actor_pool
-    from fedskew.actor_pool import SurvivingRayBackend
+    from fedskew.run import actor_pool
+    from fedskew.run.actor_pool import SurvivingRayBackend
 
     init = {"num_cpus": 2, "_temp_dir": local_ray}
     backend = SurvivingRayBackend({"client_resources": {"num_cpus": 1, "num_gpus": 0.0}, "init_args": init})

@@ -394,8 +394,8 @@ def test_fedskew_run_engine_batched_refuses_the_flower_path_s_settings(tmp_path:
 
 
 def test_a_suite_runs_batched_cells_here_and_a_superlink_only_for_the_others(tmp_path: Path, monkeypatch) -> None:
-    from fedskew import experiments
-    from fedskew.experiments import load_suite, run_suite
+    from fedskew.run import experiments
+    from fedskew.run.experiments import load_suite, run_suite
 
     text = f"""
 name: b

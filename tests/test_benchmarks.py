@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fedskew.experiments import run_name
+from fedskew.run.experiments import run_name
 from tests.conftest import ROOT
 
 
@@ -167,8 +167,8 @@ def test_suite_in_process_runs_the_chosen_cells_at_once_and_stops_them_at_the_de
 def test_suite_in_process_into_suite_fills_the_suite_s_own_folder_as_fedskew_experiment_would(tmp_path: Path) -> None:
     """`--into-suite`: the cells land in the suite's folder, where `plan_cells` (what `fedskew
     experiment` runs and exports) counts them done; a second call skips them; --set is refused."""
-    from fedskew.experiments import load_suite, plan_cells
-    from fedskew.launcher import app_defaults
+    from fedskew.run.experiments import load_suite, plan_cells
+    from fedskew.run.launcher import app_defaults
 
     suite = tmp_path / "s.yaml"
     suite.write_text(
@@ -306,7 +306,7 @@ def test_grid_compare_pairs_the_shared_seeds_and_leaves_other_budgets_apart(tmp_
     within the spread, one 10 points off on every seed is not, one of another budget is not compared."""
     import numpy as np
 
-    from fedskew.resultfile import CellResult, ResultSet, Stat, dump_results
+    from fedskew.reports.resultfile import CellResult, ResultSet, Stat, dump_results
 
     def cell(method: str, values: list[float], rounds: int = 40) -> CellResult:
         stat = Stat(float(np.mean(values)), float(np.std(values)), values)

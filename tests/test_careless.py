@@ -17,10 +17,11 @@ import pytest
 import torch
 from flwr.app import Context, RecordDict
 
-from fedskew import cli, experiments
+from fedskew import cli
 from fedskew.config import ConfigError, validate
-from fedskew.launcher import _descendants, _running, prepare_config, stop_process_tree
 from fedskew.resources import plan_resources
+from fedskew.run import experiments
+from fedskew.run.launcher import _descendants, _running, prepare_config, stop_process_tree
 from fedskew.server_app.results import RunOutput, quiet_strategy, read_jsonl, saved_config
 from tests.harness import ROOT, InProcessGrid, app_defaults
 
@@ -476,7 +477,7 @@ def test_a_real_run_refuses_its_reused_name_and_overwrite_keeps_the_earlier_file
 
 
 def _install_in(args: tuple[str, str]) -> str:
-    from fedskew.launcher import install_fab
+    from fedskew.run.launcher import install_fab
 
     return str(install_fab(Path(args[0]), Path(args[1])))
 
@@ -507,7 +508,7 @@ def test_runs_of_one_app_starting_together_each_find_its_fab_installed_whole(tmp
 
 
 def test_a_failed_run_shows_the_app_logs_last_error(tmp_path) -> None:
-    from fedskew.launcher import last_error
+    from fedskew.run.launcher import last_error
 
     log = tmp_path / "app.log"
     trace = "Traceback (most recent call last):\n  File x\nValueError: bad\n"

@@ -1,4 +1,4 @@
-"""The warm executor (`fedskew.clientexec`): behind a SuperNode in `--isolation process`, as
+"""The warm executor (`fedskew.run.clientexec`): behind a SuperNode in `--isolation process`, as
 `deploy/supernode.sh` starts it by default, and (`--task simulation`) beside every simulation
 SuperLink the launcher starts."""
 
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from fedskew.clientexec import preload
-from fedskew.launcher import (
+from fedskew.run.clientexec import preload
+from fedskew.run.launcher import (
     PrivateSuperLink,
     RunFailed,
     federation_config,
@@ -39,8 +39,8 @@ def test_preload_keeps_third_party_modules_and_forgets_the_app(monkeypatch) -> N
 
 
 def _hand_started(*args: str, timeout: float = 60) -> tuple[int, list[str]]:
-    """`python -m fedskew.clientexec ARGS` as a user starts it: its exit status and stderr lines."""
-    cmd = [sys.executable, "-m", "fedskew.clientexec", "--preload", "json", *args]
+    """`python -m fedskew.run.clientexec ARGS` as a user starts it: its exit status and stderr lines."""
+    cmd = [sys.executable, "-m", "fedskew.run.clientexec", "--preload", "json", *args]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, env=flower_env(ROOT))
     return done.returncode, done.stderr.strip().splitlines()
 
@@ -56,7 +56,7 @@ def _ended_pid() -> int:
 )
 def test_a_malformed_address_is_one_line_and_exit_2(address: str) -> None:
     rc, err = _hand_started("--runtime-api-address", address, timeout=20)
-    line = f"fedskew.clientexec: --runtime-api-address {address!r} is not HOST:PORT with a port in 1..65535"
+    line = f"fedskew.run.clientexec: --runtime-api-address {address!r} is not HOST:PORT with a port in 1..65535"
     assert rc == 2 and err == [line]
 
 
@@ -64,14 +64,14 @@ def test_a_malformed_address_is_one_line_and_exit_2(address: str) -> None:
 def test_a_parent_pid_that_is_no_process_is_one_line_and_exit_2(pid: str) -> None:
     pid = str(_ended_pid()) if pid == "ended" else pid
     rc, err = _hand_started("--runtime-api-address", f"127.0.0.1:{free_port()}", "--parent-pid", pid, timeout=20)
-    assert rc == 2 and err == [f"fedskew.clientexec: --parent-pid {pid} is not a running process"]
+    assert rc == 2 and err == [f"fedskew.run.clientexec: --parent-pid {pid} is not a running process"]
 
 
 def test_nothing_listening_at_the_port_is_one_line_and_exit_1() -> None:
     address = f"127.0.0.1:{free_port()}"
     rc, err = _hand_started("--runtime-api-address", address, "--connect-timeout", "1")
     assert rc == 1 and len(err) == 1, err
-    assert err[0].startswith(f"fedskew.clientexec: nothing answers as a Flower Runtime API at {address} after 1 s")
+    assert err[0].startswith(f"fedskew.run.clientexec: nothing answers as a Flower Runtime API at {address} after 1 s")
 
 
 def test_a_port_where_another_http_server_answers_is_one_line_and_exit_1() -> None:
@@ -119,7 +119,7 @@ def test_warm_supernode_runs_every_message_in_a_fork(tmp_path: Path) -> None:
     timings = read_jsonl(tmp_path / "out" / "warm" / "timings.jsonl")
     assert [t["participations"] for t in timings] == [[1], [2]]
     # query.info and two train messages, each in a fork of the warm process that exited cleanly
-    tasks = re.findall(r"fedskew.clientexec: task in process (\d+) ended \((-?\d+)\)", text)
+    tasks = re.findall(r"fedskew.run.clientexec: task in process (\d+) ended \((-?\d+)\)", text)
     assert len(tasks) == 3 and {code for _, code in tasks} == {"0"}, text[-3000:]
     assert len({pid for pid, _ in tasks}) == 3
     assert "flwr-clientapp" not in text
@@ -139,7 +139,7 @@ def test_simulations_run_in_forks_of_the_warm_executor(tmp_path: Path) -> None:
             fed = ["--federation-config", federation_config(5, resources_for(cfg, 1), (), ray_head=False)]
             summary = submit(ROOT, link, overrides, fed, stream=False)
             assert summary["rounds"] == 1
-        ended = r"fedskew.clientexec: task in process (\d+) ended \((-?\d+)\)"
+        ended = r"fedskew.run.clientexec: task in process (\d+) ended \((-?\d+)\)"
         for _ in range(300):  # a run is complete once its summary is written; its fork ends after that
             text = link.exec_log_path.read_text()
             if len(tasks := re.findall(ended, text)) == 2:

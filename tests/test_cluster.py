@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from fedskew import cli
-from fedskew.cluster import RayCluster, connect, nodes_from, parse_address
 from fedskew.config import ConfigError, validate
-from fedskew.launcher import resources_for
 from fedskew.resources import RayNode, plan_cluster
+from fedskew.run.cluster import RayCluster, connect, nodes_from, parse_address
+from fedskew.run.launcher import resources_for
 
 CLUSTER = RayCluster("10.0.0.1:6379", (RayNode("10.0.0.1", 2, 0, 2), RayNode("10.0.0.2", 4, 0, 4)))
 
@@ -60,7 +60,7 @@ def test_an_unreachable_or_malformed_ray_address_fails_at_once_with_one_line(
 ) -> None:
     """Before any Ray probe (which could wait `PROBE_TIMEOUT`): a plain TCP connection, at most
     `REACH_TIMEOUT` seconds, tells that nothing answers."""
-    import fedskew.cluster as cluster
+    import fedskew.run.cluster as cluster
 
     def no_probe(*a, **k):
         raise AssertionError("a Ray probe was started")
@@ -126,7 +126,7 @@ def test_the_probes_node_list_is_checked() -> None:
 
 def test_a_server_that_is_no_ray_cluster_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     """Something answers at the address, but the probe joins no cluster there: one line naming why."""
-    import fedskew.cluster as cluster
+    import fedskew.run.cluster as cluster
 
     with socket.socket() as listener:
         listener.bind(("127.0.0.1", 0))
@@ -173,7 +173,7 @@ def test_a_node_without_the_data_set_fails_its_client_with_a_clear_reason(
 def test_a_suite_runs_every_cell_on_the_cluster(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from fedskew import experiments
+    from fedskew.run import experiments
     from tests.test_experiments import SUITE, fake_simulation, write
 
     path = write(tmp_path, SUITE.format(out=tmp_path / "out"))

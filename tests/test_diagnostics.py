@@ -409,7 +409,7 @@ def test_the_trackers_keys_change_no_result_but_the_per_class_record_does() -> N
     """A run saved with TensorBoard off or a W&B project is the same computation (a suite does not
     call it changed, its results hash the same); one without the per-class record is not."""
     from fedskew.config import validate
-    from fedskew.resultfile import config_sha256
+    from fedskew.reports.resultfile import config_sha256
     from fedskew.server_app.results import config_changes, saved_config
     from tests.harness import app_defaults
 

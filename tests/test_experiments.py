@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from fedskew import experiments
 from fedskew.config import ConfigError
-from fedskew.experiments import load_suite, run_suite
+from fedskew.run import experiments
+from fedskew.run.experiments import load_suite, run_suite
 from tests.harness import ROOT, app_defaults
 
 SUITE = """

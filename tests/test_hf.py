@@ -175,7 +175,7 @@ def test_config_checks_need_no_data() -> None:
 
 
 def test_fedskew_run_sends_a_relative_folder_as_an_absolute_one(tmp_path: Path, monkeypatch) -> None:
-    from fedskew.launcher import prepare_config
+    from fedskew.run.launcher import prepare_config
     from tests.conftest import ROOT
 
     usual(tmp_path / "rel", size=16)  # LeNet (the default model) takes 16 x 16 and more
@@ -226,7 +226,7 @@ def _one_split(folder: Path, column: list, feature: Any, n: int = 8) -> Path:
 
 def _preflight(folder: Path | str, **kw: Any) -> None:
     """What `fedskew run` checks before anything starts (the launcher's pre-flight)."""
-    from fedskew.launcher import prepare_config
+    from fedskew.run.launcher import prepare_config
     from tests.conftest import ROOT
 
     prepare_config(ROOT, {"dataset": f"hf:{folder}", "partition": "iid", "min-partition-size": 1, **kw}, 2)

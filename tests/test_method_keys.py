@@ -2,7 +2,7 @@
 its classes inherit from, `MethodSpec.config_keys`) or a common key (`fedskew.config.COMMON`).
 
 A read of an undeclared key would fail at run time only on the branch that reads it, and the result
-hash (`fedskew.resultfile.config_sha256`) keeps only the running method's keys: a key of another
+hash (`fedskew.reports.resultfile.config_sha256`) keeps only the running method's keys: a key of another
 method that this one reads would not be in its hash. Keys are often built (`f"{self.rs_prefix}-tau"`,
 `self.key("mu-bar")`), so `git grep` cannot find them; this test reads the source instead. For each
 method it parses every fedskew class of its strategy's and its trainer's MRO (resolving `self.<attr>`

@@ -41,7 +41,7 @@ import tomllib
 import torch
 
 from fedskew.config import validate
-from fedskew.launcher import stage_app
+from fedskew.run.launcher import stage_app
 from fedskew.server_app.results import read_jsonl
 from tests.multihost import AS_NOBODY, NetLab, NetLabUnavailable
 

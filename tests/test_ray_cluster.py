@@ -184,7 +184,7 @@ def test_a_simulation_on_a_ray_cluster_of_two_hosts(tmp_path: Path) -> None:
         failures = read_jsonl(out / "killed" / "failures.jsonl")
         assert 1 <= len(failures) <= 2, failures
         for f in failures:
-            assert f["round"] >= 2 and f["reason"].startswith("fedskew.actor_pool.ActorLost: "), f
+            assert f["round"] >= 2 and f["reason"].startswith("fedskew.run.actor_pool.ActorLost: "), f
             assert f"on node {lab.hosts['worker']} died before it replied" in f["reason"], f
         steps = ", ".join(f"{k} {v:.0f} s" for k, v in phases.items())
         print(f"Ray cluster test: {time.monotonic() - t_start:.1f} s ({steps}); load {os.getloadavg()[0]:.1f}")

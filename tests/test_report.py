@@ -16,8 +16,7 @@ import pytest
 import yaml
 
 from fedskew.config import ConfigError, validate
-from fedskew.experiments import load_suite, select
-from fedskew.report import (
+from fedskew.reports.report import (
     Board,
     Evidence,
     Numbers,
@@ -32,9 +31,10 @@ from fedskew.report import (
     render_reason,
     shown_verdict,
 )
-from fedskew.resultfile import CellResult, ResultSet, Stat, dump_results, export_suite, load_all, load_results
+from fedskew.reports.resultfile import CellResult, ResultSet, Stat, dump_results, export_suite, load_all, load_results
+from fedskew.reports.stats import Interval, rank_correlation
+from fedskew.run.experiments import load_suite, select
 from fedskew.server_app.results import resumed_rounds, saved_config
-from fedskew.stats import Interval, rank_correlation
 from tests.harness import ROOT, app_defaults
 
 GENERATED = ("docs/results.md", "docs/leaderboard.md", "README.md")
@@ -422,7 +422,7 @@ def test_seeds_accumulate_across_sessions_from_the_committed_result_file(tmp_pat
     the plan skips seed 0 as recorded in the result file, seed 1 runs, and the export keeps seed 0's
     values beside seed 1's. A default that changes the cell's config (its hash) makes seed 0 run
     again, and an export without it replaces the recorded seeds with a warning."""
-    from fedskew.experiments import plan_cells
+    from fedskew.run.experiments import plan_cells
 
     suite_path = tmp_path / "t.yaml"
     suite_path.write_text(SUITE.format(out=tmp_path / "out"))
@@ -457,7 +457,7 @@ def test_seeds_accumulate_across_sessions_from_the_committed_result_file(tmp_pat
 
 
 def test_the_hash_of_a_cell_ignores_other_methods_keys_and_neutral_defaults() -> None:
-    from fedskew.resultfile import config_sha256
+    from fedskew.reports.resultfile import config_sha256
 
     cfg = validate({**app_defaults(), "method": "fedavg"})
     assert config_sha256(cfg) == config_sha256({**cfg, "mupfl-tau": 3, "seed": 9, "out-dir": "/x"})
@@ -471,7 +471,7 @@ def test_the_hash_of_a_cell_ignores_other_methods_keys_and_neutral_defaults() ->
 def test_absurd_means_in_a_result_file_never_reach_a_table(tmp_path: Path) -> None:
     """Means of +-1e308 gave 300-digit README cells and an infinite gain: such a file is refused by
     `fedskew report` with one line naming it and the key, exit 2, nothing written."""
-    from fedskew.report import main
+    from fedskew.reports.report import main
 
     root = copy_inputs(tmp_path)
     path = root / "results" / "paper-fedrs.yaml"
@@ -547,8 +547,8 @@ def test_an_export_records_the_device_and_keeps_revisions_apart(tmp_path: Path) 
 def test_a_finished_run_of_an_earlier_revision_of_its_method_is_changed_not_done(tmp_path: Path) -> None:
     """A method's arithmetic fixed since a cell ran (`MethodSpec.revision`): the plan does not skip
     the cell as done, it says which revision ran (and `--rerun-changed` runs it again)."""
-    from fedskew.experiments import plan_cells
     from fedskew.registry import METHODS
+    from fedskew.run.experiments import plan_cells
 
     suite_path = tmp_path / "t.yaml"
     suite_path.write_text(SUITE.replace("fedavg: {{}}", "scaffold: {{}}").format(out=tmp_path / "out"))
@@ -567,7 +567,7 @@ def test_a_finished_run_of_an_earlier_revision_of_its_method_is_changed_not_done
 
 
 def test_the_leaderboard_says_where_each_setting_ran_and_how_long() -> None:
-    from fedskew.report import where_ran
+    from fedskew.reports.report import where_ran
 
     stat = {"global.last10": Stat(50.0)}
     cells = [

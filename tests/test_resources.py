@@ -10,8 +10,8 @@ from flwr.common.config import parse_config_args
 from flwr.supercore.utils import simulation_config_from_json
 
 from fedskew.config import ConfigError, validate
-from fedskew.launcher import federation_config, free_ports, resources_for
 from fedskew.resources import RayNode, SimResources, free_actors, plan_cluster, plan_resources
+from fedskew.run.launcher import federation_config, free_ports, resources_for
 
 
 def ray_pool_size(fed: dict[str, float]) -> int:
@@ -81,7 +81,7 @@ def test_fedskews_ray_head_starts_without_ray_clients_server_or_the_autoscaler(t
     Client's server nor the autoscaler's monitor, and a run joining it still gets its CPUs."""
     import ray
 
-    from fedskew.launcher import RayHead, _descendants, flower_env
+    from fedskew.run.launcher import RayHead, _descendants, flower_env
 
     env = {**flower_env(tmp_path), "FLWR_HOME": str(tmp_path / "home")}
     with RayHead(SimResources(actors=2, threads=1), tmp_path / "home", env) as head:
@@ -106,7 +106,7 @@ def test_the_ray_heads_ports_are_distinct() -> None:
 
 def test_log_stream_to_a_file_or_pipe_is_plain_text(capsys: pytest.CaptureFixture[str]) -> None:
     """Flower's console handler colours each level name; `fedskew run > file` gets plain text."""
-    from fedskew.launcher import LogStream
+    from fedskew.run.launcher import LogStream
 
     line = "\x1b[92mINFO \x1b[0m:      round   1/2 | global acc 0.5000\n"
     code = f"import sys; sys.stdout.write({line!r} * 2); sys.stderr.write({line!r})"

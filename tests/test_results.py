@@ -30,7 +30,7 @@ def test_round_statistics_ignores_non_finite_values_and_handles_no_rows() -> Non
 def test_mupfl_cluster_starts_are_tracked_and_exported_as_their_own_statistic() -> None:
     """Under `mupfl-init="cluster"` the model the paper evaluates is the returning client's start after
     PKCF's fine-tune (`pkcf-accuracy`): its last-k mean is a statistic a result file can hold."""
-    from fedskew.resultfile import cell_stats, describe_stat
+    from fedskew.reports.resultfile import cell_stats, describe_stat
 
     rows = [{"round": r, "start-accuracy": 0.6, "pkcf-accuracy": 0.5 + r / 100} for r in range(1, 21)]
     runs = [round_statistics(rows, last=10), round_statistics([{**r, "pkcf-accuracy": 0.9} for r in rows], last=10)]
@@ -45,7 +45,7 @@ def test_mupfl_cluster_starts_are_tracked_and_exported_as_their_own_statistic() 
 def test_every_result_file_metric_is_a_tracked_accuracy() -> None:
     """A result file's metric names a `round_statistics` key; one whose accuracy `TRACKED` does not
     hold would be silently absent from every export."""
-    from fedskew.resultfile import METRICS
+    from fedskew.reports.resultfile import METRICS
     from fedskew.server_app.results import TRACKED
 
     rows = [{"round": 1, **{key: 0.5 for key in TRACKED}}]

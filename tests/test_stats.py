@@ -1,4 +1,4 @@
-"""Statistics over seeds (`fedskew.stats`) on hand-made seeds whose answer is known, and the pairing
+"""Statistics over seeds (`fedskew.reports.stats`) on hand-made seeds whose answer is known, and the pairing
 they rest on: every method of a seed sees the same partitions and the same sampled clients."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from fedskew.stats import (
+from fedskew.reports.stats import (
     paired,
     paired_gain,
     rank_correlation,

@@ -17,9 +17,9 @@ import pytest
 
 from fedskew import cli
 from fedskew.config import ConfigError
-from fedskew.experiments import load_suite
 from fedskew.files import lock_path, locked
-from fedskew.resultfile import export_suite, load_results
+from fedskew.reports.resultfile import export_suite, load_results
+from fedskew.run.experiments import load_suite
 from tests.harness import ROOT, app_defaults
 from tests.test_careless import one_line_exit_2, stopped_run
 from tests.test_report import SUITE, fake_run
@@ -91,7 +91,7 @@ def test_an_export_that_fails_mid_write_leaves_the_old_file_whole(tmp_path: Path
             "".join(json.dumps({"round": r, "global-accuracy": 0.3}) + "\n" for r in (1, 2, 3))
         )
     full = on_a_full_disk(
-        "from fedskew.experiments import load_suite\nfrom fedskew.resultfile import export_suite\n"
+        "from fedskew.run.experiments import load_suite\nfrom fedskew.reports.resultfile import export_suite\n"
         f"from tests.harness import app_defaults\nsuite = load_suite({str(suite_path)!r}, app_defaults())\n"
         f"full_disk()\nexport_suite(suite, 'suites/t.yaml', app_defaults(), {str(results)!r})"
     )
@@ -105,14 +105,14 @@ def test_an_export_that_fails_mid_write_leaves_the_old_file_whole(tmp_path: Path
 def test_a_suite_report_and_the_docs_that_fail_mid_write_are_left_as_they_were(tmp_path: Path) -> None:
     """The same full disk under a suite's results.md / results.csv and under `fedskew report`'s docs
     and figures: every file is the one before, whole."""
-    from fedskew import experiments
+    from fedskew.run import experiments
     from tests.test_report import copy_inputs
 
     suite_path, suite = suite_with_runs(tmp_path)
     experiments.write_report(suite)
     before = digest(suite.folder)
     full = on_a_full_disk(
-        "from fedskew.experiments import load_suite, write_report\nfrom tests.harness import app_defaults\n"
+        "from fedskew.run.experiments import load_suite, write_report\nfrom tests.harness import app_defaults\n"
         f"suite = load_suite({str(suite_path)!r}, app_defaults())\nfull_disk()\nwrite_report(suite)"
     )
     assert full.returncode != 0 and "File too large" in full.stderr, full.stderr[-2000:]
@@ -122,7 +122,7 @@ def test_a_suite_report_and_the_docs_that_fail_mid_write_are_left_as_they_were(t
     for name in ("docs/results.md", "docs/leaderboard.md", "docs/img/claims.png", "docs/img/leaderboard-gain.png"):
         (root / name).write_text("the committed one\n")
     before = digest(root / "docs") | {"README.md": (root / "README.md").read_bytes()}
-    full = on_a_full_disk(f"from fedskew.report import main\nfull_disk()\nmain(['--root', {str(root)!r}])")
+    full = on_a_full_disk(f"from fedskew.reports.report import main\nfull_disk()\nmain(['--root', {str(root)!r}])")
     assert "File too large" in full.stderr, full.stderr[-2000:]
     assert digest(root / "docs") | {"README.md": (root / "README.md").read_bytes()} == before
 
@@ -182,7 +182,7 @@ def test_fedskew_experiment_and_fedskew_run_refuse_a_run_folder_another_writer_h
     suite = load_suite(path, app_defaults())
     hold(suite.folder / suite.cells[1].run_name, sleeper.pid)
     started: list = []
-    monkeypatch.setattr("fedskew.experiments.plan_cells", lambda *a, **k: started.append(a) or [])
+    monkeypatch.setattr("fedskew.run.experiments.plan_cells", lambda *a, **k: started.append(a) or [])
     line = one_line_exit_2(capsys, ["experiment", str(path)])
     assert suite.cells[1].run_name in line and f"in use by pid {sleeper.pid}" in line and started == []
     assert not lock_path(suite.folder / suite.cells[0].run_name).exists()

@@ -29,8 +29,8 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from fedskew.batched.executor import BatchedExecutor
 from fedskew.config import ConfigError
-from fedskew.launcher import RunFailed
 from fedskew.resources import available_cores
+from fedskew.schema import RunFailed
 from fedskew.server_app.app import main
 from fedskew.training import torch_threads
 
@@ -113,7 +113,7 @@ def run_batched(
 ) -> dict[str, Any]:
     """Run the ServerApp `main` on a `BatchedGrid` of `num_nodes` nodes with `run_config` (complete,
     with `out-dir` and `run-name`: the app's defaults and the overrides, as
-    `fedskew.launcher.prepare_config` makes them), with `threads` torch threads (default: one a
+    `fedskew.run.launcher.prepare_config` makes them), with `threads` torch threads (default: one a
     core); its summary, or RunFailed with the reason. `quiet`: only warnings of the run's log."""
     # what Flower's runtime sets in a ServerApp process, so that the strategy can build its messages
     TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, RUN_ID, SUPERLINK_NODE_ID

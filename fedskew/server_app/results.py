@@ -170,7 +170,7 @@ def read_records(path: Path) -> Records:
     return Records(rows, torn)
 
 
-# the accuracies `round_statistics` summarises; a result file's metrics (`fedskew.resultfile.METRICS`)
+# the accuracies `round_statistics` summarises; a result file's metrics (`fedskew.reports.resultfile.METRICS`)
 # name some of them by a short name
 TRACKED = (
     "global-accuracy",

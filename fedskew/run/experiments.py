@@ -31,9 +31,9 @@ checked as its run would check it (`plan_cells`; `--dry-run` stops there) and gi
   clients would start without it, so it would not equal the uninterrupted run): runs again, its
   earlier files set aside (never deleted);
 - recorded: nothing there, but the suite's result file (`results/<name>.yaml`) holds this seed of
-  this cell under the same config (`fedskew.resultfile.config_sha256`): skipped, so a long suite
+  this cell under the same config (`fedskew.reports.resultfile.config_sha256`): skipped, so a long suite
   resumes on another machine or in another session from its committed numbers (an `--export`
-  then adds the new seeds to the recorded ones: `fedskew.resultfile.merge_seeds`);
+  then adds the new seeds to the recorded ones: `fedskew.reports.resultfile.merge_seeds`);
 - run: nothing there yet.
 
 `--methods`, `--partitions` and `--seeds` run only the cells with those labels (`select`). A cell
@@ -41,7 +41,7 @@ whose config sets `engine: batched` runs in this process (`fedskew.batched.grid.
 others share one private SuperLink (and Ray head), started only if there are any. At the end (and
 with `--report`) the suite folder gets `results.md`, `results.csv`, and per partition
 `accuracy-<partition>.png` and `per-class-<partition>.png`, over every finished cell, each written
-whole or not at all, the labels escaped for Markdown (`fedskew.markdown.md`).
+whole or not at all, the labels escaped for Markdown (`fedskew.reports.markdown.md`).
 
 A suite run holds the lock of every chosen cell's run folder from before it plans them to its end
 (`fedskew.files.locked`), as `benchmarks/suite_in_process.py` does: a second writer of one of them
@@ -66,16 +66,16 @@ from typing import Any
 import numpy as np
 import yaml
 
-from fedskew.cluster import RayCluster
 from fedskew.config import COMMON, ConfigError, all_params, folder_name_rule, validate
 from fedskew.data.clients import client_indices
 from fedskew.diagnostics import last_rounds_per_class
 from fedskew.files import atomic_write, check_folder, locked, write_text
-from fedskew.launcher import RunFailed, app_defaults, prepare_config, resources_for, run_simulation, simulation_link
-from fedskew.markdown import md
 from fedskew.partitions import PartitionError
 from fedskew.registry import get_method
-from fedskew.resultfile import config_sha256, load_results, read_rounds
+from fedskew.reports.markdown import md
+from fedskew.reports.resultfile import config_sha256, load_results, read_rounds
+from fedskew.run.cluster import RayCluster
+from fedskew.run.launcher import RunFailed, app_defaults, prepare_config, resources_for, run_simulation, simulation_link
 from fedskew.server_app.results import LAST_ROUNDS, RESULTS, round_statistics, saved_changes
 
 SUITE_KEYS = {"name", "num-supernodes", "seeds", "out-dir", "base", "methods", "partitions", "last-rounds"}

@@ -460,7 +460,7 @@ def export_suite(
     upto: int = 0,
     cells: list[Any] | None = None,
 ) -> Path:
-    """Write the finished cells of `suite` (a `fedskew.experiments.Suite`) into `<folder>/<name>.yaml`
+    """Write the finished cells of `suite` (a `fedskew.run.experiments.Suite`) into `<folder>/<name>.yaml`
     (`name` defaults to the suite's) from their runs' `metrics.jsonl`, replacing those cells there and
     keeping the file's others. The runs are in `runs` (default: the suite's folder), computed with the
     suite's config plus `overrides` (recorded in the file, e.g. `device: cuda`). A run computed under

@@ -10,7 +10,7 @@ head, or on a machine started with `ray start --address`.
 
 `connect` checks the address before anything starts, each failure one line (`ConfigError`): a text
 that is not HOST:PORT; nothing answering there within `REACH_TIMEOUT` seconds; a server there that
-is not a Ray cluster this machine can join (the probe, a fresh `python -m fedskew.cluster`
+is not a Ray cluster this machine can join (the probe, a fresh `python -m fedskew.run.cluster`
 process that joins as a driver, lists the live nodes with their total and free CPUs and GPUs and
 leaves, gives up after `PROBE_TIMEOUT` seconds). A separate process, so that a Ray that hangs or
 crashes on the way in stops only the probe, and this process never holds a Ray connection of its
@@ -31,8 +31,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from fedskew.clientexec import ADDRESS
 from fedskew.resources import RayNode, SimResources, free_actors
+from fedskew.run.clientexec import ADDRESS
 from fedskew.schema import ConfigError
 
 REACH_TIMEOUT = 3.0  # s for a TCP connection to the head's GCS port
@@ -90,7 +90,7 @@ def connect(text: str) -> RayCluster:
         ) from None
     try:
         probe = subprocess.run(
-            [sys.executable, "-m", "fedskew.cluster", text],
+            [sys.executable, "-m", "fedskew.run.cluster", text],
             capture_output=True,
             text=True,
             timeout=PROBE_TIMEOUT,

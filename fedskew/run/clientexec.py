@@ -18,7 +18,7 @@ modules (torch, numpy, Flower) come preloaded. The connection to the SuperLink (
 authentication) is the SuperNode's and is unchanged.
 
     flower-supernode ... --isolation process --port 9094 &
-    python -m fedskew.clientexec --runtime-api-address 127.0.0.1:9094 --parent-pid $!
+    python -m fedskew.run.clientexec --runtime-api-address 127.0.0.1:9094 --parent-pid $!
 
 `deploy/supernode.sh` starts both.
 
@@ -28,8 +28,8 @@ simulation task in a fork with Flower's own `flwr-simulation` entry point (its a
 upload and exit), instead of the SuperExec starting a fresh `flwr-simulation` interpreter (about 2 s
 of imports on the path to round 1, and again for every cell of a suite). The ServerApp and the
 ClientApps are loaded from the run's FAB as before; the ClientApps still run in Ray's actors,
-on fedskew's Ray backend (`fedskew.actor_pool`: an actor that died leaves the pool).
-`fedskew.launcher.PrivateSuperLink` starts it for every simulation.
+on fedskew's Ray backend (`fedskew.run.actor_pool`: an actor that died leaves the pool).
+`fedskew.run.launcher.PrivateSuperLink` starts it for every simulation.
 
 Started by hand, a mistake is one line on stderr and a non-zero exit, before anything is served:
 an address that is not HOST:PORT (port 1..65535) or a `--parent-pid` that is no running process
@@ -55,7 +55,7 @@ from dataclasses import dataclass
 from typing import Any
 
 WARM_MODULES = ("torch", "flwr.supernode.runtime.run_clientapp", "fedskew.client_app.app")
-SIMULATION_MODULES = ("torch", "ray", "flwr.simulation.app", "fedskew.server_app.app", "fedskew.actor_pool")
+SIMULATION_MODULES = ("torch", "ray", "flwr.simulation.app", "fedskew.server_app.app", "fedskew.run.actor_pool")
 ADDRESS = re.compile(r"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(?P<port>[0-9]{1,5})")  # ASCII digits only
 
 
@@ -134,11 +134,11 @@ def run_clientapp_task(conn: Connection, token: str) -> int:
 
 def run_simulation_task(conn: Connection, token: str) -> int:
     """Flower's `flwr-simulation` command for one task (in a fork), with the arguments a SuperExec
-    gives it, on fedskew's Ray backend (`fedskew.actor_pool`: an actor that died, e.g. on a lost
+    gives it, on fedskew's Ray backend (`fedskew.run.actor_pool`: an actor that died, e.g. on a lost
     node of a Ray cluster, leaves the pool); its exit code."""
     from flwr.simulation.app import flwr_simulation
 
-    from fedskew import actor_pool
+    from fedskew.run import actor_pool
 
     actor_pool.install()
     forget("fedskew")  # the run's own fedskew comes from its FAB
@@ -181,7 +181,8 @@ def reap(children: dict[int, float]) -> None:
             del children[pid]
             code = os.waitstatus_to_exitcode(status)
             print(
-                f"fedskew.clientexec: task in process {pid} ended ({code}) after {time.monotonic() - started:.2f} s",
+                f"fedskew.run.clientexec: task in process {pid} ended ({code}) "
+                f"after {time.monotonic() - started:.2f} s",
                 flush=True,
             )
 
@@ -263,7 +264,7 @@ def serve(
         probe.close()
     runtime = client(retries=True)
     children: dict[int, float] = {}  # running forks and when each started
-    print(f"fedskew.clientexec: warm, serving {task} tasks of {address}", flush=True)
+    print(f"fedskew.run.clientexec: warm, serving {task} tasks of {address}", flush=True)
     try:
         while True:
             if res.HasField("task") and res.token:
@@ -279,7 +280,7 @@ def serve(
 
 
 def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(prog="python -m fedskew.clientexec", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m fedskew.run.clientexec", description=__doc__.split("\n\n")[0])
     ap.add_argument(
         "--runtime-api-address", default="127.0.0.1:9094", help="the SuperNode's (or SuperLink's) Runtime API"
     )
@@ -305,7 +306,7 @@ def main(argv: list[str] | None = None) -> None:
             args.connect_timeout,
         )
     except ExecutorError as e:
-        print(f"fedskew.clientexec: {e}", file=sys.stderr, flush=True)
+        print(f"fedskew.run.clientexec: {e}", file=sys.stderr, flush=True)
         sys.exit(e.status)
 
 

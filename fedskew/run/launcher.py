@@ -1,6 +1,6 @@
 """The launcher: validate a run's config, start a private SuperLink, submit the app with `flwr run`,
 follow the run to its end and return its summary. Used by the CLI (`fedskew run`) and by the
-experiment suites (`fedskew.experiments`); it prints nothing but the run's own log stream.
+experiment suites (`fedskew.run.experiments`); it prints nothing but the run's own log stream.
 """
 
 from __future__ import annotations
@@ -27,10 +27,11 @@ from typing import IO, Any, TextIO
 
 import tomllib
 
-from fedskew.cluster import RayCluster
 from fedskew.config import ConfigError, all_params, parse_overrides, validate
 from fedskew.data import is_hf
 from fedskew.resources import SimResources, plan_cluster, plan_resources
+from fedskew.run.cluster import RayCluster
+from fedskew.schema import RunFailed
 
 STOP_GRACE = 1.5  # s between SIGTERM and SIGKILL when a SuperLink or Ray head is stopped
 FLWR_ENV = {
@@ -46,10 +47,6 @@ FLWR_ENV = {
     "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.25",
 }
 POLL = FLWR_ENV["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"]  # the warm executor's too: 0.1 s doubled the idle CPU
-
-
-class RunFailed(RuntimeError):
-    """The federated run did not complete."""
 
 
 def find_app_dir(explicit: str | None) -> Path:
@@ -150,7 +147,7 @@ class PrivateSuperLink:
     or (`simulation=False`) a deployment one that SuperNodes connect to without TLS.
 
     A simulation SuperLink runs in `--isolation process` beside fedskew's warm executor
-    (`python -m fedskew.clientexec --task simulation`), which has torch, Ray and Flower's
+    (`python -m fedskew.run.clientexec --task simulation`), which has torch, Ray and Flower's
     simulation runtime imported before the first run is submitted and runs each run in a fork of
     itself, instead of Flower's SuperExec starting a fresh `flwr-simulation` for each;
     `warm_exec=False` (or `FEDSKEW_WARM_EXEC=0`) keeps Flower's default."""
@@ -202,7 +199,7 @@ class PrivateSuperLink:
         if self.warm_exec:  # its imports overlap the SuperLink's start
             runtime = ["--runtime-api-address", f"127.0.0.1:{self.port}", "--parent-pid", str(self.proc.pid)]
             self.exec_proc = subprocess.Popen(
-                [sys.executable, "-m", "fedskew.clientexec", "--task", "simulation", "--poll", POLL, *runtime],
+                [sys.executable, "-m", "fedskew.run.clientexec", "--task", "simulation", "--poll", POLL, *runtime],
                 stdout=open(self.exec_log_path, "w"),
                 stderr=subprocess.STDOUT,
                 env=self.env,
@@ -629,7 +626,7 @@ class RunWatch:
     executor) has come and gone. Only then, or once a minute in case the process was never seen,
     is the status asked for; a dead warm executor fails the run."""
 
-    APP_PROCESSES = ("flwr-simulation", "flwr-serverapp", "fedskew.clientexec")  # the last: its forks
+    APP_PROCESSES = ("flwr-simulation", "flwr-serverapp", "fedskew.run.clientexec")  # the last: its forks
 
     def __init__(self, link: PrivateSuperLink, summary: Path) -> None:
         assert link.proc is not None

@@ -1,6 +1,6 @@
-"""The reports, generated from the committed result files: `fedskew report` (`python -m fedskew.report`).
+"""The reports, generated from the committed result files: `fedskew report` (`python -m fedskew.reports.report`).
 
-Inputs (committed): `results/*.yaml` (the cells' numbers, `fedskew.resultfile`) and the hand-written
+Inputs (committed): `results/*.yaml` (the cells' numbers, `fedskew.reports.resultfile`) and the hand-written
 claims file `results/claims.yaml`. Outputs:
 
 - `docs/results.md`: a summary table of every claim (the paper's gain, ours with the seeds'
@@ -38,7 +38,7 @@ The claims file, per paper::
                                             #   equivalence within LEVEL_MARGIN points
 
 A gain is `ours - vs` in points of the row's statistic, paired by seed: its mean with the 95 %
-Student-t interval over the seeds both cells hold (`fedskew.stats`), where both kept their per-seed
+Student-t interval over the seeds both cells hold (`fedskew.reports.stats`), where both kept their per-seed
 values; else Welch's unpaired interval from the cells' means and stds, marked "unpaired". The written verdict is
 re-judged against that interval (`judged_verdict`): "holds" needs an interval on the paper's side of
 0, "direction holds" a mean on its side and no interval on the other, a "fails" whose interval lies
@@ -62,9 +62,9 @@ import yaml
 
 from fedskew.config import ConfigError
 from fedskew.files import atomic_write, locked, write_text
-from fedskew.markdown import md, md_code_block, md_link
-from fedskew.resultfile import STAT_NAME, CellResult, ResultSet, Stat, describe_stat, load_all, per_seed_values
-from fedskew.stats import (
+from fedskew.reports.markdown import md, md_code_block, md_link
+from fedskew.reports.resultfile import STAT_NAME, CellResult, ResultSet, Stat, describe_stat, load_all, per_seed_values
+from fedskew.reports.stats import (
     LEVEL,
     Interval,
     paired_gain,
@@ -731,7 +731,7 @@ def leaderboard_md(suite_path: Path, board: Board, root: Path = Path("."), long:
         f"The suite [`{suite_path.as_posix()}`](../{suite_path.as_posix()}) runs every registered method on "
         f"the same settings, seeds and budget ({board.rounds} rounds; its protocol: below). Every method of a "
         "seed sees the same partition and the same sampled clients, so gains are **paired by seed**: the "
-        f"mean gain over FedAvg with its {LEVEL:.0%} Student-t interval over the seeds (`fedskew/stats.py`). "
+        f"mean gain over FedAvg with its {LEVEL:.0%} Student-t interval over the seeds (`fedskew/reports/stats.py`). "
         "A method beats FedAvg only where that interval excludes 0 (bold).",
         "",
     ]

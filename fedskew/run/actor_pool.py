@@ -18,7 +18,7 @@ per actor it started, so with fewer actors left a thread waits for an idle one
 fails at once. A dead actor is not replaced: the node it ran on is usually gone, and a replacement
 that finds no free CPUs would wait for ever.
 
-fedskew's warm executor (`fedskew.clientexec --task simulation`) installs the backend (`install`)
+fedskew's warm executor (`fedskew.run.clientexec --task simulation`) installs the backend (`install`)
 in the fork that runs each simulation, before Flower's simulation engine creates its backend.
 """
 
