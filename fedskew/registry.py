@@ -178,7 +178,13 @@ METHODS: dict[str, MethodSpec] = {
                 'Hsu, Qi & Brown, "Measuring the Effects of Non-Identical Data Distribution for Federated Visual '
                 'Classification", arXiv 2019'
             ),
-            server_lr=Param(float, 1.0, "FedAvgM: server step size eta, x <- x - eta v", low=0.0, low_open=True),
+            server_lr=Param(
+                float,
+                0.1,
+                "FedAvgM: server step size eta, x <- x - eta v (0.1: eta / (1 - beta) = 1)",
+                low=0.0,
+                low_open=True,
+            ),
             server_momentum=Param(
                 float, 0.9, "FedAvgM: server momentum beta, v <- beta v + (x - avg)", low=0.0, high=1.0, high_open=True
             ),

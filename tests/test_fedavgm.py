@@ -1,5 +1,6 @@
 """FedAvgM: the server step against torch's momentum SGD on the pseudo-gradient, FedAvg when beta = 0,
-and in-process runs: equal to FedAvg in round 1 and at beta = 0, apart from it once v carries over."""
+and in-process runs: at eta = 1 equal to FedAvg in round 1 and at beta = 0, apart from it once v
+carries over; at the default eta = 0.1 apart from round 1."""
 
 from __future__ import annotations
 
@@ -47,8 +48,9 @@ def test_in_process_runs_part_from_fedavg_once_momentum_carries_over(tmp_path, t
     cfg["out-dir"] = str(tmp_path)
     runs = {
         "avg": {"method": "fedavg"},
-        "m0": {"method": "fedavgm", "fedavgm-server-momentum": 0.0},
-        "m": {"method": "fedavgm"},
+        "m0": {"method": "fedavgm", "fedavgm-server-momentum": 0.0, "fedavgm-server-lr": 1.0},
+        "m": {"method": "fedavgm", "fedavgm-server-lr": 1.0},
+        "default": {"method": "fedavgm"},
     }
     rows = {}
     for name, extra in runs.items():
@@ -58,6 +60,7 @@ def test_in_process_runs_part_from_fedavg_once_momentum_carries_over(tmp_path, t
     assert acc["m0"] == acc["avg"]  # beta = 0, eta = 1: FedAvg to the last digit
     assert acc["m"][0] == acc["avg"][0] and acc["m"][1:] != acc["avg"][1:]  # round 1's v is its Delta
     assert all(r["momentum-norm"] > 0 for r in rows["m"])
+    assert acc["default"][0] != acc["avg"][0]  # eta = 0.1: round 1 takes a tenth of FedAvg's step
 
 
 def test_the_momentum_is_checkpointed_and_restored() -> None:

@@ -7,9 +7,13 @@ momentum to the round's pseudo-gradient, the mean update Delta = x - avg_k w_k:
 Clients train as FedAvg's (`fedskew/client_app/fedavg.py`); only the server differs.
 
 Decisions:
-- beta = 0.9 and eta = 1 (`fedavgm-server-momentum`, `fedavgm-server-lr`): the Flower baseline that
-  reproduces the paper (adap/flower at 0cb7993, `baselines/fedavgm/fedavgm/conf/base.yaml`, client
-  lr 0.01 as here). The paper sweeps the effective rate eta / (1 - beta).
+- beta = 0.9 and eta = 0.1 (`fedavgm-server-momentum`, `fedavgm-server-lr`): the effective rate
+  eta / (1 - beta) = 1, FedAvg's step once v has built up, so that momentum averages the sampled
+  clients' pseudo-gradients over about 10 rounds instead of taking 10 times the step. The paper
+  compares settings by that effective rate and warns that client updates diverge unless the rates
+  stay low (Sec. 5); the Flower baseline that reproduces it (adap/flower at 0cb7993,
+  `baselines/fedavgm/`) keeps eta = 1, beta = 0.9 with client lr 0.0003-0.003. At this project's
+  client lr 0.01 with momentum 0.9, eta = 1 oscillated (docs/notes/fedavgm.md).
 - v covers the trainable parameters and starts at zero (so round 1's v is its Delta, as Flower's
   `FedAvgM`); BatchNorm's statistics take the plain average, as the papers' FedAvg.
 - avg follows `aggregation-weights` (default by sample count, the paper's n_k / n).
