@@ -40,34 +40,12 @@ hooks that differ (FL-bench style); its records (`wire`) are its registry entry'
                      classes), after `local_train`
 
 The batched engine (`fedskew.batched`) trains a round's clients as one stacked model when the
-method's trainer class opts in by setting `batched = True` in its own body (never inherited: a
-subclass changes the local step and opts in for itself). Opting in states that the class keeps the
-base `local_train` (`run_epochs` on `loss` with `optimizer`, a torch SGD), prepares its per-client
-tensors before training (`receive`, `load_global`) and writes its objective once, as
-`example_losses` and `penalty` (never `loss` itself), reading its per-client values only from
-`batch_extras`:
-
-    batch_extras      this client's own tensors that the objective reads (FedRS's scale, FedLC's
-                      offsets, FedProx's anchor), stacked over the round's clients by the engine
-    step_corrections  its per-parameter step correction, where its optimiser applies one after each
-                      step (SCAFFOLD's c - c_i: `fedskew.losses.scaffold.correct_after_step`)
-    reports_data_loss  the client reports the data loss alone as `train-loss`, without the penalty
-    stacked_refusal   why this method's clients are trained one by one instead (None: stacked)
-
-and its `later_phases`, if any, as `Phase`s whose optimiser is a plain SGD over the phase model's
-parameters and whose loss comes in functional form too: the engine stacks each phase over the
-round's clients after the main steps (Ditto: the personal models, each client's w^t an extra).
-
-The base derives both forms of the objective from `example_losses` and `penalty`: `loss` (the
-per-client path: the batch mean of `example_losses`, reduction "mean", the kernel's own, plus
-`penalty` on the model's parameters, with this client's `batch_extras`) and `functional_loss` (the
-batched engine's: `loss` on explicit parameters and buffers, sum_i weight_i l_i of `example_losses`
-with reduction "none" and weights 1/b on a batch's b examples, 0 on the padding of a short batch,
-plus `penalty` on those parameters, with the engine's stacked extras). Either may return (loss,
-reported): the training loss the client reports (`objective`).
-
-`tests/test_objectives.py` holds each opted-in method's two forms to one value (in float64), and
-`tests/test_batched.py` its stacked clients to the per-client path's uploads.
+trainer class sets `batched = True` in its own body (never inherited) and writes its objective once,
+as `example_losses` and `penalty` with per-client values from `batch_extras` (and `step_corrections`,
+`later_phases`): the base derives `loss` and the engine's `functional_loss` from them. The contract,
+hook by hook: docs/methods.md ("The batched engine's contract"). `tests/test_objectives.py` holds
+the two forms to one value in float64, `tests/test_batched.py` the stacked clients to the per-client
+path's uploads.
 
 `parameter_state` / `save_parameter_state` keep a client state shaped like the trainable parameters
 (control variates, gradient state, drift) across rounds, zeros where the client has none.
