@@ -154,6 +154,7 @@ FunctionalLoss = Callable[
     [nn.Module, Tensors, Tensors, torch.Tensor, torch.Tensor, torch.Tensor, Tensors],
     Loss,
 ]
+Penalty = Callable[[Tensors, Tensors], "torch.Tensor | None"]  # (params, extras) -> a term on the parameters
 
 
 @dataclass
@@ -250,9 +251,7 @@ class BaseTrainer:
         """The local objective on one mini-batch, derived from what the method writes: its
         `example_losses` of `model(x)` as their batch mean (reduction "mean", the kernel's own) plus its
         `penalty` on the model's parameters (`objective`), both reading `batch_extras`."""
-        extras = self.batch_extras()
-        data = self.example_losses(model(x), y, extras, "mean")
-        return self.objective(data, self.penalty(dict(model.named_parameters()), extras))
+        return self.loss_of(self.penalty, self.batch_extras())(model, x, y)
 
     def optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         return sgd(model.parameters(), self.cfg)
@@ -337,9 +336,36 @@ class BaseTrainer:
         batch and 0 on the padding of a short batch (the batch mean), plus its `penalty` on `params`
         (`objective`), reading this client's own values only from `extras` (`batch_extras`): the
         engine calls it under `vmap` on one trainer for all the clients of a round."""
-        logits = functional_forward(model, params, buffers, x)
-        data = weighted_sum(self.example_losses(logits, y, extras, "none"), weight)
-        return self.objective(data, self.penalty(params, extras))
+        return self.functional_loss_of(self.penalty)(model, params, buffers, x, y, weight, extras)
+
+    def loss_of(self, penalty: Penalty, extras: Tensors) -> LossFn:
+        """The per-client objective on one mini-batch for `penalty` and this client's `extras`: the
+        batch mean of `example_losses` plus `penalty` on the model's parameters (`objective`). `loss`
+        is it for `penalty`; a later phase passes its own (Ditto's proximal term)."""
+
+        def loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Loss:
+            data = self.example_losses(model(x), y, extras, "mean")
+            return self.objective(data, penalty(dict(model.named_parameters()), extras))
+
+        return loss
+
+    def functional_loss_of(self, penalty: Penalty) -> FunctionalLoss:
+        """`loss_of(penalty, ...)` in `functional_loss`'s form (extras passed in, under vmap)."""
+
+        def functional(
+            model: nn.Module,
+            params: Tensors,
+            buffers: Tensors,
+            x: torch.Tensor,
+            y: torch.Tensor,
+            weight: torch.Tensor,
+            extras: Tensors,
+        ) -> Loss:
+            logits = functional_forward(model, params, buffers, x)
+            data = weighted_sum(self.example_losses(logits, y, extras, "none"), weight)
+            return self.objective(data, penalty(params, extras))
+
+        return functional
 
     def example_losses(
         self, logits: torch.Tensor, y: torch.Tensor, extras: dict[str, torch.Tensor], reduction: str = "none"

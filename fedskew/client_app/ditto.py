@@ -37,7 +37,8 @@ Decisions (the authors' code `litian96/ditto` at 26d9b29a62f3872dcdf071be08e8976
 - The personal update is a `Phase` after the global one (`BaseTrainer.later_phases`): v_k is read
   from the state when the phase starts and kept when it ends, on both engines; the batched engine
   trains the round's global updates as one stacked model, then their personal models as another,
-  each client's w^t an extra (`personal_functional_loss`: CE in functional form + the same term).
+  each client's w^t an extra. Its objective is written once, `personal_penalty` beside the
+  cross-entropy; the base derives both forms (`loss_of`, `functional_loss_of`).
 """
 
 from __future__ import annotations
@@ -45,7 +46,6 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 
 import torch
-import torch.nn.functional as F
 from flwr.app import RecordDict
 from torch import nn
 
@@ -72,25 +72,10 @@ class DittoTrainer(BaseTrainer):
         super().load_global(model, content)
         self.anchor = {k: p.detach().clone() for k, p in model.named_parameters()}  # w^t, the received global model
 
-    def personal_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """h_k on one mini-batch: CE + (lambda / 2) ||v - w^t||^2."""
-        prox = proximal_term(model.parameters(), self.anchor.values(), self.cfg["ditto-lambda"])
-        return F.cross_entropy(model(x), y) + prox
-
-    def personal_functional_loss(
-        self,
-        model: nn.Module,
-        params: dict[str, torch.Tensor],
-        buffers: dict[str, torch.Tensor],
-        x: torch.Tensor,
-        y: torch.Tensor,
-        weight: torch.Tensor,
-        extras: dict[str, torch.Tensor],
-    ) -> torch.Tensor:
-        """`personal_loss` in functional form: the CE of `functional_loss` + the term against this
-        client's w^t (`extras`, under vmap: one client's slice)."""
-        data = self.functional_loss(model, params, buffers, x, y, weight, {})
-        return data + proximal_term([params[k] for k in extras], extras.values(), self.cfg["ditto-lambda"])
+    def personal_penalty(self, params: dict[str, torch.Tensor], extras: dict[str, torch.Tensor]) -> torch.Tensor:
+        """h_k's term (lambda / 2) ||v - w^t||^2 against this client's w^t (`extras`: `self.anchor`,
+        or under vmap one client's slice); with the default cross-entropy it is h_k on a batch."""
+        return proximal_term([params[k] for k in extras], extras.values(), self.cfg["ditto-lambda"])
 
     def personal_epochs(self) -> int:
         epochs = self.cfg["ditto-personal-epochs"]
@@ -107,8 +92,8 @@ class DittoTrainer(BaseTrainer):
             self.personal,
             optimizer,
             steps,
-            self.personal_loss,
-            self.personal_functional_loss,
+            self.loss_of(self.personal_penalty, self.anchor),
+            self.functional_loss_of(self.personal_penalty),
             self.end_personal,
             extras=self.anchor,
         )
