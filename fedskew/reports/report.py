@@ -699,9 +699,8 @@ def budget_section(board: Board, long: Board | None) -> list[str]:
 
 
 def where_ran(board: Board) -> str:
-    """'Where the cells ran and how long ... : c2 cpu, 11.2 h over the 80 of 100 runs timed; dir01
-    cpu, cuda.' from the cells' devices and their runs' wall times ('' when none
-    is recorded)."""
+    """'Where the cells ran and how long ...: c2 cpu, 11.2 h over the 80 of 100 runs timed; dir01
+    cpu, cuda.' from the cells' devices and their runs' wall times ('' when none is recorded)."""
     parts = []
     for p in board.partitions:
         cells = [c for m in board.methods if (c := board.cell(p, m))]

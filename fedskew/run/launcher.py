@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import io
 import json
 import os
@@ -535,10 +536,14 @@ def install_fab(app: Path, flwr_home: Path) -> Path:
     the folder's name, are the same."""
     from flwr.cli.build import build_fab_from_disk
     from flwr.cli.install import install_from_fab
+    from flwr.common.constant import FAB_HASH_TRUNCATION
 
     apps = flwr_home / "apps"
     apps.mkdir(parents=True, exist_ok=True)
     fab = build_fab_from_disk(app)
+    suffix = "." + hashlib.sha256(fab).hexdigest()[:FAB_HASH_TRUNCATION]  # Flower's folder name ends so
+    if installed := next((p for p in apps.iterdir() if p.name.endswith(suffix) and p.is_dir()), None):
+        return installed  # a suite's later cells: nothing to extract, verify or copy again
     with tempfile.TemporaryDirectory(dir=apps, prefix=".staging-") as tmp, contextlib.redirect_stdout(io.StringIO()):
         staged = install_from_fab(fab, install_dir=Path(tmp), skip_prompt=True)
         final = apps / staged.name
