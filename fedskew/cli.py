@@ -47,6 +47,7 @@ from fedskew.run.experiments import (
     plan_cells,
     run_suite,
     select,
+    stale_cells,
     write_report,
 )
 from fedskew.run.launcher import (
@@ -161,7 +162,17 @@ def cmd_experiment(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     from fedskew.reports.report import main as report_main
 
-    return report_main(["--root", str(find_app_dir(None))] + (["--check"] if args.check else []))
+    root = find_app_dir(None)
+    for path in sorted((root / "suites").glob("*.yaml")):
+        if (root / "results" / path.name).is_file() and (
+            stale := stale_cells(load_suite(path, app_defaults(root)), root, app_defaults(root))
+        ):
+            print(
+                f"warning: results/{path.name}: {len(stale)} cells recorded under an earlier config than today's "
+                f"(run `fedskew experiment suites/{path.name}` again to replace them): {', '.join(stale)}",
+                file=sys.stderr,
+            )
+    return report_main(["--root", str(root)] + (["--check"] if args.check else []))
 
 
 def cmd_config(args: argparse.Namespace) -> int:

@@ -59,12 +59,18 @@ class MethodSpec:
 
     def config_keys(self) -> set[str]:
         """The method keys a run of this method can read: its own and those of every registered
-        method whose strategy or trainer class its own inherit from (MAP's trainer is FedRS's, so the
-        fedrs- keys count for MAP); the common keys are not included."""
-        classes = {*self.strategy_class().__mro__, *self.trainer_class().__mro__}
+        method whose own strategy or trainer class (one that no other method uses as is) its classes
+        inherit from: MAP's trainer subclasses FedRS's, so the fedrs- keys count for MAP, while
+        FedAvgM, which uses FedAvg's trainer as is, adds nothing to FedAvg's keys. The common keys
+        are not included."""
+        mine = {*self.strategy_class().__mro__, *self.trainer_class().__mro__}
+        users: dict[Any, int] = {}
+        for m in METHODS.values():
+            for c in {m.strategy_class(), m.trainer_class()}:
+                users[c] = users.get(c, 0) + 1
         keys = set(self.params)
         for other in METHODS.values():
-            if other.strategy_class() in classes or other.trainer_class() in classes:
+            if any(c in mine and users[c] == 1 for c in (other.strategy_class(), other.trainer_class())):
                 keys |= set(other.params)
         return keys
 

@@ -203,3 +203,13 @@ def test_the_reader_sees_built_keys() -> None:
     keys = [k for k, _ in _Reader(Probe).keys(tree, "probe")]
     assert sorted(keys) == ["fedrs-alpha", "fedrs-made-up", "fedrs-tau", "lr"]
     assert "fedrs-made-up" not in set(COMMON) | METHODS["fedrs"].config_keys()
+
+
+def test_a_class_several_methods_use_as_is_reads_none_of_their_keys() -> None:
+    """FedAvgM and FedAwS run FedAvg's trainer as is, FedLC its strategy: their keys are not FedAvg's,
+    so registering such a method leaves FedAvg's config hash, and its recorded seeds, alone. MAP's
+    trainer subclasses FedRS's, so the fedrs- keys are MAP's."""
+    assert METHODS["fedavg"].config_keys() == set()
+    assert METHODS["fedavgm"].config_keys() == set(METHODS["fedavgm"].params)
+    assert set(METHODS["fedrs"].params) <= METHODS["map"].config_keys()
+    assert set(METHODS["scaffold"].params) <= METHODS["feddc"].config_keys()

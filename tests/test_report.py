@@ -31,9 +31,18 @@ from fedskew.reports.report import (
     render_reason,
     shown_verdict,
 )
-from fedskew.reports.resultfile import CellResult, ResultSet, Stat, dump_results, export_suite, load_all, load_results
+from fedskew.reports.resultfile import (
+    CellResult,
+    ResultSet,
+    Stat,
+    config_sha256,
+    dump_results,
+    export_suite,
+    load_all,
+    load_results,
+)
 from fedskew.reports.stats import Interval, rank_correlation
-from fedskew.run.experiments import load_suite, select
+from fedskew.run.experiments import load_suite, select, stale_cells
 from fedskew.server_app.results import resumed_rounds, saved_config
 from tests.harness import ROOT, app_defaults
 
@@ -54,6 +63,28 @@ def test_committed_docs_are_what_the_committed_results_give() -> None:
     files = generate(ROOT, figures=False)
     for name in GENERATED:
         assert files[ROOT / name] == (ROOT / name).read_text(), f"{name} is stale: run `fedskew report`"
+
+
+def test_the_committed_leaderboard_is_today_s_config() -> None:
+    """Every cell of results/leaderboard.yaml carries the config hash a run of the suite's cell would
+    record today: no number of an earlier default, revision or method key set is shown as current
+    (a method added beside FedAvg's classes once changed FedAvg's hash and would have dropped its
+    recorded seeds on the next export)."""
+    suite = load_suite(ROOT / "suites" / "leaderboard.yaml", app_defaults())
+    assert stale_cells(suite, ROOT, app_defaults()) == []
+
+
+def test_a_cell_recorded_under_another_default_is_stale(tmp_path: Path) -> None:
+    root = copy_inputs(tmp_path)
+    suite = load_suite(root / "suites" / "leaderboard.yaml", app_defaults())
+    results = load_results(root / "results" / "leaderboard.yaml")
+    cell = next(c for c in results.cells if c.method == "fedrs" and c.partition == "c2")
+    stale = replace(cell, config_sha256=config_sha256({**validate({"method": "fedrs"}), "fedrs-alpha": 0.25}))
+    dump_results(
+        replace(results, cells=[stale if c is cell else c for c in results.cells]),
+        root / "results" / "leaderboard.yaml",
+    )
+    assert stale_cells(suite, root, app_defaults()) == ["c2/fedrs"]
 
 
 def test_editing_a_committed_number_changes_the_docs(tmp_path: Path) -> None:

@@ -327,6 +327,26 @@ def recorded_seeds(suite: Suite, app_dir: Path) -> dict[tuple[str, str, int], st
     }
 
 
+def stale_cells(suite: Suite, app_dir: Path, app_defaults: dict[str, Any]) -> list[str]:
+    """'partition/method' of every cell that the suite's result file records under another config
+    hash than a run of the suite's cell would record today (a default or a method's revision changed
+    since, or a key counted for the method changed): numbers of an earlier config that the report
+    would show beside today's, and that a run of the suite would not skip but run again."""
+    path = app_dir / "results" / f"{suite.name}.yaml"
+    if not path.is_file():
+        return []
+    results = load_results(path)
+    cells = {(c.partition, c.method): c for c in suite.cells}
+    stale = []
+    for recorded in results.cells:
+        if not recorded.config_sha256 or (cell := cells.get((recorded.partition, recorded.method))) is None:
+            continue
+        cfg = validate({**app_defaults, **cell.overrides, **results.overrides, "num-partitions": cell.num_supernodes})
+        if config_sha256(cfg) != recorded.config_sha256:
+            stale.append(f"{recorded.partition}/{recorded.method}")
+    return stale
+
+
 def _plan(cell: Cell, run_dir: Path, cfg: dict, subm: dict, app_dir: Path, rerun_changed: bool) -> CellPlan:
     """One cell's action; `subm` are its overrides with overwrite=true."""
     if (run_dir / "summary.json").is_file():
