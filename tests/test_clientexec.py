@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from pathlib import Path
@@ -49,6 +50,33 @@ def _ended_pid() -> int:
     child = subprocess.Popen([sys.executable, "-c", "pass"])
     child.wait()
     return child.pid
+
+
+def test_a_task_fork_keeps_tqdm_s_lock_through_a_thread_pool_s_ensure_lock() -> None:
+    """`datasets` wraps its thread pools in tqdm's `ensure_lock`, which deletes the class's lock when
+    there was none before; a bar of another thread then fails on the missing `_lock`. A task fork
+    starts with the lock, so it stays; the same code outside a task fork (control) loses it."""
+    script = textwrap.dedent(
+        """
+        import os
+        from tqdm.contrib.concurrent import ensure_lock
+        from fedskew.run.clientexec import fork_task, preload
+        preload([])
+        from tqdm.std import tqdm
+
+        def task(conn, token):
+            with ensure_lock(tqdm):
+                pass
+            return 0 if hasattr(tqdm, "_lock") else 3
+
+        in_fork = os.waitstatus_to_exitcode(os.waitpid(fork_task(task, None, ""), 0)[1])
+        with ensure_lock(tqdm):
+            pass
+        print(in_fork, hasattr(tqdm, "_lock"))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.stdout.split() == ["0", "False"], out.stderr
 
 
 @pytest.mark.parametrize(

@@ -82,11 +82,25 @@ def check_arguments(address: str, parent_pid: int | None, poll: float, connect_t
 
 
 def preload(modules: Iterable[str], fresh_package: str = "fedskew") -> None:
-    """Import `modules` (and so all they import), then forget `fresh_package`'s own modules: every
-    task imports those again from its run's FAB, as a fresh `flwr-clientapp` would."""
+    """Import `modules` (and so all they import) and tqdm when installed (`keep_tqdm_lock`), then
+    forget `fresh_package`'s own modules: every task imports those again from its run's FAB, as a
+    fresh `flwr-clientapp` would."""
     for name in modules:
         importlib.import_module(name)
+    with contextlib.suppress(ImportError):
+        importlib.import_module("tqdm.std")
     forget(fresh_package)
+
+
+def keep_tqdm_lock() -> None:
+    """Give tqdm's bars their class-wide write lock at the start of a task, when tqdm is loaded.
+    `tqdm.contrib.concurrent.ensure_lock`, which `datasets` runs around its thread pools, deletes
+    the lock it created when there was none, and a bar of another thread then fails with "type
+    object 'tqdm' has no attribute '_lock'" (seen loading an `hf:` data set in a task fork). With
+    the lock there first, it is only ever swapped and restored. Made in the fork, not shared
+    between tasks (its multiprocessing lock would be)."""
+    if (std := sys.modules.get("tqdm.std")) is not None:
+        std.tqdm.get_lock()
 
 
 def forget(package: str) -> None:
@@ -161,6 +175,7 @@ def fork_task(run: Callable[[Connection, str], int], conn: Connection, token: st
     if pid == 0:
         code = 1
         try:
+            keep_tqdm_lock()
             code = run(conn, token)
         finally:
             with contextlib.suppress(Exception):
