@@ -67,6 +67,7 @@ import numpy as np
 import yaml
 
 from fedskew.config import COMMON, ConfigError, all_params, folder_name_rule, validate
+from fedskew.data.clients import PARTITION_KEYS as client_partition_keys
 from fedskew.data.clients import client_indices
 from fedskew.diagnostics import last_rounds_per_class
 from fedskew.files import atomic_write, check_folder, locked, write_text
@@ -79,20 +80,9 @@ from fedskew.run.launcher import RunFailed, app_defaults, prepare_config, resour
 from fedskew.server_app.results import LAST_ROUNDS, RESULTS, round_statistics, saved_changes
 
 SUITE_KEYS = {"name", "num-supernodes", "seeds", "out-dir", "base", "methods", "partitions", "last-rounds"}
-# the run-config keys that decide which partition a cell's clients hold: with `method` and `seed`, what a
-# cell's labels name (`Suite.identity_keys`)
-PARTITION_KEYS = (
-    "dataset",
-    "partition",
-    "classes-per-client",
-    "classes-per-client-mode",
-    "dirichlet-alpha",
-    "min-partition-size",
-    "imbalance-factor",
-    "map-sigma",
-    "local-test-fraction",
-    "num-partitions",
-)
+# the run-config keys that decide which data a cell's clients hold (the partition's, where the data lives
+# aside, and the number of clients): with `method` and `seed`, what a cell's labels name (`Suite.identity_keys`)
+PARTITION_KEYS = (*(k for k in client_partition_keys if k != "data-root"), "num-partitions")
 
 
 def run_name(partition: str, method: str, seed: int) -> str:
