@@ -166,6 +166,7 @@ def test_which_methods_and_models_are_stacked() -> None:
     for method in ("map", "fedmr", "moon", "fedrep"):
         assert "does not express its local step" in stacked_refusal({**defaults, "method": method})
     assert "BatchNorm2d" in stacked_refusal({**defaults, "model": "resnet8"})
+    assert "grad-clip > 0" in stacked_refusal({**defaults, "method": "feddyn", "grad-clip": 1.0})  # its own clip
     assert "BatchNorm1d" in stacked_refusal({**defaults, "method": "fedgela", "fedgela-head": "code"})
     assert module_refusal(build_model("pfl-cnn", "fashion-mnist")) is None
     assert "Dropout" in module_refusal(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout()))
