@@ -136,6 +136,9 @@ CLIP_NORMS = "fedskew_clip_norms"  # the optimiser's attribute listing the norms
 # the optimiser's attribute marking its one step post-hook as a fixed per-parameter correction
 # (`fedskew.losses.scaffold.correct_after_step`), which the batched engine applies as it does
 STEP_CORRECTION = "fedskew_step_correction"
+# the optimiser's attribute (norm, hook id) of its step pre-hook clipping the gradient and that
+# correction together, as one vector (FedDC's clip: `correct_after_step`'s `max_norm`)
+CORRECTION_CLIP = "fedskew_correction_clip"
 
 
 def clip_before_step(optimizer: torch.optim.Optimizer, max_norm: float) -> None:

@@ -24,16 +24,20 @@ from fedskew.batched.stacked import (
 )
 from fedskew.client_app.app import app as client_app
 from fedskew.client_app.ditto import PERSONAL
+from fedskew.client_app.feddc import DRIFT
+from fedskew.client_app.scaffold import CLIENT_CONTROL
 from fedskew.config import validate
 from fedskew.data.augment import Augmentation
+from fedskew.losses.scaffold import correct_after_step
 from fedskew.models import build_model
 from fedskew.registry import get_method
+from fedskew.strategies.base import BaseStrategy
 from fedskew.training import clip_before_step, module_refusal, sgd, train_steps
-from fedskew.wire import CENTRAL_EVAL_METRICS
+from fedskew.wire import CENTRAL_EVAL_METRICS, FEDDC_UPDATE
 from tests.conftest import read_metrics
 from tests.harness import ROOT, app_defaults, run_in_process
 
-STACKED = "fedavg fedprox fedrs fedlc fedgela fednova creff scaffold scaffold-rs feddyn ditto".split()
+STACKED = "fedavg fedprox fedrs fedlc fedgela fednova creff scaffold scaffold-rs feddyn feddc ditto".split()
 NODES = 40  # 4 of them sampled (fraction-train 0.1): ~1,200 examples each, different sizes (Dirichlet)
 ROUND = {"model": "mlp", "partition": "dirichlet", "fraction-train": 0.1, "local-epochs": 2, "batch-size": 32}
 # Uploads are compared in float64 (`compute-dtype`), on short clients: 400 nodes, 4 sampled (~100-200
@@ -104,6 +108,12 @@ def test_sgd_settings_refuses_what_the_stacked_step_does_not_do() -> None:
         sgd_settings(opt, params)
     with pytest.raises(ValueError, match="exactly"):
         sgd_settings(torch.optim.SGD(params, lr=0.1), [torch.zeros(2, requires_grad=True)])
+    opt = sgd(params, {"lr": 0.1, "momentum": 0.0, "weight-decay": 0.0, "grad-clip": 5.0})
+    correct_after_step(opt, [torch.ones(2)], 2.0)  # FedDC's clip of the gradient with the correction
+    assert sgd_settings(opt, params) == SGDSettings(0.1, 0.0, 0.0, (5.0,), True, 2.0)
+    clip_before_step(opt, 3.0)  # a clip after it: not the order the stacked step clips in
+    with pytest.raises(ValueError, match="after clipping it with its step correction"):
+        sgd_settings(opt, params)
 
 
 def test_client_steps_are_the_batches_the_per_client_loop_draws() -> None:
@@ -156,6 +166,7 @@ def test_which_methods_and_models_are_stacked() -> None:
     for method in ("map", "fedmr", "moon", "fedrep"):
         assert "does not express its local step" in stacked_refusal({**defaults, "method": method})
     assert "BatchNorm2d" in stacked_refusal({**defaults, "model": "resnet8"})
+    assert "grad-clip > 0" in stacked_refusal({**defaults, "method": "feddyn", "grad-clip": 1.0})  # its own clip
     assert "BatchNorm1d" in stacked_refusal({**defaults, "method": "fedgela", "fedgela-head": "code"})
     assert module_refusal(build_model("pfl-cnn", "fashion-mnist")) is None
     assert "Dropout" in module_refusal(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout()))
@@ -165,11 +176,17 @@ def test_which_methods_and_models_are_stacked() -> None:
 def first_round(method: str, **overrides: Any) -> tuple[BatchedGrid, list[Message]]:
     """A batched grid of `num-partitions` nodes (`NODES` unless overridden) and the server's round-1
     train messages of `method`."""
+    grid, _, messages = served_round(method, **overrides)
+    return grid, messages
+
+
+def served_round(method: str, **overrides: Any) -> tuple[BatchedGrid, BaseStrategy, list[Message]]:
+    """`first_round` with the strategy that sent its messages."""
     cfg = {**app_defaults(), **ROUND, "method": method, "num-partitions": NODES, **overrides}
     grid = BatchedGrid(cfg["num-partitions"], cfg)
     strategy = get_method(method).strategy_class()(validate(cfg))
     config = ConfigRecord({"attempt": 0})
-    return grid, list(strategy.configure_train(1, strategy.initial_arrays(), config, grid))
+    return grid, strategy, list(strategy.configure_train(1, strategy.initial_arrays(), config, grid))
 
 
 def per_client(grid: BatchedGrid, messages: list[Message], states: list[RecordDict] | None = None) -> list[Message]:
@@ -204,7 +221,8 @@ def uploads(reply: Message) -> dict[str, torch.Tensor]:
     [pytest.param(m, {}, id=m) for m in STACKED]
     + [pytest.param("fedavg", {"augment": "crop-flip"}, id="fedavg-crop-flip")]
     + [pytest.param("fedrs", {"batched-chunk": 1}, id="fedrs-chunks-of-1")]
-    + [pytest.param("fedrs", {"personalized-central-eval": True}, id="fedrs-central-eval")],
+    + [pytest.param("fedrs", {"personalized-central-eval": True}, id="fedrs-central-eval")]
+    + [pytest.param("scaffold", {"grad-clip": 1.0}, id="scaffold-clipped")],  # binds on every step
 )
 def test_each_client_uploads_what_the_per_client_path_uploads(method: str, overrides: dict[str, Any]) -> None:
     grid, messages = first_round(method, **SHORT, **overrides)
@@ -283,6 +301,52 @@ def test_ditto_s_personal_models_and_metrics_are_the_per_client_path_s_over_two_
             for k in kept:
                 torch.testing.assert_close(kept[k], want_kept[k], **FLOAT64)
         messages = next_round(messages, batched[0].content["arrays"], server_round + 1)  # w^2: a round-1 upload
+
+
+@pytest.mark.parametrize("clip", [0.0, 0.1], ids=["unclipped", "clipped"])
+def test_feddc_s_uploads_drift_and_control_are_the_per_client_path_s_over_two_rounds(clip: float, monkeypatch) -> None:
+    """FedDC stacked (each client's penalty target w - h_i and correction c - c_i; with `grad-clip`
+    the gradient and the correction clipped together, per client) gives each client the per-client
+    path's upload, `feddc-update`, metrics and kept h_i, c_i, in float64: after round 1 (h_i = c_i =
+    0) and after round 2 (the server's aggregate and c, and the h_i, c_i kept in round 1). At
+    `grad-clip` 0.1 the clip binds on some steps (s < 1)."""
+    from fedskew.batched import stacked
+
+    scales: list[float] = []
+    clip_per_client = stacked.clip_per_client
+
+    def recorded(*args: Any) -> torch.Tensor:
+        s = clip_per_client(*args)
+        scales.extend(s.tolist())
+        return s
+
+    monkeypatch.setattr(stacked, "clip_per_client", recorded)
+    grid, strategy, messages = served_round("feddc", **SHORT, **{"grad-clip": clip, "feddc-alpha": 0.1})
+    nodes = [m.metadata.dst_node_id for m in messages]
+    monkeypatch.setattr(strategy, "sample", lambda server_round, grid: nodes)  # round 2: the same clients
+    states = [RecordDict() for _ in messages]
+    for server_round in (1, 2):
+        batched = list(grid.send_and_receive(messages))
+        reference = per_client(grid, messages, states)
+        for got, want in zip(batched, reference, strict=True):
+            for record in ("arrays", FEDDC_UPDATE):
+                a, b = (r.content[record].to_torch_state_dict() for r in (got, want))
+                assert a.keys() == b.keys() and all(
+                    torch.testing.assert_close(a[k], b[k], **WIRE_ROUNDING) is None for k in a
+                )
+            m, n = got.content["metrics"], want.content["metrics"]
+            assert m.keys() == n.keys() and m["participations"] == n["participations"] == server_round
+            for key in ("train-loss", "correction-norm", "feddc-drift-norm", "personal-loss"):
+                assert m[key] == pytest.approx(n[key], rel=1e-9), key
+        for msg, state in zip(messages, states, strict=True):
+            kept, want_kept = state_arrays(grid.contexts[msg.metadata.dst_node_id].state), state_arrays(state)
+            assert kept.keys() == want_kept.keys()
+            assert all(any(k.startswith(f"tensors.{name}/") for k in kept) for name in (DRIFT, CLIENT_CONTROL))
+            for k in kept:
+                torch.testing.assert_close(kept[k], want_kept[k], **FLOAT64)
+        arrays, _ = strategy.aggregate_train(server_round, batched)  # w^{t+1}, and c for the next round
+        messages = list(strategy.configure_train(server_round + 1, arrays, ConfigRecord({"attempt": 0}), grid))
+    assert (min(scales) < 1.0) if clip else not scales
 
 
 def test_ditto_on_the_batched_engine_trains_two_stacked_models_and_lambda_pulls_v_k_to_w_t(monkeypatch) -> None:

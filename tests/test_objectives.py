@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from fedskew.client_app.app import client_trainer
 from fedskew.client_app.base import BaseTrainer
 from fedskew.losses import proximal_term, restricted_softmax_cross_entropy
+from fedskew.losses.feddc import penalty_target
 from fedskew.losses.feddyn import feddyn_penalty
 from fedskew.losses.fedlc import calibrated_cross_entropy
 from fedskew.registry import METHODS
@@ -45,6 +46,9 @@ WRITTEN: dict[str, Callable[[Any, torch.nn.Module, torch.Tensor, torch.Tensor], 
         F.cross_entropy(model(x), y) + proximal_term(model.parameters(), t.global_params.values(), t.cfg["fedprox-mu"])
     ),
     "feddyn": feddyn_loss,
+    "feddc": lambda t, model, x, y: (
+        F.cross_entropy(model(x), y) + proximal_term(model.parameters(), t.target, t.cfg["feddc-alpha"])
+    ),
 }
 
 
@@ -55,7 +59,8 @@ def pair(loss: Loss) -> tuple[torch.Tensor, torch.Tensor]:
 
 def started_client(method: str) -> tuple[BaseTrainer, torch.nn.Module]:
     """A trainer of `method` in float64 after `begin` on its round-1 message, and its model moved off
-    the received one (FedProx's and FedDyn's penalties are 0 there), FedDyn with a nonzero g_k."""
+    the received one (FedProx's and FedDyn's penalties are 0 there), FedDyn with a nonzero g_k, FedDC
+    with a nonzero drift h_i (its penalty's target w - h_i)."""
     grid, messages = first_round(method, **{"compute-dtype": "float64"})
     msg = messages[0]
     trainer = client_trainer(msg, grid.contexts[msg.metadata.dst_node_id], set_threads=False)
@@ -66,6 +71,9 @@ def started_client(method: str) -> tuple[BaseTrainer, torch.nn.Module]:
             p.add_(0.05 * torch.randn(p.shape, generator=g, dtype=p.dtype))
     if method == "feddyn":
         trainer.gradient_state = [0.1 * torch.randn(p.shape, generator=g, dtype=p.dtype) for p in model.parameters()]
+    if method == "feddc":
+        drift = [0.1 * torch.randn(p.shape, generator=g, dtype=p.dtype) for p in model.parameters()]
+        trainer.target = penalty_target(trainer.start, drift)
     return trainer, model
 
 
@@ -86,4 +94,4 @@ def test_loss_and_functional_loss_are_one_objective(method: str, task_identity: 
     written = pair(WRITTEN.get(method, cross_entropy)(trainer, model, x[:b], y[:b]))
     assert all(torch.equal(a, w) for a, w in zip(per_client, written, strict=True)), method
     penalty = trainer.penalty(params, trainer.batch_extras())
-    assert (penalty is not None and abs(float(penalty.detach())) > 1e-4) == (method in ("fedprox", "feddyn"))
+    assert (penalty is not None and abs(float(penalty.detach())) > 1e-4) == (method in ("fedprox", "feddyn", "feddc"))

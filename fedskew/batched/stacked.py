@@ -25,7 +25,10 @@ Each client's step is exactly the step of the per-client path (`fedskew.training
 
   with the momentum buffer b_k starting at zero (SGD's first step sets b = d: the same value), and
   r_k the trainer's `step_corrections` where its optimiser applies them after each step
-  (`fedskew.losses.scaffold.correct_after_step`, outside momentum);
+  (`fedskew.losses.scaffold.correct_after_step`, outside momentum); where that optimiser also clips
+  the gradient and the correction together (FedDC's `grad-clip`), after the clips above,
+
+      s_k = min(1, c / (||g_k + r_k|| + 1e-6)),   g_k <- s_k g_k,   r_k <- s_k r_k   (this step only)
 - a loss may also return what the client reports as its training loss (FedDyn: the cross-entropy
   without its regulariser), summed apart;
 - clients are ordered by decreasing number of steps, so the clients still training at step s are
@@ -52,7 +55,7 @@ import torch
 from torch.func import grad_and_value, vmap
 
 from fedskew.data.augment import Augmentation, Draw
-from fedskew.training import CLIP_NORMS, STEP_CORRECTION, minibatches
+from fedskew.training import CLIP_NORMS, CORRECTION_CLIP, STEP_CORRECTION, minibatches
 
 # (params, buffers, x [B, ...], y [B], weight [B], extras) -> one client's scalar loss, or the loss
 # and the scalar it reports as its training loss
@@ -70,20 +73,22 @@ class NotStackable(ValueError):
 
 @dataclass(frozen=True)
 class SGDSettings:
-    """What a torch.optim.SGD does in a step: lr, momentum, weight decay and the gradient-norm clips
-    run before it (in order)."""
+    """What a torch.optim.SGD does in a step: lr, momentum, weight decay, the gradient-norm clips
+    run before it (in order), a step correction and the norm that clips the gradient and that
+    correction together after those clips (0: none)."""
 
     lr: float
     momentum: float
     weight_decay: float
     clip_norms: tuple[float, ...] = ()
     corrected: bool = False  # a per-client correction after each step (`STEP_CORRECTION`)
+    correction_clip: float = 0.0  # its clip with the gradient (`CORRECTION_CLIP`)
 
 
 def sgd_settings(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> SGDSettings:
     """The settings of `optimizer`, a plain torch SGD over exactly `params` (in order) whose only step
-    hooks are `fedskew.training.clip_before_step`'s and a step correction's
-    (`fedskew.losses.scaffold.correct_after_step`); raises `NotStackable` naming what differs."""
+    hooks are `fedskew.training.clip_before_step`'s and a step correction's with its clip, if any,
+    last (`fedskew.losses.scaffold.correct_after_step`); raises `NotStackable` naming what differs."""
     if type(optimizer) is not torch.optim.SGD or len(optimizer.param_groups) != 1:
         raise NotStackable(f"the optimiser is {type(optimizer).__name__} with {len(optimizer.param_groups)} groups")
     group = optimizer.param_groups[0]
@@ -93,21 +98,35 @@ def sgd_settings(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -
         raise NotStackable("the optimiser does not train exactly the model's parameters")
     clips = tuple(getattr(optimizer, CLIP_NORMS, ()))
     corrected = bool(getattr(optimizer, STEP_CORRECTION, False))
+    correction_clip, clip_hook = getattr(optimizer, CORRECTION_CLIP, (0.0, None))
     # the hook lists are torch's own (private) names: an unknown hook would change the step silently
-    pre, post = len(optimizer._optimizer_step_pre_hooks), len(optimizer._optimizer_step_post_hooks)
-    if pre != len(clips) or post != int(corrected):
+    pre, post = list(optimizer._optimizer_step_pre_hooks), len(optimizer._optimizer_step_post_hooks)
+    if len(pre) != len(clips) + (clip_hook is not None) or post != int(corrected):
         raise NotStackable("the optimiser has step hooks beyond gradient clipping and a step correction")
+    if clip_hook is not None and pre[-1] != clip_hook:
+        raise NotStackable("the optimiser clips its gradient after clipping it with its step correction")
     group_settings = (float(group["lr"]), float(group["momentum"]), float(group["weight_decay"]))
-    return SGDSettings(*group_settings, clips, corrected)
+    return SGDSettings(*group_settings, clips, corrected, float(correction_clip))
 
 
-def clip_per_client(grads: dict[str, torch.Tensor], max_norm: float) -> None:
+def clip_per_client(
+    grads: dict[str, torch.Tensor], max_norm: float, plus: dict[str, torch.Tensor] | None = None
+) -> torch.Tensor:
     """`torch.nn.utils.clip_grad_norm_` for each client (row) of the stacked gradients, in place:
-    g <- g * min(1, max_norm / (||g|| + 1e-6)), ||g|| the 2-norm over all of the client's tensors."""
-    norms = torch.stack([torch.linalg.vector_norm(g.flatten(1), dim=1) for g in grads.values()], dim=1)
+    g <- g * s, s = min(1, max_norm / (||g|| + 1e-6)), ||g|| the 2-norm over all of the client's
+    tensors; with `plus` (the clients' step corrections r), ||g + r|| instead, as
+    `correct_after_step`'s clip. Returns s `[K]`."""
+    rows = {k: g if plus is None else g + plus[k] for k, g in grads.items()}
+    norms = torch.stack([torch.linalg.vector_norm(t.flatten(1), dim=1) for t in rows.values()], dim=1)
     coef = (max_norm / (torch.linalg.vector_norm(norms, dim=1) + 1e-6)).clamp(max=1.0)
     for g in grads.values():
-        g.mul_(coef.view(-1, *([1] * (g.dim() - 1))))
+        g.mul_(per_row(coef, g))
+    return coef
+
+
+def per_row(coef: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """`coef` `[K]` shaped to multiply the rows of `like` `[K, ...]`."""
+    return coef.view(-1, *([1] * (like.dim() - 1)))
 
 
 class StackedSGD:
@@ -122,6 +141,11 @@ class StackedSGD:
     def step(self, grads: dict[str, torch.Tensor], a: int, corrections: dict[str, torch.Tensor] | None = None) -> None:
         for max_norm in self.s.clip_norms:
             clip_per_client(grads, max_norm)
+        if corrections is not None:
+            corrections = {k: r[:a] for k, r in corrections.items()}
+            if self.s.correction_clip:
+                coef = clip_per_client(grads, self.s.correction_clip, corrections)
+                corrections = {k: r * per_row(coef, r) for k, r in corrections.items()}
         for k, g in grads.items():
             p = self.params[k][:a]
             if self.s.weight_decay:
@@ -130,7 +154,7 @@ class StackedSGD:
                 g = self.buffers[k][:a].mul_(self.s.momentum).add_(g)
             p.add_(g, alpha=-self.s.lr)
             if corrections is not None:
-                p.sub_(corrections[k][:a], alpha=self.s.lr)
+                p.sub_(corrections[k], alpha=self.s.lr)
 
 
 Step = tuple[torch.Tensor, Draw | None]  # one local step: the batch's example indices and its augmentation draw

@@ -32,7 +32,12 @@ Decisions (the paper's text was not at hand; the details follow the authors' cod
   drift included, and to the local update.
 - h_i and c_i are this client's state (two model-sized float32 tensors per trainable parameter,
   each written with its round); a client without them starts from zero (the code's
-  initialisation) and logs it.
+  initialisation) and logs it. Both are read in `load_global` and written in `after_steps` (c_i,
+  then h_i), on either engine.
+- The penalty is written once, as the trainer's `penalty` on the cross-entropy, its target w - h_i
+  a per-client extra (`batch_extras`): the batched engine stacks the clients, each with its own
+  correction c - c_i and, with `grad-clip`, the same joint clip per client
+  (`fedskew.batched.stacked.StackedSGD`).
 Personalized model: the locally trained theta_i (not the drift-corrected upload). Metric:
 `feddc-drift-norm` (||h_i|| after the update).
 """
@@ -59,6 +64,7 @@ DRIFT = "feddc-drift"
 class FedDCTrainer(ScaffoldTrainer):
     """SCAFFOLD's corrected local training plus the drift penalty; uploads theta_i + h_i."""
 
+    batched = True
     keeps_state = "the drift h_i and the control variate c_i"
     kept_arrays = ("params", "params")
 
@@ -71,15 +77,20 @@ class FedDCTrainer(ScaffoldTrainer):
         """The common `sgd` without its own clip: `grad-clip` clips the loss gradient and the
         correction together (`correct_after_step`)."""
         opt = sgd(model.parameters(), {**self.cfg, "grad-clip": 0.0})
-        diff = [c - ci for c, ci in zip(self.control, self.client_control, strict=True)]
-        correct_after_step(opt, diff, self.cfg["grad-clip"])
+        correct_after_step(opt, list(self.step_corrections(model).values()), self.cfg["grad-clip"])
         return opt
 
-    def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return super().loss(model, x, y) + proximal_term(model.parameters(), self.target, self.cfg["feddc-alpha"])
+    def batch_extras(self) -> dict[str, torch.Tensor]:
+        return {f"target/{k}": t for k, t in zip(self.names, self.target, strict=True)}
 
-    def local_train(self, model: nn.Module, content: RecordDict) -> dict[str, float]:
-        stats = super().local_train(model, content)
+    def penalty(self, params: dict[str, torch.Tensor], extras: dict[str, torch.Tensor]) -> torch.Tensor:
+        """alpha/2 ||theta + h_i - w||^2, the proximal term towards w - h_i from `extras` (`batch_extras`)."""
+        target = [extras[f"target/{k}"] for k in self.names]
+        return proximal_term([params[k] for k in self.names], target, self.cfg["feddc-alpha"])
+
+    def after_steps(self, model: nn.Module, stats: dict[str, float]) -> dict[str, float]:
+        """SCAFFOLD's c_i update, then h_i <- h_i + (theta_i - w), each kept in the client's state."""
+        stats = super().after_steps(model, stats)
         self.drift = drift_update(self.drift, list(model.parameters()), self.start)
         self.save_parameter_state(DRIFT, model, self.drift)
         norm = math.sqrt(sum(float(h.pow(2).sum()) for h in self.drift))

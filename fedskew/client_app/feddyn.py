@@ -18,8 +18,9 @@ uploads theta_k^t and keeps g_k <- g_k - alpha (theta_k^t - theta^{t-1}). Decisi
   negative (a loss metric is declared >= 0): the loss reports it beside the objective
   (`reports_data_loss`).
 - The regulariser is written once, as the trainer's `penalty` on the cross-entropy (the base derives
-  `loss` and the batched engine's `functional_loss`). The batched engine stacks its clients
-  (`grad-clip` 0), each with its theta^{t-1} and g_k as extras.
+  `loss` and the batched engine's `functional_loss`). The batched engine stacks its clients, each
+  with its theta^{t-1} and g_k as extras, at `grad-clip` 0; with a clip they train one by one
+  (`stacked_refusal`: the stacked step does not clip outside alpha theta).
 - g_k is this client's state (`ClientState`, one model-sized float32 tensor per trainable
   parameter, written with its round); a client without one starts from g_k = 0 (Alg. 1 initialises
   grad L_k(theta_k^0) = 0) and logs it.
@@ -30,6 +31,7 @@ the update).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from flwr.app import RecordDict
@@ -49,6 +51,12 @@ class FedDynTrainer(BaseTrainer):
     reports_data_loss = True  # `train-loss`: the cross-entropy alone
     keeps_state = "the gradient state"
     kept_arrays = ("params",)
+
+    @classmethod
+    def stacked_refusal(cls, cfg: dict[str, Any]) -> str | None:
+        if cfg["grad-clip"] > 0:
+            return "the stacked step does not clip FedDyn's gradient outside alpha theta (grad-clip > 0)"
+        return super().stacked_refusal(cfg)
 
     def load_global(self, model: nn.Module, content: RecordDict) -> None:
         super().load_global(model, content)

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from fedskew.training import STEP_CORRECTION
+from fedskew.training import CORRECTION_CLIP, STEP_CORRECTION
 
 
 def correct_after_step(
@@ -66,8 +66,7 @@ def correct_after_step(
                 correction = by_param[id(p)]
                 p.sub_(correction * scale[0] if scale else correction, alpha=group["lr"])
 
-    if max_norm > 0:
-        optimizer.register_step_pre_hook(clip)
-    else:  # the correction alone: the batched engine's stacked step applies it the same way
-        setattr(optimizer, STEP_CORRECTION, True)
+    if max_norm > 0:  # (norm, hook id): the batched engine clips as this hook does, after the other clips
+        setattr(optimizer, CORRECTION_CLIP, (max_norm, optimizer.register_step_pre_hook(clip).id))
+    setattr(optimizer, STEP_CORRECTION, True)  # the stacked step applies both the same way
     optimizer.register_step_post_hook(hook)
