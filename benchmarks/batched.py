@@ -241,6 +241,7 @@ def sync(args: argparse.Namespace) -> None:
     from torch.func import stack_module_state
 
     from fedskew.batched.stacked import (
+        GroupSettings,
         SGDSettings,
         Tensors,
         client_steps,
@@ -268,7 +269,7 @@ def sync(args: argparse.Namespace) -> None:
     def loss(p: Tensors, b: Tensors, xb: torch.Tensor, yb: torch.Tensor, w: torch.Tensor, e: Tensors) -> torch.Tensor:
         return weighted_sum(F.cross_entropy(functional_forward(template, p, b, xb), yb, reduction="none"), w)
 
-    settings = SGDSettings(0.01, 0.9, 1e-4, (10.0,))
+    settings = SGDSettings((GroupSettings(tuple(params), 0.01, 0.9, 1e-4),), (10.0,))
     if device.type != "cuda":  # the loop runs; the check needs a GPU
         totals = train_stacked(loss, params, buffers, {}, x, y, schedule, settings, augment)
         print(

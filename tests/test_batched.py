@@ -16,6 +16,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, R
 from fedskew.batched.executor import fitting_chunks, stacked_refusal
 from fedskew.batched.grid import BatchedGrid, run_batched
 from fedskew.batched.stacked import (
+    GroupSettings,
     SGDSettings,
     StackedSGD,
     client_steps,
@@ -25,6 +26,7 @@ from fedskew.batched.stacked import (
 from fedskew.client_app.app import app as client_app
 from fedskew.client_app.ditto import PERSONAL
 from fedskew.client_app.feddc import DRIFT
+from fedskew.client_app.fedrep import HEAD, decay_groups
 from fedskew.client_app.scaffold import CLIENT_CONTROL
 from fedskew.config import validate
 from fedskew.data.augment import Augmentation
@@ -37,7 +39,9 @@ from fedskew.wire import CENTRAL_EVAL_METRICS, FEDDC_UPDATE
 from tests.conftest import read_metrics
 from tests.harness import ROOT, app_defaults, run_in_process
 
-STACKED = "fedavg fedprox fedrs fedlc fedgela fednova creff scaffold scaffold-rs feddyn feddc ditto".split()
+STACKED = (
+    "fedavg fedprox fedrs fedlc fedgela fednova creff scaffold scaffold-rs feddyn feddc ditto fedbabu fedrep".split()
+)
 NODES = 40  # 4 of them sampled (fraction-train 0.1): ~1,200 examples each, different sizes (Dirichlet)
 ROUND = {"model": "mlp", "partition": "dirichlet", "fraction-train": 0.1, "local-epochs": 2, "batch-size": 32}
 # Uploads are compared in float64 (`compute-dtype`), on short clients: 400 nodes, 4 sampled (~100-200
@@ -50,6 +54,9 @@ ROUND = {"model": "mlp", "partition": "dirichlet", "fraction-train": 0.1, "local
 # bounds by 1e-9 = 1e7 float64 epsilons: any CPU, and 6e4 times below the float32 discrepancy.
 SHORT = {"num-partitions": 400, "fraction-train": 0.01, "compute-dtype": "float64"}
 WIRE_ROUNDING = {"rtol": 2.0**-23, "atol": 1e-9}
+# a method's overrides where the default lr moves its upload by less than the test's 1e-2: the bodies
+# of FedBABU and FedRep learn under a frozen head (0.007, 0.006 at lr 0.01)
+MOVED = {"fedbabu": {"lr": 0.05}, "fedrep": {"lr": 0.05}}
 
 
 @pytest.fixture(autouse=True)
@@ -76,13 +83,13 @@ def test_stacked_sgd_is_torch_sgd_per_client_and_leaves_finished_clients_alone()
         params = [start[k][name].clone().requires_grad_() for name in shapes]
         opt = sgd(params, {"lr": 0.1, "momentum": 0.9, "weight-decay": 0.01, "grad-clip": 50.0})
         clip_before_step(opt, 3.0)  # as FedGELA adds its own
-        settings = sgd_settings(opt, params)
+        settings = sgd_settings(opt, dict(zip(shapes, params, strict=True)))
         for grad in grads[k]:
             for p, name in zip(params, shapes, strict=True):
                 p.grad = grad[name].clone()
             opt.step()
         references.append([p.detach() for p in params])
-    assert settings == SGDSettings(0.1, 0.9, 0.01, (50.0, 3.0))
+    assert settings == SGDSettings((GroupSettings(("w", "b"), 0.1, 0.9, 0.01),), (50.0, 3.0))
     stacked = {name: torch.stack([s[name] for s in start]) for name in shapes}
     optimizer = StackedSGD(stacked, settings)
     for j in range(3):
@@ -97,23 +104,35 @@ def test_stacked_sgd_is_torch_sgd_per_client_and_leaves_finished_clients_alone()
 
 
 def test_sgd_settings_refuses_what_the_stacked_step_does_not_do() -> None:
-    params = [torch.zeros(2, requires_grad=True)]
+    params = {"w": torch.zeros(2, requires_grad=True)}
     with pytest.raises(ValueError, match="Adam"):
-        sgd_settings(torch.optim.Adam(params), params)
+        sgd_settings(torch.optim.Adam(params.values()), params)
     with pytest.raises(ValueError, match="Nesterov"):
-        sgd_settings(torch.optim.SGD(params, lr=0.1, momentum=0.9, nesterov=True), params)
-    opt = torch.optim.SGD(params, lr=0.1)
+        sgd_settings(torch.optim.SGD(params.values(), lr=0.1, momentum=0.9, nesterov=True), params)
+    opt = torch.optim.SGD(params.values(), lr=0.1)
     opt.register_step_post_hook(lambda *a: None)  # e.g. SCAFFOLD's correction
     with pytest.raises(ValueError, match="hooks"):
         sgd_settings(opt, params)
-    with pytest.raises(ValueError, match="exactly"):
-        sgd_settings(torch.optim.SGD(params, lr=0.1), [torch.zeros(2, requires_grad=True)])
-    opt = sgd(params, {"lr": 0.1, "momentum": 0.0, "weight-decay": 0.0, "grad-clip": 5.0})
+    with pytest.raises(ValueError, match="not one of the model's parameters"):
+        sgd_settings(torch.optim.SGD([torch.zeros(2, requires_grad=True)], lr=0.1), params)
+    opt = sgd(list(params.values()), {"lr": 0.1, "momentum": 0.0, "weight-decay": 0.0, "grad-clip": 5.0})
     correct_after_step(opt, [torch.ones(2)], 2.0)  # FedDC's clip of the gradient with the correction
-    assert sgd_settings(opt, params) == SGDSettings(0.1, 0.0, 0.0, (5.0,), True, 2.0)
+    assert sgd_settings(opt, params) == SGDSettings((GroupSettings(("w",), 0.1, 0.0, 0.0),), (5.0,), True, 2.0)
     clip_before_step(opt, 3.0)  # a clip after it: not the order the stacked step clips in
     with pytest.raises(ValueError, match="after clipping it with its step correction"):
         sgd_settings(opt, params)
+
+
+def test_sgd_settings_reads_a_part_of_the_model_in_parameter_groups() -> None:
+    """FedRep's body epochs: the body's weights at the run's weight decay, its biases at 0, the head
+    in no group (frozen); the groups keep the optimiser's order."""
+    model = build_model("mlp", "fashion-mnist")
+    opt = sgd(decay_groups(model, model.features), {"lr": 0.1, "momentum": 0.5, "weight-decay": 0.01, "grad-clip": 0})
+    settings = sgd_settings(opt, dict(model.named_parameters()))
+    weights, biases = settings.groups
+    assert weights.weight_decay == 0.01 and biases.weight_decay == 0.0 and biases.lr == weights.lr == 0.1
+    assert all("bias" in n for n in biases.names) and not any("bias" in n for n in weights.names)
+    assert set(settings.trained) == {n for n, _ in model.named_parameters() if n.startswith("features.")}
 
 
 def test_client_steps_are_the_batches_the_per_client_loop_draws() -> None:
@@ -163,7 +182,7 @@ def test_which_methods_and_models_are_stacked() -> None:
     for method in STACKED:
         assert stacked_refusal({**defaults, "method": method}) is None, method
     # subclasses of opted-in trainers (MAP and SCAFFOLD-RS reuse FedRS's loss) do not inherit it
-    for method in ("map", "fedmr", "moon", "fedrep"):
+    for method in ("map", "fedmr", "moon", "fedrod"):
         assert "does not express its local step" in stacked_refusal({**defaults, "method": method})
     assert "BatchNorm2d" in stacked_refusal({**defaults, "model": "resnet8"})
     assert "grad-clip > 0" in stacked_refusal({**defaults, "method": "feddyn", "grad-clip": 1.0})  # its own clip
@@ -218,7 +237,8 @@ def uploads(reply: Message) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize(
     "method, overrides",
-    [pytest.param(m, {}, id=m) for m in STACKED]
+    [pytest.param(m, MOVED.get(m, {}), id=m) for m in STACKED]
+    + [pytest.param("fedbabu", {**MOVED["fedbabu"], "fedbabu-finetune-part": "head"}, id="fedbabu-head-finetuning")]
     + [pytest.param("fedavg", {"augment": "crop-flip"}, id="fedavg-crop-flip")]
     + [pytest.param("fedrs", {"batched-chunk": 1}, id="fedrs-chunks-of-1")]
     + [pytest.param("fedrs", {"personalized-central-eval": True}, id="fedrs-central-eval")]
@@ -273,13 +293,11 @@ def next_round(messages: list[Message], arrays: ArrayRecord, server_round: int) 
 FLOAT64 = {"rtol": 1e-9, "atol": 1e-12}
 
 
-def test_ditto_s_personal_models_and_metrics_are_the_per_client_path_s_over_two_rounds() -> None:
-    """Ditto's two phases stacked (the global updates, then the personal models against each
-    client's w^t) give each client the per-client path's upload, kept v_k and personalized metrics,
-    in float64: after round 1 (v_k from w^0) and after round 2, which reads the v_k kept in round 1
-    (against another w^t). 3 personal epochs to the global update's 2: the phase draws its own steps
-    from the client's generator where the global update's left it."""
-    grid, messages = first_round("ditto", **SHORT, **{"ditto-personal-epochs": 3, "ditto-lambda": 0.5})
+def assert_two_rounds_as_per_client(method: str, kept: str, metrics: tuple[str, ...], **overrides: Any) -> None:
+    """`method`'s stacked clients get the per-client path's uploads, kept state (with a record
+    `kept`) and metrics (`metrics` to float64 roundings) in float64, after round 1 and after round 2,
+    which reads what round 1 kept (against another global model: a round-1 upload)."""
+    grid, messages = first_round(method, **SHORT, **overrides)
     states = [RecordDict() for _ in messages]
     for server_round in (1, 2):
         batched = list(grid.send_and_receive(messages))
@@ -293,14 +311,67 @@ def test_ditto_s_personal_models_and_metrics_are_the_per_client_path_s_over_two_
             assert m.keys() == n.keys()
             assert m["train-steps"] == n["train-steps"] and m["participations"] == n["participations"] == server_round
             assert m["personal-accuracy"] == n["personal-accuracy"]
-            for key in ("ditto-loss", "ditto-distance", "personal-loss", "train-loss"):
+            for key in ("personal-loss", "train-loss", *metrics):
                 assert m[key] == pytest.approx(n[key], rel=1e-9), key
         for msg, state in zip(messages, states, strict=True):
-            kept, want_kept = state_arrays(grid.contexts[msg.metadata.dst_node_id].state), state_arrays(state)
-            assert kept.keys() == want_kept.keys() and any(k.startswith(f"tensors.{PERSONAL}/") for k in kept)
-            for k in kept:
-                torch.testing.assert_close(kept[k], want_kept[k], **FLOAT64)
-        messages = next_round(messages, batched[0].content["arrays"], server_round + 1)  # w^2: a round-1 upload
+            kept_here, want_kept = state_arrays(grid.contexts[msg.metadata.dst_node_id].state), state_arrays(state)
+            assert kept_here.keys() == want_kept.keys() and any(k.startswith(f"tensors.{kept}/") for k in kept_here)
+            for k in kept_here:
+                torch.testing.assert_close(kept_here[k], want_kept[k], **FLOAT64)
+        messages = next_round(messages, batched[0].content["arrays"], server_round + 1)
+
+
+def test_ditto_s_personal_models_and_metrics_are_the_per_client_path_s_over_two_rounds() -> None:
+    """Ditto's two phases stacked (the global updates, then the personal models against each
+    client's w^t) give each client the per-client path's upload, kept v_k and personalized metrics,
+    in float64: after round 1 (v_k from w^0) and after round 2, which reads the v_k kept in round 1
+    (against another w^t). 3 personal epochs to the global update's 2: the phase draws its own steps
+    from the client's generator where the global update's left it."""
+    overrides = {"ditto-personal-epochs": 3, "ditto-lambda": 0.5}
+    assert_two_rounds_as_per_client("ditto", PERSONAL, ("ditto-loss", "ditto-distance"), **overrides)
+
+
+def test_fedrep_s_heads_and_metrics_are_the_per_client_path_s_over_two_rounds() -> None:
+    """FedRep's two stacked stages (the heads with the bodies frozen, then the bodies with the heads
+    frozen, each with its biases in a group without weight decay) give each client the per-client
+    path's body upload, kept head h_i and personalized metrics, in float64: after round 1 (h_i from
+    w^0's head) and after round 2, which reads the h_i kept in round 1 under another body. Weight
+    decay 0.01 (the bias groups' 0 matters) and a binding gradient clip (1.0: it moves the uploads by
+    0.5), over the optimiser's parameters only."""
+    overrides = {"lr": 0.05, "weight-decay": 0.01, "grad-clip": 1.0, "fedrep-head-epochs": 3}
+    assert_two_rounds_as_per_client("fedrep", HEAD, ("fedrep-head-loss",), **overrides)
+
+
+def test_a_stacked_stage_moves_the_parameters_its_optimiser_holds_and_no_other(monkeypatch) -> None:
+    """FedBABU (the body, then a head-only fine-tuning) and FedRep (the head, then the body) each train
+    two stacked models a round, with momentum and weight decay on (a frozen part in the step would
+    move): each stage moves exactly the parameters its optimiser holds, the others bit-identical."""
+    from fedskew.batched.executor import StackedTrainer, describe_engine
+
+    seen: list[tuple[set[str], set[str]]] = []  # per client and stage: (trained, moved)
+    train_chunk = StackedTrainer.train_chunk
+
+    def spy(self: StackedTrainer, chunk: list, probe: bool = False) -> list:
+        before = [{k: p.detach().clone() for k, p in c.stage.model.named_parameters()} for c in chunk]
+        out = train_chunk(self, chunk, probe)
+        for c, start in zip(chunk, before, strict=True):
+            moved = {k for k, p in c.stage.model.named_parameters() if not torch.equal(p, start[k])}
+            seen.append((set(c.stage.settings.trained), moved))
+        return out
+
+    monkeypatch.setattr(StackedTrainer, "train_chunk", spy)
+    names = {n for n, _ in build_model("mlp", "fashion-mnist").named_parameters()}
+    body = {n for n in names if n.startswith("features.")}
+    head = names - body
+    for method, stages in (("fedbabu", (body, head)), ("fedrep", (head, body))):
+        assert f"{method} trains each round's clients as one stacked model" in describe_engine(
+            {**app_defaults(), "method": method}
+        )
+        overrides = {"weight-decay": 0.01, "fedbabu-finetune-part": "head", "fedrep-head-epochs": 1}
+        grid, messages = first_round(method, **SHORT, **overrides)
+        assert all(uploads(r) for r in grid.send_and_receive(messages))
+        assert seen == [(stages[0], stages[0])] * len(messages) + [(stages[1], stages[1])] * len(messages)
+        seen.clear()
 
 
 @pytest.mark.parametrize("clip", [0.0, 0.1], ids=["unclipped", "clipped"])

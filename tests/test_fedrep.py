@@ -36,9 +36,9 @@ def initial_head() -> torch.Tensor:
 class PhaseSpy(FedRepTrainer):
     """Records which state-dict entries each training phase changed."""
 
-    def run_epochs(self, model, optimizer, epochs, loss=None):
+    def run_steps(self, model, optimizer, steps, loss=None):
         before = {k: v.clone() for k, v in model.state_dict().items()}
-        out = super().run_epochs(model, optimizer, epochs, loss)
+        out = super().run_steps(model, optimizer, steps, loss)
         self.phases = [
             *getattr(self, "phases", []),
             {k for k, v in model.state_dict().items() if not torch.equal(v, before[k])},

@@ -10,8 +10,10 @@ For a method whose trainer opts in (`BaseTrainer.stacked_refusal` is None) each 
 `begin` (records checked, model built, global model loaded and evaluated), draws its trainer's
 `local_steps` steps from its own generator (`fedskew.batched.stacked.client_steps`), and the
 round's clients then train as stacked models (`train_stacked`) in chunks; each client's trained
-weights go back into its own model. A chunk's clients then go on as `BaseTrainer.local_train` does:
-`after_steps`, then each of their `later_phases` (Ditto's personal update) as one more stacked model
+weights go back into its own model. A stage trains the parameters its optimiser holds, by group
+(`sgd_settings`): the rest of the model is frozen, in the forward pass as it is (FedBABU's head).
+A chunk's clients then go on as `BaseTrainer.local_train` does: `after_steps`, then each of their
+`later_phases` (Ditto's personal update, FedRep's body epochs) as one more stacked model
 (`Stage`: the phase's model, its steps drawn from the client's generator where the main steps left
 it, its loss and extras), the phase's `end` after it; and their trainer's `finish` writes each reply
 (personalized evaluation, upload, extras). Any other method runs `fit` per client, its ordinary
@@ -129,9 +131,10 @@ class ResidentData:
 
 @dataclass
 class Stage:
-    """What a client trains in one stacked model: `model`'s parameters for its `steps` under its
-    optimiser's `settings`, on `loss` (`BaseTrainer.functional_loss`'s form) reading its `extras`,
-    `corrections` subtracted after each step where its optimiser applies them."""
+    """What a client trains in one stacked model: the parameters of `model` that its optimiser holds
+    (`settings`: their groups; the others frozen) for its `steps`, on `loss`
+    (`BaseTrainer.functional_loss`'s form) reading its `extras`, `corrections` subtracted after
+    each step where its optimiser applies them."""
 
     model: nn.Module
     steps: list[Step]
@@ -155,7 +158,7 @@ def stage(
     network or the optimiser is not one the stacked step reproduces."""
     if (reason := module_refusal(model)) is not None:
         raise NotStackable(reason)
-    settings = sgd_settings(optimizer, list(model.parameters()))
+    settings = sgd_settings(optimizer, dict(model.named_parameters()))
     if settings.corrected and corrections is None:
         raise NotStackable(f"{type(trainer).__name__}'s optimiser corrects its steps but gives no step_corrections")
     n, batch = len(trainer.data.y_train), trainer.cfg["batch-size"]
@@ -332,14 +335,15 @@ class StackedTrainer:
             raise NotStackable("the clients' optimisers differ in their settings")
         corrections = None
         if settings.corrected:
-            corrections = {k: torch.stack([st.corrections[k] for st in stages]) for k in params}  # type: ignore[index]
+            corrections = {k: torch.stack([st.corrections[k] for st in stages]) for k in settings.trained}  # type: ignore[index]
         totals = train_stacked(loss, params, buffers, extras, x, y, schedule, settings, first.augment, corrections)
         if probe:
             return []
         with torch.no_grad():
             for k, model in enumerate(models):
                 for name, p in model.named_parameters():
-                    p.copy_(params[name][k])
+                    if name in settings.trained:  # a frozen one is as it was
+                        p.copy_(params[name][k])
         sums = totals.tolist()
         stats = [{} for _ in chunk]
         for k, st, total in zip(ranked, stages, sums, strict=True):

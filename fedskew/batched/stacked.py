@@ -17,7 +17,10 @@ Each client's step is exactly the step of the per-client path (`fedskew.training
   examples weighted 1/b (in the parameters' dtype: a float32 1/b would part float64 clients from
   their per-client mean by float32 roundings): sum_i w_i loss_i is then the batch mean that the
   per-client loss takes;
-- torch.optim.SGD's update (dampening 0, no Nesterov), per client (`StackedSGD`):
+- torch.optim.SGD's update (dampening 0, no Nesterov), per client and per parameter group
+  (`StackedSGD`; lr, momentum mu and weight decay wd of the parameter's group), on the parameters the
+  optimiser holds only: the others are frozen (differentiated not at all, never moved) and enter the
+  forward pass as they are (FedBABU's head, FedRep's body during its head epochs):
 
       g_k <- g_k * min(1, c / (||g_k|| + 1e-6))        for each clip norm c, in order (clip_grad_norm_)
       d_k = g_k + wd theta_k,   b_k <- mu b_k + d_k,   theta_k <- theta_k - lr b_k
@@ -47,7 +50,7 @@ batch (padding would enter its statistics), dropout draws from the global random
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,30 +75,56 @@ class NotStackable(ValueError):
 
 
 @dataclass(frozen=True)
-class SGDSettings:
-    """What a torch.optim.SGD does in a step: lr, momentum, weight decay, the gradient-norm clips
-    run before it (in order), a step correction and the norm that clips the gradient and that
-    correction together after those clips (0: none)."""
+class GroupSettings:
+    """One parameter group of a torch SGD: the parameters it trains (by name, in its order) and its
+    lr, momentum and weight decay (FedRep's biases: a group of weight decay 0)."""
 
+    names: tuple[str, ...]
     lr: float
     momentum: float
     weight_decay: float
+
+
+@dataclass(frozen=True)
+class SGDSettings:
+    """What a torch.optim.SGD does in a step: its parameter groups, the gradient-norm clips run
+    before it (in order, over all the groups' parameters), whether a correction follows it and the
+    norm that clips the gradient and that correction together after those clips (0: none). A
+    parameter of the model in no group is frozen: used in the forward pass, never differentiated,
+    never moved (FedBABU's head, FedRep's body in its head epochs)."""
+
+    groups: tuple[GroupSettings, ...]
     clip_norms: tuple[float, ...] = ()
     corrected: bool = False  # a per-client correction after each step (`STEP_CORRECTION`)
     correction_clip: float = 0.0  # its clip with the gradient (`CORRECTION_CLIP`)
 
+    @property
+    def trained(self) -> tuple[str, ...]:
+        """The names of the parameters the optimiser trains, group after group."""
+        return tuple(name for g in self.groups for name in g.names)
 
-def sgd_settings(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> SGDSettings:
-    """The settings of `optimizer`, a plain torch SGD over exactly `params` (in order) whose only step
-    hooks are `fedskew.training.clip_before_step`'s and a step correction's with its clip, if any,
-    last (`fedskew.losses.scaffold.correct_after_step`); raises `NotStackable` naming what differs."""
-    if type(optimizer) is not torch.optim.SGD or len(optimizer.param_groups) != 1:
-        raise NotStackable(f"the optimiser is {type(optimizer).__name__} with {len(optimizer.param_groups)} groups")
-    group = optimizer.param_groups[0]
-    if group["nesterov"] or group["dampening"] or group["maximize"]:
-        raise NotStackable("the optimiser uses Nesterov, dampening or maximize")
-    if len(group["params"]) != len(params) or any(a is not b for a, b in zip(group["params"], params, strict=False)):
-        raise NotStackable("the optimiser does not train exactly the model's parameters")
+
+def sgd_settings(optimizer: torch.optim.Optimizer, params: Mapping[str, torch.Tensor]) -> SGDSettings:
+    """The settings of `optimizer`, a plain torch SGD over some of the model's named `params`, in
+    groups that may differ in lr, momentum and weight decay, whose only step hooks are
+    `fedskew.training.clip_before_step`'s and a step correction's with its clip, if any, last
+    (`fedskew.losses.scaffold.correct_after_step`); raises `NotStackable` naming what differs."""
+    if type(optimizer) is not torch.optim.SGD:
+        raise NotStackable(f"the optimiser is {type(optimizer).__name__}, not SGD")
+    names = {id(p): name for name, p in params.items()}
+    groups = []
+    for group in optimizer.param_groups:
+        if group["nesterov"] or group["dampening"] or group["maximize"]:
+            raise NotStackable("the optimiser uses Nesterov, dampening or maximize")
+        if any(id(p) not in names for p in group["params"]):
+            raise NotStackable("the optimiser trains a tensor that is not one of the model's parameters")
+        group_names = tuple(names[id(p)] for p in group["params"])
+        groups.append(
+            GroupSettings(group_names, float(group["lr"]), float(group["momentum"]), float(group["weight_decay"]))
+        )
+    trained = [name for g in groups for name in g.names]
+    if len(set(trained)) != len(trained):
+        raise NotStackable("the optimiser holds a parameter twice")
     clips = tuple(getattr(optimizer, CLIP_NORMS, ()))
     corrected = bool(getattr(optimizer, STEP_CORRECTION, False))
     correction_clip, clip_hook = getattr(optimizer, CORRECTION_CLIP, (0.0, None))
@@ -105,8 +134,7 @@ def sgd_settings(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -
         raise NotStackable("the optimiser has step hooks beyond gradient clipping and a step correction")
     if clip_hook is not None and pre[-1] != clip_hook:
         raise NotStackable("the optimiser clips its gradient after clipping it with its step correction")
-    group_settings = (float(group["lr"]), float(group["momentum"]), float(group["weight_decay"]))
-    return SGDSettings(*group_settings, clips, corrected, float(correction_clip))
+    return SGDSettings(tuple(groups), clips, corrected, float(correction_clip))
 
 
 def clip_per_client(
@@ -130,12 +158,14 @@ def per_row(coef: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 class StackedSGD:
-    """torch.optim.SGD's step (module docstring) on stacked parameters `[K, ...]`, updated in place;
-    `step(grads, a)` moves the first `a` clients only."""
+    """torch.optim.SGD's step (module docstring) on stacked parameters `[K, ...]`, each by its
+    group's settings, updated in place; `step(grads, a)` moves the first `a` clients only, and only
+    the parameters `grads` holds (the trained ones)."""
 
     def __init__(self, params: dict[str, torch.Tensor], settings: SGDSettings) -> None:
         self.params, self.s = params, settings
-        self.buffers = {k: torch.zeros_like(p) for k, p in params.items()} if settings.momentum else {}
+        self.group = {name: g for g in settings.groups for name in g.names}
+        self.buffers = {k: torch.zeros_like(params[k]) for k, g in self.group.items() if g.momentum}
 
     @torch.no_grad()
     def step(self, grads: dict[str, torch.Tensor], a: int, corrections: dict[str, torch.Tensor] | None = None) -> None:
@@ -147,14 +177,14 @@ class StackedSGD:
                 coef = clip_per_client(grads, self.s.correction_clip, corrections)
                 corrections = {k: r * per_row(coef, r) for k, r in corrections.items()}
         for k, g in grads.items():
-            p = self.params[k][:a]
-            if self.s.weight_decay:
-                g = g.add(p, alpha=self.s.weight_decay)
-            if self.s.momentum:
-                g = self.buffers[k][:a].mul_(self.s.momentum).add_(g)
-            p.add_(g, alpha=-self.s.lr)
+            p, group = self.params[k][:a], self.group[k]
+            if group.weight_decay:
+                g = g.add(p, alpha=group.weight_decay)
+            if group.momentum:
+                g = self.buffers[k][:a].mul_(group.momentum).add_(g)
+            p.add_(g, alpha=-group.lr)
             if corrections is not None:
-                p.sub_(corrections[k], alpha=self.s.lr)
+                p.sub_(corrections[k], alpha=group.lr)
 
 
 Step = tuple[torch.Tensor, Draw | None]  # one local step: the batch's example indices and its augmentation draw
@@ -247,14 +277,16 @@ def train_stacked(
     augment: Augmentation | None = None,
     corrections: dict[str, torch.Tensor] | None = None,
 ) -> torch.Tensor:
-    """Run `schedule` (on the device of `x`) on the stacked `params` `[K, ...]`, updated in place;
-    `buffers`, `extras` and the step `corrections` are stacked `[K, ...]` too, `x`, `y` the clients'
-    data stacked by rows. Returns each client's sum of its reported batch losses `[K]`, on the device,
-    summed in float32 as `fedskew.training.train_steps` sums them."""
+    """Run `schedule` (on the device of `x`) on the stacked `params` `[K, ...]`, the ones
+    `settings` trains updated in place, the others (frozen) passed to `loss` as they are, without a
+    gradient; `buffers`, `extras` and the step `corrections` are stacked `[K, ...]` too, `x`, `y` the
+    clients' data stacked by rows. Returns each client's sum of its reported batch losses `[K]`, on
+    the device, summed in float32 as `fedskew.training.train_steps` sums them."""
     optimizer = StackedSGD(params, settings)
+    trained = settings.trained
 
-    def with_report(*args: Any) -> tuple[torch.Tensor, torch.Tensor]:
-        out = loss(*args)
+    def with_report(train: Tensors, frozen: Tensors, *args: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        out = loss({k: train[k] if k in train else frozen[k] for k in params}, *args)  # the model's order
         return (out, out.detach()) if isinstance(out, torch.Tensor) else (out[0], out[1].detach())
 
     step = vmap(grad_and_value(with_report, has_aux=True))
@@ -268,9 +300,9 @@ def train_stacked(
         draw = schedule.draw(s)
         if augment is not None and draw is not None:
             xb = augment.apply(xb.flatten(0, 1), draw, fill).unflatten(0, rows.shape)
-        prefix = {name: t[:a] for name, t in params.items()}
         grads, (_, reported) = step(
-            prefix,
+            {name: params[name][:a] for name in trained},
+            {name: t[:a] for name, t in params.items() if name not in trained},
             {name: t[:a] for name, t in buffers.items()},
             xb,
             y[rows],

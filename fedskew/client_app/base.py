@@ -23,7 +23,8 @@ hooks that differ (FL-bench style); its records (`wire`) are its registry entry'
     loss             the local objective on one mini-batch; by default derived from the two above
                      (a method whose objective is not a loss of the logits plus a parameter term,
                      e.g. MOON's, overrides `loss` itself and runs per client on the batched engine)
-    optimizer        the local optimiser (default: `sgd` from the run config, fresh each round)
+    optimizer        the local optimiser (default: `sgd` from the run config, fresh each round); a
+                     parameter it does not hold is frozen (FedBABU's head: `train_only`)
     local_train      the whole local procedure (default: `local_steps` steps of `run_steps` on
                      `loss`, i.e. `local-epochs` passes, batches through `self.augment`, the
                      configured augmentation, then `after_steps`, then `later_phases`)
@@ -42,7 +43,9 @@ hooks that differ (FL-bench style); its records (`wire`) are its registry entry'
 The batched engine (`fedskew.batched`) trains a round's clients as one stacked model when the
 trainer class sets `batched = True` in its own body (never inherited) and writes its objective once,
 as `example_losses` and `penalty` with per-client values from `batch_extras` (and `step_corrections`,
-`later_phases`): the base derives `loss` and the engine's `functional_loss` from them. The contract,
+`later_phases`): the base derives `loss` and the engine's `functional_loss` from them. Its `optimizer`
+(and a phase's) may train a part of the model, in parameter groups: the engine stacks the parameters
+it holds by group and passes the rest to the forward pass frozen (FedBABU, FedRep). The contract,
 hook by hook: docs/methods.md ("The batched engine's contract"). `tests/test_objectives.py` holds
 the two forms to one value in float64, `tests/test_batched.py` the stacked clients to the per-client
 path's uploads.
@@ -166,11 +169,11 @@ class Phase:
     `train-steps`), and keeps what the client keeps of it.
 
     The batched engine trains the phase of a round's clients as one stacked model: `optimizer` must
-    be a plain torch SGD over all of `model`'s parameters (`fedskew.batched.stacked.sgd_settings`),
-    `functional_loss` is `loss` in `BaseTrainer.functional_loss`'s form (called with a copy of
-    `model`), reading this client's own tensors from `extras` only. (FedRep's body epochs after its
-    head epochs would be one once the engine stacks a part of a network's parameters, the frozen
-    part as buffers, under two parameter groups.)"""
+    be a plain torch SGD over some of `model`'s parameters, in groups that may differ in lr, momentum
+    and weight decay (`fedskew.batched.stacked.sgd_settings`), the others frozen (FedRep's body
+    epochs: the head frozen, the biases in a group without weight decay); `functional_loss` is
+    `loss` in `BaseTrainer.functional_loss`'s form (called with a copy of `model`), reading this
+    client's own tensors from `extras` only."""
 
     model: nn.Module
     optimizer: torch.optim.Optimizer

@@ -27,35 +27,51 @@ Decisions (the authors' code `jhoon-oh/FedBABU` at e34c15b4288224f0af1bc13670bc0
 - The fine-tuning starts from the received global model, not from this round's body update: the
   paper fine-tunes the global model, and FedGELA (Fan et al., NeurIPS'23, Sec. 5) likewise
   fine-tunes global models for their personal accuracy.
+- Both stages are the base's hooks, so both engines run them: the body update is the main steps
+  (`optimizer` holds the body alone), the fine-tuning a `Phase` on the copy, its batches drawn from
+  the client's generator after the body update's. The batched engine stacks each over the round's
+  clients, the parameters the optimiser leaves out (the head; the body in a head-only fine-tuning)
+  frozen in the forward pass.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Iterator
 
+import torch
 from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 
-from fedskew.client_app.base import BaseTrainer
+from fedskew.client_app.base import BaseTrainer, Phase
 from fedskew.models import body_state
-from fedskew.training import sgd, train_only
+from fedskew.training import sgd, steps_per_round, train_only
 
 
 class FedBABUTrainer(BaseTrainer):
     """Body-only local update (head frozen at its random start); personalized = fine-tuned global model."""
 
+    batched = True
+
     def load_global(self, model: nn.Module, content: RecordDict) -> None:
         super().load_global(model, content)
-        self.finetuned = copy.deepcopy(model)  # the global model, fine-tuned in `local_train`
+        self.finetuned = copy.deepcopy(model)  # the global model, fine-tuned after the body update
 
-    def local_train(self, model: nn.Module, content: RecordDict) -> dict[str, float]:
-        stats = self.run_epochs(model, sgd(train_only(model, model.features), self.cfg), self.cfg["local-epochs"])
-        model.requires_grad_(True)
+    def optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        """SGD on the body alone: the head is frozen (no gradient, no weight decay, no step)."""
+        return sgd(train_only(model, model.features), self.cfg)
+
+    def later_phases(self, model: nn.Module) -> Iterator[Phase]:
+        """The fine-tuning of the received global model: `fedbabu-finetune-epochs` epochs at
+        `fedbabu-finetune-lr`, weight decay 0, of every parameter or the head alone."""
         net = self.finetuned
         params = train_only(net, net if self.cfg["fedbabu-finetune-part"] == "full" else net.classifier)
         optimizer = sgd(params, {**self.cfg, "lr": self.cfg["fedbabu-finetune-lr"], "weight-decay": 0.0})
-        tuned = self.run_epochs(net, optimizer, self.cfg["fedbabu-finetune-epochs"])
-        net.requires_grad_(True)
+        steps = steps_per_round(len(self.data.y_train), self.cfg["fedbabu-finetune-epochs"], self.cfg["batch-size"])
+        yield Phase(net, optimizer, steps, self.loss, self.functional_loss, self.end_finetuning)
+
+    def end_finetuning(self, stats: dict[str, float], tuned: dict[str, float]) -> dict[str, float]:
+        """The body update's metrics with the fine-tuning's loss (`fedbabu-finetune-loss`)."""
         return {**stats, "fedbabu-finetune-loss": tuned["train-loss"]}
 
     def personalized_model(self, model: nn.Module) -> nn.Module:

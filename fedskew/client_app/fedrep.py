@@ -24,8 +24,12 @@ Decisions (the authors' code `lgcollins/FedRep` at d82e62982e107bb3322541604f059
   (the code keeps `net.train()` throughout).
 - Optimiser: the common `sgd` (`momentum`, `weight-decay`, `grad-clip`; the code: SGD, momentum 0.5,
   weight decay 1e-4) with the code's two parameter groups: `weight-decay` on the weights, 0 on the
-  biases (a parameter whose name holds "bias", as the code splits them; `decay_groups`). Two groups
-  keep FedRep off the batched engine, which stacks one-group optimisers only (FedRep is not stacked).
+  biases (a parameter whose name holds "bias", as the code splits them; `decay_groups`).
+- Both updates are the base's hooks, so both engines run them: the head epochs are the main steps
+  (`optimizer`, `local_steps`), the body epochs a `Phase` on the same model, the head kept when it
+  ends. The batched engine stacks each over the round's clients, the part the optimiser leaves out
+  frozen in the forward pass, each group with its weight decay; h_i is read in `load_global` and
+  kept at the phase's end on both, a part of the stacked model in between.
 - One optimiser per phase where the code keeps one for both: the same steps under torch >= 2.0,
   whose `zero_grad` leaves a frozen part without a gradient, so its step skips it. Under torch 1.x's
   in-place zeroing the code's head would keep moving by momentum and weight decay during the body
@@ -38,14 +42,17 @@ Decisions (the authors' code `lgcollins/FedRep` at d82e62982e107bb3322541604f059
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Iterator
 from typing import Any
 
+import torch
 from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 
-from fedskew.client_app.base import BaseTrainer, checked_arrays
+from fedskew.client_app.base import BaseTrainer, Phase, checked_arrays
 from fedskew.models import body_state
-from fedskew.training import sgd, train_only
+from fedskew.training import sgd, steps_per_round, train_only
 
 HEAD = "fedrep-head"
 
@@ -66,6 +73,7 @@ def decay_groups(model: nn.Module, part: nn.Module) -> list[dict[str, Any]]:
 class FedRepTrainer(BaseTrainer):
     """Head epochs (body frozen), then body epochs (head frozen); the body travels, the head stays."""
 
+    batched = True
     keeps_state = "the personal head"
     kept_arrays = ("head",)
 
@@ -76,11 +84,23 @@ class FedRepTrainer(BaseTrainer):
         model.classifier.load_state_dict(self.initial_model().classifier.state_dict())
         self.restore(HEAD, model.classifier)
 
-    def local_train(self, model: nn.Module, content: RecordDict) -> dict[str, float]:
-        epochs = self.cfg["fedrep-head-epochs"]
-        head = self.run_epochs(model, sgd(decay_groups(model, model.classifier), self.cfg), epochs)
-        body = self.run_epochs(model, sgd(decay_groups(model, model.features), self.cfg), self.cfg["local-epochs"])
-        model.requires_grad_(True)
+    def optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        """The head epochs' SGD: the head alone, weights and biases in their decay groups."""
+        return sgd(decay_groups(model, model.classifier), self.cfg)
+
+    def local_steps(self) -> int:
+        """The main steps are the head epochs: `fedrep-head-epochs` passes."""
+        return steps_per_round(len(self.data.y_train), self.cfg["fedrep-head-epochs"], self.cfg["batch-size"])
+
+    def later_phases(self, model: nn.Module) -> Iterator[Phase]:
+        """The body epochs after the head's: `local-epochs` passes on the body alone, the head frozen."""
+        optimizer = sgd(decay_groups(model, model.features), self.cfg)
+        steps = steps_per_round(len(self.data.y_train), self.cfg["local-epochs"], self.cfg["batch-size"])
+        yield Phase(model, optimizer, steps, self.loss, self.functional_loss, functools.partial(self.end_body, model))
+
+    def end_body(self, model: nn.Module, head: dict[str, float], body: dict[str, float]) -> dict[str, float]:
+        """Keep h_i (`model`'s head); the body epochs' loss as `train-loss`, the head epochs' as
+        `fedrep-head-loss`, the steps of both."""
         self.keep(HEAD, model.classifier)
         steps = head["train-steps"] + body["train-steps"]
         return {**body, "train-steps": steps, "fedrep-head-loss": head["train-loss"]}
