@@ -1,4 +1,4 @@
-"""Each batched method writes its objective once (`example_losses`, `penalty`) and the base derives
+"""Each batched method writes its objective once (`example_losses`, `feature_loss`, `penalty`) and the base derives
 its two forms (`fedskew/client_app/base.py`): the per-client `loss` and the batched engine's
 `functional_loss`, with weights 1/b on a batch's b examples and 0 on padding, agree on one client's
 batch in float64; and `loss` is the method's loss op for op, as the per-client path computed it
@@ -18,6 +18,7 @@ from fedskew.client_app.base import BaseTrainer
 from fedskew.losses import proximal_term, restricted_softmax_cross_entropy
 from fedskew.losses.feddyn import feddyn_penalty
 from fedskew.losses.fedlc import calibrated_cross_entropy
+from fedskew.losses.fedproto import prototype_distance_loss
 from fedskew.registry import METHODS
 from fedskew.training import Loss
 from tests.test_batched import first_round
@@ -48,9 +49,18 @@ WRITTEN: dict[str, Callable[[Any, torch.nn.Module, torch.Tensor, torch.Tensor], 
 }
 
 
-def pair(loss: Loss) -> tuple[torch.Tensor, torch.Tensor]:
+def fedproto_loss(t: Any, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> Loss:
+    z = model.features(x)
+    distance = prototype_distance_loss(z, y, t.prototypes, t.valid)
+    return F.cross_entropy(model.classifier(z), y) + t.cfg["fedproto-lambda"] * distance
+
+
+WRITTEN["fedproto"] = fedproto_loss
+
+
+def pair(loss: Loss | tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, the training loss reported for it)."""
-    return loss if isinstance(loss, tuple) else (loss, loss)
+    return (loss[0], loss[1]) if isinstance(loss, tuple) else (loss, loss)
 
 
 def started_client(method: str) -> tuple[BaseTrainer, torch.nn.Module]:
@@ -66,6 +76,9 @@ def started_client(method: str) -> tuple[BaseTrainer, torch.nn.Module]:
             p.add_(0.05 * torch.randn(p.shape, generator=g, dtype=p.dtype))
     if method == "feddyn":
         trainer.gradient_state = [0.1 * torch.randn(p.shape, generator=g, dtype=p.dtype) for p in model.parameters()]
+    if hasattr(trainer, "prototypes"):  # global prototypes for all classes but the last (none in round 1)
+        trainer.prototypes = torch.randn(trainer.prototypes.shape, generator=g, dtype=torch.float64)
+        trainer.valid = torch.arange(len(trainer.valid)) < len(trainer.valid) - 1
     return trainer, model
 
 
@@ -78,11 +91,17 @@ def test_loss_and_functional_loss_are_one_objective(method: str, task_identity: 
     assert x.dtype == torch.float64 and next(model.parameters()).dtype == torch.float64
     weight = torch.cat([torch.full((b,), 1.0 / b, dtype=torch.float64), torch.zeros(pad, dtype=torch.float64)])
     params, buffers = dict(model.named_parameters()), dict(model.named_buffers())
-    stacked = pair(trainer.functional_loss(model, params, buffers, x, y, weight, trainer.batch_extras()))
+    functional = trainer.functional_loss(model, params, buffers, x, y, weight, trainer.batch_extras())
+    stacked = pair(functional)
     per_client = pair(trainer.loss(model, x[:b], y[:b]))
     for got, want in zip(stacked, per_client, strict=True):
         assert got.dtype == want.dtype == torch.float64
         torch.testing.assert_close(got, want, **FLOAT64)
+    reports = functional[2] if isinstance(functional, tuple) and len(functional) > 2 else {}
+    assert reports.keys() == trainer.reported.keys() and (bool(reports) == trainer.reads_features())
+    for name, value in reports.items():  # what `feature_loss` reports (FedProto's distance), nonzero here
+        assert abs(float(value.detach())) > 1e-6, name
+        torch.testing.assert_close(value.detach(), trainer.reported[name], **FLOAT64)
     written = pair(WRITTEN.get(method, cross_entropy)(trainer, model, x[:b], y[:b]))
     assert all(torch.equal(a, w) for a, w in zip(per_client, written, strict=True)), method
     penalty = trainer.penalty(params, trainer.batch_extras())
