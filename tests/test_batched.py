@@ -34,7 +34,8 @@ from fedskew.wire import CENTRAL_EVAL_METRICS
 from tests.conftest import read_metrics
 from tests.harness import ROOT, app_defaults, run_in_process
 
-STACKED = "fedavg fedprox fedrs fedlc fedgela fednova creff scaffold scaffold-rs feddyn ditto fedproto".split()
+STACKED = "fedavg fedprox fedrs fedlc fedgela fednova creff scaffold scaffold-rs feddyn ditto".split()
+STACKED += ["fedproto", "fedproc", "fedmr"]  # their objectives read the features (`feature_loss`)
 NODES = 40  # 4 of them sampled (fraction-train 0.1): ~1,200 examples each, different sizes (Dirichlet)
 ROUND = {"model": "mlp", "partition": "dirichlet", "fraction-train": 0.1, "local-epochs": 2, "batch-size": 32}
 # Uploads are compared in float64 (`compute-dtype`), on short clients: 400 nodes, 4 sampled (~100-200
@@ -156,8 +157,10 @@ def test_which_methods_and_models_are_stacked() -> None:
     for method in STACKED:
         assert stacked_refusal({**defaults, "method": method}) is None, method
     # subclasses of opted-in trainers (MAP and SCAFFOLD-RS reuse FedRS's loss) do not inherit it
-    for method in ("map", "fedmr", "moon", "fedrep"):
+    for method in ("map", "moon", "fedrep"):
         assert "does not express its local step" in stacked_refusal({**defaults, "method": method})
+    assert "gradient shares" in stacked_refusal({**defaults, "method": "fedmr", "fedmr-grad-share-every": 5})
+    assert "Lite" in stacked_refusal({**defaults, "method": "fedmr", "fedmr-lite-n": 8})
     assert "BatchNorm2d" in stacked_refusal({**defaults, "model": "resnet8"})
     assert "BatchNorm1d" in stacked_refusal({**defaults, "method": "fedgela", "fedgela-head": "code"})
     assert module_refusal(build_model("pfl-cnn", "fashion-mnist")) is None
@@ -270,9 +273,18 @@ def assert_replies_match(
             torch.testing.assert_close(kept[k], want_kept[k], **WIRE_ROUNDING)
 
 
-# method -> its prototype record, and the weight of its feature term at 0 and at a value that acts
+# method -> its prototype record, and the weight of its feature term at 0 and at a value that acts.
+# FedMR's intra term standardises each class's features (eps 1e-8 under the square root): dimensions
+# of near-zero variance make it ill-conditioned, so its paper-scale mu1 (0.01: the replies then agree
+# to 2e-13, float64 roundings) and not 0.1 (which grows them to 5e-8 in 10 steps, on both paths alike).
 FEATURE_TERMS = {
     "fedproto": (wire.FEDPROTO_PROTOTYPES, {"fedproto-lambda": 0.0}, {"fedproto-lambda": 1.0}),
+    "fedproc": (
+        wire.FEDPROC_PROTOTYPES,
+        {"fedproc-schedule": "constant", "fedproc-alpha": 0.0},
+        {"fedproc-schedule": "constant", "fedproc-alpha": 0.5},
+    ),
+    "fedmr": (wire.FEDMR_PROTOTYPES, {"fedmr-mu1": 0.0, "fedmr-mu2": 0.0}, {"fedmr-mu1": 0.01, "fedmr-mu2": 1.0}),
 }
 
 

@@ -18,10 +18,12 @@ from fedskew.client_app.base import BaseTrainer
 from fedskew.losses import proximal_term, restricted_softmax_cross_entropy
 from fedskew.losses.feddyn import feddyn_penalty
 from fedskew.losses.fedlc import calibrated_cross_entropy
+from fedskew.losses.fedmr import inter_class_loss, intra_class_loss
+from fedskew.losses.fedproc import prototypical_contrastive_loss
 from fedskew.losses.fedproto import prototype_distance_loss
 from fedskew.registry import METHODS
 from fedskew.training import Loss
-from tests.test_batched import first_round
+from tests.test_batched import FEATURE_TERMS, first_round, with_global_prototypes
 
 BATCHED = [name for name, spec in METHODS.items() if spec.trainer_class().__dict__.get("batched", False)]
 # float64 rounding: the two forms sum the b examples' losses in other orders (a few epsilons, 2.2e-16)
@@ -55,7 +57,24 @@ def fedproto_loss(t: Any, model: torch.nn.Module, x: torch.Tensor, y: torch.Tens
     return F.cross_entropy(model.classifier(z), y) + t.cfg["fedproto-lambda"] * distance
 
 
-WRITTEN["fedproto"] = fedproto_loss
+def fedproc_loss(t: Any, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> Loss:
+    z = model.features(x)
+    ce = F.cross_entropy(model.classifier(z), y)
+    if not t.use_protos or not t.valid[y].any():
+        return ce
+    pc = prototypical_contrastive_loss(z, y, t.prototypes, t.valid, t.cfg["fedproc-temperature"])
+    return t.alpha * pc + (1.0 - t.alpha) * ce
+
+
+def fedmr_loss(t: Any, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> Loss:
+    z = model.features(x)
+    loss = F.cross_entropy(model.classifier(z), y)
+    loss = loss + t.cfg["fedmr-mu1"] * intra_class_loss(z, y, t.cfg["fedmr-intra-mode"])
+    inter = inter_class_loss(z, y, t.prototypes, t.valid, t.local_mask, generator=t.lite_generator)
+    return loss + t.cfg["fedmr-mu2"] * inter
+
+
+WRITTEN.update({"fedproto": fedproto_loss, "fedproc": fedproc_loss, "fedmr": fedmr_loss})
 
 
 def pair(loss: Loss | tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,6 +86,8 @@ def started_client(method: str) -> tuple[BaseTrainer, torch.nn.Module]:
     """A trainer of `method` in float64 after `begin` on its round-1 message, and its model moved off
     the received one (FedProx's and FedDyn's penalties are 0 there), FedDyn with a nonzero g_k."""
     grid, messages = first_round(method, **{"compute-dtype": "float64"})
+    if method in FEATURE_TERMS:  # global prototypes for all classes but the last (none in round 1)
+        messages = with_global_prototypes(messages, FEATURE_TERMS[method][0])
     msg = messages[0]
     trainer = client_trainer(msg, grid.contexts[msg.metadata.dst_node_id], set_threads=False)
     model = trainer.begin(msg.content).model
@@ -76,9 +97,6 @@ def started_client(method: str) -> tuple[BaseTrainer, torch.nn.Module]:
             p.add_(0.05 * torch.randn(p.shape, generator=g, dtype=p.dtype))
     if method == "feddyn":
         trainer.gradient_state = [0.1 * torch.randn(p.shape, generator=g, dtype=p.dtype) for p in model.parameters()]
-    if hasattr(trainer, "prototypes"):  # global prototypes for all classes but the last (none in round 1)
-        trainer.prototypes = torch.randn(trainer.prototypes.shape, generator=g, dtype=torch.float64)
-        trainer.valid = torch.arange(len(trainer.valid)) < len(trainer.valid) - 1
     return trainer, model
 
 
