@@ -270,6 +270,22 @@ def functional_forward(
     return functional_call(model, (params, buffers), (x,))
 
 
+def functional_split_forward(
+    model: nn.Module, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], x: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(`model.features(x)`, `model.classifier` of them) with `params` and `buffers` in place of the
+    module's own tensors: a `SplitNet`, every tensor under `features.` or `classifier.`."""
+    parts, tensors = ("features.", "classifier."), (params, buffers)
+    if stray := [k for k in (*params, *buffers) if not k.startswith(parts)]:
+        raise ValueError(f"not a features / classifier split: {stray[:3]}")
+
+    def part(prefix: str) -> tuple[dict[str, torch.Tensor], ...]:
+        return tuple({k.removeprefix(prefix): t for k, t in d.items() if k.startswith(prefix)} for d in tensors)
+
+    z = functional_call(model.features, part(parts[0]), (x,))
+    return z, functional_call(model.classifier, part(parts[1]), (z,))
+
+
 def weighted_sum(losses: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """sum_i weight_i losses_i: the batch mean when the weights are 1/b on b examples (0 on padding)."""
     return (losses * weight).sum()

@@ -13,6 +13,7 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 
+from fedskew import wire
 from fedskew.batched.executor import fitting_chunks, stacked_refusal
 from fedskew.batched.grid import BatchedGrid, run_batched
 from fedskew.batched.stacked import (
@@ -39,9 +40,9 @@ from fedskew.wire import CENTRAL_EVAL_METRICS, FEDDC_UPDATE
 from tests.conftest import read_metrics
 from tests.harness import ROOT, app_defaults, run_in_process
 
-STACKED = (
-    "fedavg fedprox fedrs fedlc fedgela fednova creff scaffold scaffold-rs feddyn feddc ditto fedbabu fedrep".split()
-)
+STACKED = "fedavg fedprox fedrs fedlc fedgela fednova creff scaffold scaffold-rs feddyn feddc ditto".split()
+STACKED += ["fedbabu", "fedrep"]  # a stage trains the parameters its optimiser holds (parameter groups)
+STACKED += ["fedproto", "fedproc", "fedmr"]  # their objectives read the features (`feature_loss`)
 NODES = 40  # 4 of them sampled (fraction-train 0.1): ~1,200 examples each, different sizes (Dirichlet)
 ROUND = {"model": "mlp", "partition": "dirichlet", "fraction-train": 0.1, "local-epochs": 2, "batch-size": 32}
 # Uploads are compared in float64 (`compute-dtype`), on short clients: 400 nodes, 4 sampled (~100-200
@@ -57,6 +58,8 @@ WIRE_ROUNDING = {"rtol": 2.0**-23, "atol": 1e-9}
 # a method's overrides where the default lr moves its upload by less than the test's 1e-2: the bodies
 # of FedBABU and FedRep learn under a frozen head (0.007, 0.006 at lr 0.01)
 MOVED = {"fedbabu": {"lr": 0.05}, "fedrep": {"lr": 0.05}}
+# metrics of what an objective reports beside its loss (`BaseTrainer.feature_loss`), summed by both engines
+REPORTED = ("proto-loss", "intra-loss", "inter-loss")
 
 
 @pytest.fixture(autouse=True)
@@ -182,8 +185,10 @@ def test_which_methods_and_models_are_stacked() -> None:
     for method in STACKED:
         assert stacked_refusal({**defaults, "method": method}) is None, method
     # subclasses of opted-in trainers (MAP and SCAFFOLD-RS reuse FedRS's loss) do not inherit it
-    for method in ("map", "fedmr", "moon", "fedrod"):
+    for method in ("map", "moon", "fedrod"):
         assert "does not express its local step" in stacked_refusal({**defaults, "method": method})
+    assert "gradient shares" in stacked_refusal({**defaults, "method": "fedmr", "fedmr-grad-share-every": 5})
+    assert "Lite" in stacked_refusal({**defaults, "method": "fedmr", "fedmr-lite-n": 8})
     assert "BatchNorm2d" in stacked_refusal({**defaults, "model": "resnet8"})
     assert "grad-clip > 0" in stacked_refusal({**defaults, "method": "feddyn", "grad-clip": 1.0})  # its own clip
     assert "BatchNorm1d" in stacked_refusal({**defaults, "method": "fedgela", "fedgela-head": "code"})
@@ -254,26 +259,123 @@ def test_each_client_uploads_what_the_per_client_path_uploads(method: str, overr
     assert len(set(steps)) > 1 and any(n % ROUND["batch-size"] for n in sizes)  # unequal, short last batches
     start = messages[0].content["arrays"].to_torch_state_dict()
     for got, want in zip(batched, reference, strict=True):
-        a, b = uploads(got), uploads(want)
-        assert a.keys() == b.keys()
-        for k in a:
-            torch.testing.assert_close(a[k], b[k], **WIRE_ROUNDING)
-        assert max(float((b[k] - start[k]).abs().max()) for k in b if k in start) > 1e-2  # training moved it
+        b = uploads(want)
+        if start:  # a method whose model travels (not FedProto's)
+            assert max(float((b[k] - start[k]).abs().max()) for k in b if k in start) > 1e-2  # training moved it
         m, n = got.content["metrics"], want.content["metrics"]
-        assert m.keys() == n.keys()
-        for key in ("num-examples", "partition-id", "train-steps", "participations", "observed-classes"):
-            assert m.get(key) == n.get(key), key
-        assert m["train-loss"] == pytest.approx(n["train-loss"], rel=1e-5)
         for key in ("personal-accuracy", *CENTRAL_EVAL_METRICS):  # the central ones with personalized-central-eval
             if key in n:
                 assert m[key] == pytest.approx(n[key], abs=0.01), key
         assert ("personal-central-accuracy" in n) == bool(overrides.get("personalized-central-eval"))
-        assert got.content.keys() == want.content.keys()  # the same uplink records (CReFF's gradients)
+    assert_replies_match(grid, messages, batched, reference, states)
+
+
+def reply_arrays(reply: Message) -> dict[str, torch.Tensor]:
+    """Every array of a reply: the upload and the uplink records (prototypes, CReFF's gradients)."""
+    assert not reply.has_error(), reply.error.reason
+    return {
+        f"{key}/{k}": t
+        for key, record in reply.content.items()
+        if isinstance(record, ArrayRecord)
+        for k, t in record.to_torch_state_dict().items()
+    }
+
+
+def assert_replies_match(
+    grid: BatchedGrid,
+    messages: list[Message],
+    batched: list[Message],
+    reference: list[Message],
+    states: list[RecordDict],
+) -> None:
+    """The batched engine's replies and kept client states are the per-client path's: every array
+    (float32 on the wire) within one rounding, the same records and metric names, the same counts and
+    the training loss (and what the objective reports, e.g. `proto-loss`) to 1e-5."""
+    for got, want in zip(batched, reference, strict=True):
+        a, b = reply_arrays(got), reply_arrays(want)
+        assert a.keys() == b.keys() and got.content.keys() == want.content.keys()
+        for k in a:
+            torch.testing.assert_close(a[k], b[k], **WIRE_ROUNDING)
+        m, n = got.content["metrics"], want.content["metrics"]
+        assert m.keys() == n.keys()
+        for key in ("num-examples", "partition-id", "train-steps", "participations", "observed-classes"):
+            assert m.get(key) == n.get(key), key
+        for key in ("train-loss", *REPORTED):
+            if key in n:
+                assert m[key] == pytest.approx(n[key], rel=1e-5, abs=1e-9), key
     for msg, state in zip(messages, states, strict=True):  # and the client state (SCAFFOLD's c_i)
         kept, want_kept = state_arrays(grid.contexts[msg.metadata.dst_node_id].state), state_arrays(state)
         assert kept.keys() == want_kept.keys()
         for k in kept:
             torch.testing.assert_close(kept[k], want_kept[k], **WIRE_ROUNDING)
+
+
+# method -> its prototype record, and the weight of its feature term at 0 and at a value that acts.
+# FedMR's intra term standardises each class's features (eps 1e-8 under the square root): dimensions
+# of near-zero variance make it ill-conditioned, so its paper-scale mu1 (0.01: the replies then agree
+# to 2e-13, float64 roundings) and not 0.1 (which grows them to 5e-8 in 10 steps, on both paths alike).
+FEATURE_TERMS = {
+    "fedproto": (wire.FEDPROTO_PROTOTYPES, {"fedproto-lambda": 0.0}, {"fedproto-lambda": 1.0}),
+    "fedproc": (
+        wire.FEDPROC_PROTOTYPES,
+        {"fedproc-schedule": "constant", "fedproc-alpha": 0.0},
+        {"fedproc-schedule": "constant", "fedproc-alpha": 0.5},
+    ),
+    "fedmr": (wire.FEDMR_PROTOTYPES, {"fedmr-mu1": 0.0, "fedmr-mu2": 0.0}, {"fedmr-mu1": 0.01, "fedmr-mu2": 1.0}),
+}
+
+
+def with_global_prototypes(messages: list[Message], record: str) -> list[Message]:
+    """`messages` with seeded global prototypes in `record`, valid for every class but the last (whose
+    examples the prototype terms leave out), in place of round 1's none."""
+    shape = messages[0].content[record]["prototypes"].shape
+    protos = torch.randn(shape, generator=torch.Generator().manual_seed(3))
+    valid = torch.arange(shape[0]) < shape[0] - 1
+    return [
+        Message(
+            RecordDict({**dict(m.content.items()), record: ArrayRecord({"prototypes": protos, "valid": valid})}),
+            dst_node_id=m.metadata.dst_node_id,
+            message_type=MessageType.TRAIN,
+        )
+        for m in messages
+    ]
+
+
+def trained_model(grid: BatchedGrid, msg: Message, reply: Message) -> dict[str, torch.Tensor]:
+    """A client's trained model: its upload, or the model it keeps where none travels (FedProto)."""
+    if arrays := uploads(reply):
+        return arrays
+    kept, prefix = state_arrays(grid.contexts[msg.metadata.dst_node_id].state), "tensors.fedproto-model/"
+    return {k.removeprefix(prefix): t.float() for k, t in kept.items() if k.startswith(prefix)}
+
+
+@pytest.mark.parametrize("method", FEATURE_TERMS)
+def test_a_feature_term_stacks_and_reaches_the_gradient(method: str) -> None:
+    """With global prototypes for all classes but one, a method whose objective reads the features
+    (`feature_loss`) gives on the batched engine the per-client path's replies, reported terms and
+    kept states (float64); at the term's weight 0 each client's trained model is FedAvg's from the
+    same start and batches, at a weight > 0 it is not: the term's gradient reaches the parameters
+    through the stacked features."""
+    record, zero, acting = FEATURE_TERMS[method]
+    fedavg_grid, fedavg_messages = first_round("fedavg", **SHORT)
+    fedavg = [uploads(r) for r in fedavg_grid.send_and_receive(fedavg_messages)]
+    for weights in (zero, acting):
+        grid, messages = first_round(method, **SHORT, **weights)
+        assert [m.metadata.dst_node_id for m in messages] == [m.metadata.dst_node_id for m in fedavg_messages]
+        messages = with_global_prototypes(messages, record)
+        batched = list(grid.send_and_receive(messages))
+        gaps = []
+        for msg, reply, avg in zip(messages, batched, fedavg, strict=True):
+            model = trained_model(grid, msg, reply)
+            assert model.keys() == avg.keys()
+            gaps.append(max(float((model[k] - avg[k]).abs().max()) for k in avg))
+        if weights is zero:
+            assert max(gaps) <= 1e-6, gaps
+            continue
+        assert min(gaps) > 1e-3, gaps
+        states = [RecordDict() for _ in messages]
+        assert_replies_match(grid, messages, batched, per_client(grid, messages, states), states)
+        assert all(r.content["metrics"].get(k, 1.0) > 0 for r in batched for k in REPORTED)
 
 
 def next_round(messages: list[Message], arrays: ArrayRecord, server_round: int) -> list[Message]:

@@ -1,4 +1,4 @@
-"""Each batched method writes its objective once (`example_losses`, `penalty`) and the base derives
+"""Each batched method writes its objective once (`example_losses`, `feature_loss`, `penalty`) and the base derives
 its two forms (`fedskew/client_app/base.py`): the per-client `loss` and the batched engine's
 `functional_loss`, with weights 1/b on a batch's b examples and 0 on padding, agree on one client's
 batch in float64; and `loss` is the method's loss op for op, as the per-client path computed it
@@ -19,9 +19,12 @@ from fedskew.losses import proximal_term, restricted_softmax_cross_entropy
 from fedskew.losses.feddc import penalty_target
 from fedskew.losses.feddyn import feddyn_penalty
 from fedskew.losses.fedlc import calibrated_cross_entropy
+from fedskew.losses.fedmr import inter_class_loss, intra_class_loss
+from fedskew.losses.fedproc import prototypical_contrastive_loss
+from fedskew.losses.fedproto import prototype_distance_loss
 from fedskew.registry import METHODS
 from fedskew.training import Loss
-from tests.test_batched import first_round
+from tests.test_batched import FEATURE_TERMS, first_round, with_global_prototypes
 
 BATCHED = [name for name, spec in METHODS.items() if spec.trainer_class().__dict__.get("batched", False)]
 # float64 rounding: the two forms sum the b examples' losses in other orders (a few epsilons, 2.2e-16)
@@ -52,9 +55,35 @@ WRITTEN: dict[str, Callable[[Any, torch.nn.Module, torch.Tensor, torch.Tensor], 
 }
 
 
-def pair(loss: Loss) -> tuple[torch.Tensor, torch.Tensor]:
+def fedproto_loss(t: Any, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> Loss:
+    z = model.features(x)
+    distance = prototype_distance_loss(z, y, t.prototypes, t.valid)
+    return F.cross_entropy(model.classifier(z), y) + t.cfg["fedproto-lambda"] * distance
+
+
+def fedproc_loss(t: Any, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> Loss:
+    z = model.features(x)
+    ce = F.cross_entropy(model.classifier(z), y)
+    if not t.use_protos or not t.valid[y].any():
+        return ce
+    pc = prototypical_contrastive_loss(z, y, t.prototypes, t.valid, t.cfg["fedproc-temperature"])
+    return t.alpha * pc + (1.0 - t.alpha) * ce
+
+
+def fedmr_loss(t: Any, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> Loss:
+    z = model.features(x)
+    loss = F.cross_entropy(model.classifier(z), y)
+    loss = loss + t.cfg["fedmr-mu1"] * intra_class_loss(z, y, t.cfg["fedmr-intra-mode"])
+    inter = inter_class_loss(z, y, t.prototypes, t.valid, t.local_mask, generator=t.lite_generator)
+    return loss + t.cfg["fedmr-mu2"] * inter
+
+
+WRITTEN.update({"fedproto": fedproto_loss, "fedproc": fedproc_loss, "fedmr": fedmr_loss})
+
+
+def pair(loss: Loss | tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss, the training loss reported for it)."""
-    return loss if isinstance(loss, tuple) else (loss, loss)
+    return (loss[0], loss[1]) if isinstance(loss, tuple) else (loss, loss)
 
 
 def started_client(method: str) -> tuple[BaseTrainer, torch.nn.Module]:
@@ -62,6 +91,8 @@ def started_client(method: str) -> tuple[BaseTrainer, torch.nn.Module]:
     the received one (FedProx's and FedDyn's penalties are 0 there), FedDyn with a nonzero g_k, FedDC
     with a nonzero drift h_i (its penalty's target w - h_i)."""
     grid, messages = first_round(method, **{"compute-dtype": "float64"})
+    if method in FEATURE_TERMS:  # global prototypes for all classes but the last (none in round 1)
+        messages = with_global_prototypes(messages, FEATURE_TERMS[method][0])
     msg = messages[0]
     trainer = client_trainer(msg, grid.contexts[msg.metadata.dst_node_id], set_threads=False)
     model = trainer.begin(msg.content).model
@@ -86,11 +117,17 @@ def test_loss_and_functional_loss_are_one_objective(method: str, task_identity: 
     assert x.dtype == torch.float64 and next(model.parameters()).dtype == torch.float64
     weight = torch.cat([torch.full((b,), 1.0 / b, dtype=torch.float64), torch.zeros(pad, dtype=torch.float64)])
     params, buffers = dict(model.named_parameters()), dict(model.named_buffers())
-    stacked = pair(trainer.functional_loss(model, params, buffers, x, y, weight, trainer.batch_extras()))
+    functional = trainer.functional_loss(model, params, buffers, x, y, weight, trainer.batch_extras())
+    stacked = pair(functional)
     per_client = pair(trainer.loss(model, x[:b], y[:b]))
     for got, want in zip(stacked, per_client, strict=True):
         assert got.dtype == want.dtype == torch.float64
         torch.testing.assert_close(got, want, **FLOAT64)
+    reports = functional[2] if isinstance(functional, tuple) and len(functional) > 2 else {}
+    assert reports.keys() == trainer.reported.keys() and (bool(reports) == trainer.reads_features())
+    for name, value in reports.items():  # what `feature_loss` reports (FedProto's distance), nonzero here
+        assert abs(float(value.detach())) > 1e-6, name
+        torch.testing.assert_close(value.detach(), trainer.reported[name], **FLOAT64)
     written = pair(WRITTEN.get(method, cross_entropy)(trainer, model, x[:b], y[:b]))
     assert all(torch.equal(a, w) for a, w in zip(per_client, written, strict=True)), method
     penalty = trainer.penalty(params, trainer.batch_extras())

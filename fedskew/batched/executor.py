@@ -336,9 +336,16 @@ class StackedTrainer:
         corrections = None
         if settings.corrected:
             corrections = {k: torch.stack([st.corrections[k] for st in stages]) for k in settings.trained}  # type: ignore[index]
-        totals = train_stacked(loss, params, buffers, extras, x, y, schedule, settings, first.augment, corrections)
+        reports: dict[str, torch.Tensor] = {}
+        totals = train_stacked(
+            loss, params, buffers, extras, x, y, schedule, settings, first.augment, corrections, reports
+        )
         if probe:
             return []
+        for i, k in enumerate(ranked):  # what each client's loss reported, as its `loss` adds it up
+            reported = chunk[k].trainer.reported
+            for name, sums in reports.items():
+                reported[name] = reported.get(name, 0.0) + sums[i]
         with torch.no_grad():
             for k, model in enumerate(models):
                 for name, p in model.named_parameters():

@@ -19,6 +19,9 @@ hooks that differ (FL-bench style); its records (`wire`) are its registry entry'
     load_global      how the downloaded arrays enter the model (checked by `checked_arrays`)
     example_losses   the data loss of a batch's logits, per example or as the batch mean (`reduction`;
                      default: cross-entropy)
+    feature_loss     that data loss with terms of the batch's features z = `features(x)` (the
+                     classifier's input) and the named values it reports (FedProto's distance to the
+                     global prototypes; default, not overridden: the network runs whole, no features)
     penalty          a term on the trainable parameters added to it (FedProx's, FedDyn's; default: none)
     loss             the local objective on one mini-batch; by default derived from the two above
                      (a method whose objective is not a loss of the logits plus a parameter term,
@@ -42,10 +45,11 @@ hooks that differ (FL-bench style); its records (`wire`) are its registry entry'
 
 The batched engine (`fedskew.batched`) trains a round's clients as one stacked model when the
 trainer class sets `batched = True` in its own body (never inherited) and writes its objective once,
-as `example_losses` and `penalty` with per-client values from `batch_extras` (and `step_corrections`,
-`later_phases`): the base derives `loss` and the engine's `functional_loss` from them. Its `optimizer`
-(and a phase's) may train a part of the model, in parameter groups: the engine stacks the parameters
-it holds by group and passes the rest to the forward pass frozen (FedBABU, FedRep). The contract,
+as `example_losses`, `feature_loss` and `penalty` with per-client values from `batch_extras` (and
+`step_corrections`, `later_phases`): the base derives `loss` and the engine's `functional_loss` from
+them. Its `optimizer` (and a phase's) may train a part of the model, in parameter groups: the engine
+stacks the parameters it holds by group and passes the rest to the forward pass frozen (FedBABU,
+FedRep). The contract,
 hook by hook: docs/methods.md ("The batched engine's contract"). `tests/test_objectives.py` holds
 the two forms to one value in float64, `tests/test_batched.py` the stacked clients to the per-client
 path's uploads.
@@ -88,6 +92,7 @@ from fedskew.training import (
     confusion,
     evaluate,
     functional_forward,
+    functional_split_forward,
     module_refusal,
     sgd,
     steps_per_round,
@@ -151,11 +156,11 @@ class Started:
 
 
 Tensors = dict[str, torch.Tensor]
-# (model, params, buffers, x, y, weight, extras) -> a client's loss on one batch, or (loss, reported):
-# `BaseTrainer.functional_loss`'s form
+# (model, params, buffers, x, y, weight, extras) -> a client's loss on one batch, or (loss, reported),
+# or (loss, reported, reports): `BaseTrainer.functional_loss`'s form
 FunctionalLoss = Callable[
     [nn.Module, Tensors, Tensors, torch.Tensor, torch.Tensor, torch.Tensor, Tensors],
-    Loss,
+    "Loss | tuple[torch.Tensor, torch.Tensor, Tensors]",
 ]
 Penalty = Callable[[Tensors, Tensors], "torch.Tensor | None"]  # (params, extras) -> a term on the parameters
 
@@ -229,6 +234,8 @@ class BaseTrainer:
             x_train, x_test = (x.to(self.dtype) for x in (ctx.data.x_train, ctx.data.x_test))
             self.data = replace(ctx.data, x_train=x_train, x_test=x_test)
         self.augment = augmentation(self.cfg, dataset_info(self.cfg))  # of training batches, per `augment`
+        # the sums over the local steps of what `feature_loss` reports, kept by either engine
+        self.reported: dict[str, torch.Tensor] = {}
 
     # ------------------------------------------------------------------ hooks
     def build_model(self) -> SplitNet:
@@ -347,7 +354,14 @@ class BaseTrainer:
         is it for `penalty`; a later phase passes its own (Ditto's proximal term)."""
 
         def loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Loss:
-            data = self.example_losses(model(x), y, extras, "mean")
+            if not self.reads_features():
+                data = self.example_losses(model(x), y, extras, "mean")
+                return self.objective(data, penalty(dict(model.named_parameters()), extras))
+            z = model.features(x)
+            data = self.example_losses(model.classifier(z), y, extras, "mean")
+            data, reports = self.feature_loss(data, z, y, None, extras)
+            for name, value in reports.items():
+                self.reported[name] = self.reported.get(name, 0.0) + value.detach()
             return self.objective(data, penalty(dict(model.named_parameters()), extras))
 
         return loss
@@ -363,12 +377,41 @@ class BaseTrainer:
             y: torch.Tensor,
             weight: torch.Tensor,
             extras: Tensors,
-        ) -> Loss:
-            logits = functional_forward(model, params, buffers, x)
+        ) -> Loss | tuple[torch.Tensor, torch.Tensor, Tensors]:
+            if not self.reads_features():
+                logits = functional_forward(model, params, buffers, x)
+                data = weighted_sum(self.example_losses(logits, y, extras, "none"), weight)
+                return self.objective(data, penalty(params, extras))
+            z, logits = functional_split_forward(model, params, buffers, x)
             data = weighted_sum(self.example_losses(logits, y, extras, "none"), weight)
-            return self.objective(data, penalty(params, extras))
+            data, reports = self.feature_loss(data, z, y, weight, extras)
+            out = self.objective(data, penalty(params, extras))
+            return (out, out, reports) if isinstance(out, torch.Tensor) else (*out, reports)
 
         return functional
+
+    @classmethod
+    def reads_features(cls) -> bool:
+        """Whether the objective reads the batch's features: the class overrides `feature_loss`."""
+        return cls.feature_loss is not BaseTrainer.feature_loss
+
+    def feature_loss(
+        self, data: torch.Tensor, z: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None, extras: Tensors
+    ) -> tuple[torch.Tensor, Tensors]:
+        """The data loss `data` (of `example_losses`) with the method's terms of the batch's features
+        `z` [B, d] (`features(x)`, the classifier's input), and the named scalars it reports, each
+        summed over the local steps into `reported` by either engine; per-client values read from
+        `extras`. Written once for both forms, as `example_losses` is: `weight` None in `loss` (the
+        batch as it is: the term's own batch reduction, the per-client path's kernels), and in
+        `functional_loss` the weights 1/b on a batch's b examples and 0 on the padding of a short
+        batch: the term then weighs its examples by them (an example of weight 0 changes nothing),
+        with masks instead of Python branches on tensor values (it runs under `vmap`). Not overridden
+        (default): the network runs whole and no features are computed."""
+        return data, {}
+
+    def reported_sum(self, name: str) -> float:
+        """The sum over the local steps of what `feature_loss` reported as `name` (0 when nothing)."""
+        return float(self.reported.get(name, 0.0))
 
     def example_losses(
         self, logits: torch.Tensor, y: torch.Tensor, extras: dict[str, torch.Tensor], reduction: str = "none"

@@ -25,18 +25,22 @@ with ``z = f1(x)`` the backbone features. The maths and the decisions where the 
   ||grad_body CE|| (and the same for mu1 l_intra; `gradient_share`, two extra backward passes
   through the backbone that change nothing in training), and reports the round's means as
   `inter-grad-share` and `intra-grad-share`.
+- The objective is written once (`feature_loss`); the batched engine stacks a round's clients, each
+  client's prototypes and own classes its extras, the terms masked over the padding. Runs with
+  gradient shares or a Lite sample smaller than the batch train per client (`stacked_refusal`).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from flwr.app import RecordDict
 from torch import nn
 
+from fedskew.client_app.base import Tensors
 from fedskew.client_app.prototypes import PrototypeTrainer
 from fedskew.losses.fedmr import gradient_share, inter_class_loss, intra_class_loss
 from fedskew.schema import parse_class_list
@@ -46,7 +50,18 @@ from fedskew.wire import FEDMR_CONFIG, FEDMR_PROTOTYPES
 class FedMRTrainer(PrototypeTrainer):
     """FedAvg local training plus the intra-class and inter-class (prototype) losses."""
 
+    batched = True
     prototype_record = FEDMR_PROTOTYPES
+
+    @classmethod
+    def stacked_refusal(cls, cfg: dict[str, Any]) -> str | None:
+        """Stacked but with FedMR Lite's sampled inter loss (its own generator's draws in the loss) or
+        the gradient shares (extra backward passes through the model's own parameters)."""
+        if cfg["fedmr-grad-share-every"]:
+            return "FedMR measures its terms' gradient shares (fedmr-grad-share-every) on the model itself"
+        if 0 < cfg["fedmr-lite-n"] < cfg["batch-size"]:
+            return "FedMR Lite draws the inter loss's samples in the loss (fedmr-lite-n)"
+        return super().stacked_refusal(cfg)
 
     def load_global(self, model: nn.Module, content: RecordDict) -> None:
         super().load_global(model, content)
@@ -58,54 +73,60 @@ class FedMRTrainer(PrototypeTrainer):
         self.use_inter = self.cfg["fedmr-mu2"] > 0 and self.cfg["fedmr-lite-n"] != 0 and bool(self.valid.any())
         seed = np.random.SeedSequence([self.cfg["seed"], pid, self.ctx.server_round, 1]).generate_state(1)[0]
         self.lite_generator = torch.Generator().manual_seed(int(seed))  # not the batch-order stream
-        self.term_sums = torch.zeros(2, device=self.device)
+        self.body = [p for p in model.features.parameters() if p.requires_grad]  # for the gradient shares
         self.term_steps = 0
         self.shares: dict[str, list[float]] = {}  # "intra" / "inter" -> gradient shares measured
 
-    def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        z = model.features(x)
-        ce = F.cross_entropy(model.classifier(z), y)
-        loss, terms = ce, {}
+    def batch_extras(self) -> dict[str, torch.Tensor]:
+        return {**super().batch_extras(), "local": self.local_mask}
+
+    def feature_loss(
+        self, data: torch.Tensor, z: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None, extras: Tensors
+    ) -> tuple[torch.Tensor, Tensors]:
+        """CE + mu1 l_intra + mu2 l_inter (Eq. 5), a term of weight 0 not computed; the unweighted
+        terms reported as "intra" and "inter"."""
         mu1, mu2 = self.cfg["fedmr-mu1"], self.cfg["fedmr-mu2"]
+        loss, terms, reports = data, {}, {}
         if mu1 > 0:
-            intra = intra_class_loss(z, y, self.cfg["fedmr-intra-mode"])
-            terms["intra"] = mu1 * intra
+            reports["intra"] = intra_class_loss(
+                z, y, self.cfg["fedmr-intra-mode"], weight=weight, num_classes=self.dims.num_classes
+            )
+            terms["intra"] = mu1 * reports["intra"]
             loss = loss + terms["intra"]
-            self.term_sums[0] += intra.detach()
-        if self.use_inter:
-            inter = inter_class_loss(
+        # per client: as `load_global` found the prototypes; stacked: masks give 0 where none is valid
+        if self.use_inter if weight is None else mu2 > 0 and self.cfg["fedmr-lite-n"] != 0:
+            reports["inter"] = inter_class_loss(
                 z,
                 y,
-                self.prototypes,
-                self.valid,
-                self.local_mask,
+                extras["prototypes"],
+                extras["valid"],
+                extras["local"],
                 negatives=self.cfg["fedmr-negatives"],
                 margin=self.cfg["fedmr-margin"],
                 form=self.cfg["fedmr-inter-form"],
                 lite_n=self.cfg["fedmr-lite-n"],
                 generator=self.lite_generator,
+                weight=weight,
             )
-            terms["inter"] = mu2 * inter
+            terms["inter"] = mu2 * reports["inter"]
             loss = loss + terms["inter"]
-            self.term_sums[1] += inter.detach()
         every = self.cfg["fedmr-grad-share-every"]
-        if every and self.term_steps % every == 0:
-            body = [p for p in model.features.parameters() if p.requires_grad]
+        if weight is None and every and self.term_steps % every == 0:  # never stacked (`stacked_refusal`)
             for name, term in terms.items():  # what each weighted term weighs against the CE
-                share = gradient_share(term, ce, body)
+                share = gradient_share(term, data, self.body)
                 if math.isfinite(share):
                     self.shares.setdefault(name, []).append(share)
         self.term_steps += 1
-        return loss
+        return loss, reports
 
-    def local_train(self, model: nn.Module, content: RecordDict) -> dict[str, float]:
-        stats = super().local_train(model, content)
-        intra, inter = (self.term_sums / max(self.term_steps, 1)).tolist()
+    def after_steps(self, model: nn.Module, stats: dict[str, float]) -> dict[str, float]:
+        stats = super().after_steps(model, stats)
+        steps = max(stats["train-steps"], 1)
         shares = {f"{name}-grad-share": sum(v) / len(v) for name, v in self.shares.items()}
         return {
             **stats,
-            "intra-loss": intra,
-            "inter-loss": inter,
+            "intra-loss": self.reported_sum("intra") / steps,
+            "inter-loss": self.reported_sum("inter") / steps,
             "inter-active": float(self.use_inter),
             "prototypes-shared": float(self.share),
             **shares,

@@ -14,15 +14,17 @@ record `fedproc-prototypes`); server: `fedskew/strategies/fedproc.py`.
   (weight 1, not 1 - alpha_t: the re-implementation's (1 - alpha_1) CE with alpha_1 = 1 trains
   nothing in round 1).
 - The client keeps no state across rounds; its personalized model is the trained model.
+- The objective is written once (`feature_loss`); the batched engine stacks a round's clients, each
+  client's prototypes and alpha_t its extras, the branches above as masks.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from flwr.app import RecordDict
 from torch import nn
 
+from fedskew.client_app.base import Tensors
 from fedskew.client_app.prototypes import PrototypeTrainer
 from fedskew.losses.fedproc import prototype_weight, prototypical_contrastive_loss
 from fedskew.wire import FEDPROC_PROTOTYPES
@@ -31,6 +33,7 @@ from fedskew.wire import FEDPROC_PROTOTYPES
 class FedProcTrainer(PrototypeTrainer):
     """Hybrid prototypical-contrastive + cross-entropy local training; uploads local prototypes."""
 
+    batched = True
     prototype_record = FEDPROC_PROTOTYPES
 
     def load_global(self, model: nn.Module, content: RecordDict) -> None:
@@ -40,23 +43,32 @@ class FedProcTrainer(PrototypeTrainer):
         else:
             self.alpha = prototype_weight(self.ctx.server_round, self.cfg["num-server-rounds"])
         self.use_protos = self.alpha > 0 and bool(self.valid.any())
-        self.pc_sum, self.pc_steps = torch.zeros((), device=self.device), 0
 
-    def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        z = model.features(x)
-        ce = F.cross_entropy(model.classifier(z), y)
-        if not self.use_protos or not self.valid[y].any():
-            return ce
-        pc = prototypical_contrastive_loss(z, y, self.prototypes, self.valid, self.cfg["fedproc-temperature"])
-        self.pc_sum += pc.detach()
-        self.pc_steps += 1
-        return self.alpha * pc + (1.0 - self.alpha) * ce
+    def batch_extras(self) -> dict[str, torch.Tensor]:
+        return {**super().batch_extras(), "alpha": torch.tensor(self.alpha, dtype=self.dtype, device=self.device)}
 
-    def local_train(self, model: nn.Module, content: RecordDict) -> dict[str, float]:
-        stats = super().local_train(model, content)
+    def feature_loss(
+        self, data: torch.Tensor, z: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None, extras: Tensors
+    ) -> tuple[torch.Tensor, Tensors]:
+        """alpha_t L_pc + (1 - alpha_t) CE, plain CE while no class of the batch has a prototype (or
+        alpha_t = 0); L_pc reported as "proto" over the "proto-steps" it acts in."""
+        protos, valid, temperature = extras["prototypes"], extras["valid"], self.cfg["fedproc-temperature"]
+        if weight is None:  # the per-client path: the batch as it is, its branches in Python
+            if not self.use_protos or not valid[y].any():
+                return data, {}
+            pc = prototypical_contrastive_loss(z, y, protos, valid, temperature)
+            return self.alpha * pc + (1.0 - self.alpha) * data, {"proto": pc, "proto-steps": torch.ones_like(pc)}
+        alpha = extras["alpha"]
+        pc = prototypical_contrastive_loss(z, y, protos, valid, temperature, weight)
+        active = (alpha > 0) & (weight * valid[y]).gt(0).any()
+        mixed = torch.where(active, alpha * pc + (1.0 - alpha) * data, data)
+        return mixed, {"proto": torch.where(active, pc, 0.0), "proto-steps": active.to(pc.dtype)}
+
+    def after_steps(self, model: nn.Module, stats: dict[str, float]) -> dict[str, float]:
+        stats = super().after_steps(model, stats)
         return {
             **stats,
-            "proto-loss": float(self.pc_sum) / max(self.pc_steps, 1),
+            "proto-loss": self.reported_sum("proto") / max(self.reported_sum("proto-steps"), 1),
             "proto-alpha": self.alpha,
             "proto-active": int(self.use_protos),
         }

@@ -14,7 +14,10 @@ One round on client i (the paper's sections in quotes):
    does (`loss2 = 0 * loss1`);
 3. compute its prototypes C_i^(j) ("Prototype": the mean embedding of class j over the whole local
    training set with the trained model, eval mode) and the counts |D_ij|; upload both, and keep the
-   model.
+   model (`fedskew/client_app/prototypes.py`, shared with FedMR and FedProc).
+
+The objective is written once (`feature_loss`): the batched engine stacks a round's clients, each
+client's global prototypes its extras.
 
 The personalized model is the client's own model. `fedproto-inference="prototype"` (default)
 predicts as "Prototype-based model inference": the class whose global prototype is nearest to f(x)
@@ -46,19 +49,17 @@ see `fedskew/client_app/state.py`).
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import torch
-import torch.nn.functional as F
 from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 
 from fedskew import wire
-from fedskew.client_app.base import BaseTrainer, checked_arrays
+from fedskew.client_app.base import Tensors, checked_arrays
+from fedskew.client_app.prototypes import PrototypeTrainer
 from fedskew.client_app.state import matches
-from fedskew.losses.fedmr import class_prototypes
 from fedskew.losses.fedproto import prototype_distance_loss, prototype_logits
-from fedskew.training import built_with_seed, extract_features
+from fedskew.training import built_with_seed
 
 log = logging.getLogger("fedskew.client")
 
@@ -78,9 +79,11 @@ class PrototypeClassifier(nn.Module):
         return prototype_logits(self.net.features(x), self.prototypes, self.valid)
 
 
-class FedProtoTrainer(BaseTrainer):
+class FedProtoTrainer(PrototypeTrainer):
     """The client's own model, trained with CE + lambda x distance to the global prototypes."""
 
+    batched = True
+    prototype_record = wire.FEDPROTO_PROTOTYPES
     keeps_state = "the personal model"
     kept_arrays = ("model",)
 
@@ -100,29 +103,24 @@ class FedProtoTrainer(BaseTrainer):
             )
             own = built_with_seed(self.build_model, self.cfg["seed"]).state_dict()
         model.load_state_dict(own, strict=True)
-        rec = self.received[wire.FEDPROTO_PROTOTYPES]
-        self.prototypes = rec["prototypes"].to(self.device)
-        self.valid = rec["valid"].to(self.device)
-        self.proto_sum, self.steps = torch.zeros((), device=self.device), 0
+        self.receive_prototypes(model)
 
     def received_global_model(self, model: nn.Module) -> nn.Module | None:
         return None
 
-    def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        z = model.features(x)
-        distance = prototype_distance_loss(z, y, self.prototypes, self.valid)
-        self.proto_sum += distance.detach()
-        self.steps += 1
-        return F.cross_entropy(model.classifier(z), y) + self.cfg["fedproto-lambda"] * distance
+    def feature_loss(
+        self, data: torch.Tensor, z: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None, extras: Tensors
+    ) -> tuple[torch.Tensor, Tensors]:
+        """CE + lambda L_R (step 2), L_R reported as "proto"."""
+        distance = prototype_distance_loss(z, y, extras["prototypes"], extras["valid"], weight)
+        return data + self.cfg["fedproto-lambda"] * distance, {"proto": distance}
 
-    def local_train(self, model: nn.Module, content: RecordDict) -> dict[str, float]:
-        stats = super().local_train(model, content)
-        z = extract_features(model, self.data.x_train, self.cfg["eval-batch-size"], self.device)
-        self.local_prototypes, self.counts = class_prototypes(z, self.data.y_train.to(self.device), model.num_classes)
+    def after_steps(self, model: nn.Module, stats: dict[str, float]) -> dict[str, float]:
+        stats = super().after_steps(model, stats)  # the local prototypes (step 3)
         self.ctx.state.save_tensors(MODEL_TENSORS, model.state_dict())
         return {
             **stats,
-            "proto-loss": float(self.proto_sum) / max(self.steps, 1),
+            "proto-loss": self.reported_sum("proto") / max(stats["train-steps"], 1),
             "prototype-inference": int(self.by_prototype()),
         }
 
@@ -136,8 +134,3 @@ class FedProtoTrainer(BaseTrainer):
 
     def upload(self, model: nn.Module) -> ArrayRecord:
         return ArrayRecord()
-
-    def extra_records(self, model: nn.Module) -> dict[str, Any]:
-        protos = self.local_prototypes.float().cpu().clone()
-        counts = self.counts.to(torch.int64).cpu().clone()
-        return {wire.FEDPROTO_PROTOTYPES: ArrayRecord({"prototypes": protos, "counts": counts})}

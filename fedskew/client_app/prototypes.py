@@ -1,5 +1,4 @@
-"""The client side that methods with global class prototypes share (FedMR, FedProc; FedProto's
-trainer, whose model never travels, uses the same `extract_features` and `class_prototypes`).
+"""The client side that methods with global class prototypes share (FedMR, FedProc, FedProto).
 
 The global prototypes G [C, d] and their validity mask [C] arrive in the method's prototype record
 (`fedskew.wire.prototype_downlink`; absent or all-invalid in round 1) and stay fixed (no gradient)
@@ -8,6 +7,10 @@ mean feature z = f1(x) (the classifier's input) over its whole local training se
 local model (eval mode, no augmentation), and the counts N_k^c, inside the timed part of the round,
 and uploads them {prototypes [C, d] float32, counts [C] int64} (`fedskew.wire.prototype_uplink`),
 zero rows for the classes it does not hold or does not report (`hidden_classes`).
+
+On the batched engine the global prototypes are each client's `batch_extras` ("prototypes",
+"valid"), read by the method's `feature_loss`; the local prototypes are computed per client in
+`after_steps`, from its model holding its slice of the stacked one (the per-client path's code).
 """
 
 from __future__ import annotations
@@ -30,14 +33,21 @@ class PrototypeTrainer(BaseTrainer):
 
     def load_global(self, model: nn.Module, content: RecordDict) -> None:
         super().load_global(model, content)
+        self.receive_prototypes(model)
+
+    def receive_prototypes(self, model: nn.Module) -> None:
+        """The global prototypes G and their validity mask (none valid without the record)."""
         c, d = model.num_classes, model.feature_dim
-        none = {"prototypes": torch.zeros(c, d), "valid": torch.zeros(c, dtype=torch.bool)}
+        none = {"prototypes": torch.zeros(c, d, dtype=self.dtype), "valid": torch.zeros(c, dtype=torch.bool)}
         rec = self.received.get(self.prototype_record, none)
         self.prototypes = rec["prototypes"].to(self.device)
         self.valid = rec["valid"].to(self.device)
 
-    def local_train(self, model: nn.Module, content: RecordDict) -> dict[str, float]:
-        stats = super().local_train(model, content)
+    def batch_extras(self) -> dict[str, torch.Tensor]:
+        return {"prototypes": self.prototypes, "valid": self.valid}
+
+    def after_steps(self, model: nn.Module, stats: dict[str, float]) -> dict[str, float]:
+        stats = super().after_steps(model, stats)
         self.local_prototypes, self.local_counts = self.compute_prototypes(model)
         return stats
 

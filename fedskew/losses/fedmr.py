@@ -63,14 +63,25 @@ def _offdiag_sq(m: torch.Tensor) -> torch.Tensor:
     return m.pow(2).masked_select(~torch.eye(d, dtype=torch.bool, device=m.device))
 
 
-def intra_class_loss(z: torch.Tensor, y: torch.Tensor, mode: str = "ref", eps: float = 1e-8) -> torch.Tensor:
+def intra_class_loss(
+    z: torch.Tensor,
+    y: torch.Tensor,
+    mode: str = "ref",
+    eps: float = 1e-8,
+    weight: torch.Tensor | None = None,
+    num_classes: int = 0,
+) -> torch.Tensor:
     """FedMR intra-class decorrelation loss (Eq. 3) of features `z` [B, d] with labels `y` [B].
 
     Classes with fewer than 2 samples in the batch are skipped; with no class left (or d < 2 for
-    the off-diagonal modes) the result is a 0-dim zero tensor connected to `z`'s graph.
+    the off-diagonal modes) the result is a 0-dim zero tensor connected to `z`'s graph. With
+    `weight` (the batched engine's: 0 on padding) over the examples of positive weight, masked for
+    `vmap` (`_masked_intra`: all `num_classes` classes at once).
     """
     if mode not in INTRA_MODES:
         raise ValueError(f"intra mode {mode!r}: must be one of {INTRA_MODES}")
+    if weight is not None:
+        return _masked_intra(z, y, mode, eps, weight, num_classes)
     terms, counts = [], []
     for c in torch.unique(y):
         x = z[y == c]
@@ -94,6 +105,35 @@ def intra_class_loss(z: torch.Tensor, y: torch.Tensor, mode: str = "ref", eps: f
     return torch.stack(terms).mean()
 
 
+def _one_hot(y: torch.Tensor, num_classes: int, dtype: torch.dtype) -> torch.Tensor:
+    """`F.one_hot(y, num_classes)` in `dtype`, without its check of y's range (an `.item()`: not under `vmap`)."""
+    return (y[:, None] == torch.arange(num_classes, device=y.device)).to(dtype)
+
+
+def _masked_intra(
+    z: torch.Tensor, y: torch.Tensor, mode: str, eps: float, weight: torch.Tensor, num_classes: int
+) -> torch.Tensor:
+    """`intra_class_loss` of the examples of positive `weight`, every class at once: x_c the class's
+    standardised rows (the others 0, [C, B, d]); ||x_c^T x_c||_F^2 = ||x_c x_c^T||_F^2 ([C, B, B]
+    Gram matrices, not [C, d, d]) and the diagonal of x_c^T x_c is the columns' squared norms."""
+    onehot = _one_hot(y, num_classes, z.dtype) * (weight > 0).to(z.dtype)[:, None]  # [B, C]
+    n = onehot.sum(0)  # [C]
+    m = onehot.T[:, :, None]  # [C, B, 1]
+    x = m * (z[None] - (onehot.T @ z / n.clamp(min=1)[:, None])[:, None])  # centred, 0 outside the class
+    spread = x.pow(2).sum(1, keepdim=True)  # [C, 1, d]
+    scale = (n - 1).clamp(min=1) if mode == "ref" else n.clamp(min=1)  # unbiased / biased sigma
+    x = x / torch.sqrt(spread / scale[:, None, None] + eps)
+    whole = (x @ x.transpose(1, 2)).pow(2).sum((1, 2))  # ||x^T x||_F^2
+    diagonal = x.pow(2).sum(1).pow(2).sum(1)  # sum_i (x^T x)_ii^2
+    used = (n >= 2).to(z.dtype)
+    d = z.shape[1]
+    if mode == "ref":
+        term = (whole - diagonal) / max(d * (d - 1), 1)
+        return (used * term).sum() / (used * n).sum().clamp(min=1)
+    fro = whole if mode == "paper_fro" else whole - diagonal
+    return (used * fro / (n - 1).clamp(min=1).pow(2)).sum() / used.sum().clamp(min=1)
+
+
 def inter_class_loss(
     z: torch.Tensor,
     y: torch.Tensor,
@@ -105,18 +145,25 @@ def inter_class_loss(
     form: str = "hinge",
     lite_n: int = -1,
     generator: torch.Generator | None = None,
+    weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """FedMR inter-class prototype margin loss (Eq. 4) of features `z` [B, d], labels `y` [B].
 
     `prototypes` [C, d] are the global prototypes (detached here), `valid` [C] bool says which
     exist, `local_mask` [C] bool the client's own classes (needed for ``negatives="local"``).
-    `lite_n` >= 0 keeps that many random samples of the batch (0 disables the term).
+    `lite_n` >= 0 keeps that many random samples of the batch (0 disables the term). With `weight`
+    (the batched engine's: 0 on padding) over the examples of positive weight, masked for `vmap`
+    (no lite sampling: its draws are not the engine's).
     """
     if negatives not in NEGATIVES or form not in INTER_FORMS:
         raise ValueError(f"negatives={negatives!r} / form={form!r}: must be in {NEGATIVES} / {INTER_FORMS}")
     zero = z.sum() * 0.0
     if lite_n == 0:
         return zero
+    if weight is not None:
+        if 0 < lite_n < z.shape[0]:
+            raise ValueError("a weighted (batched) inter-class loss draws no lite samples")
+        return _masked_inter(z, y, prototypes, valid, local_mask, negatives, margin, form, weight)
     if 0 < lite_n < z.shape[0]:
         idx = torch.randperm(z.shape[0], generator=generator)[:lite_n].to(z.device)
         z, y = z[idx], y[idx]
@@ -145,6 +192,40 @@ def inter_class_loss(
     if not pairs.any():
         return zero
     return d_pairs[pairs].mean()
+
+
+def _masked_inter(
+    z: torch.Tensor,
+    y: torch.Tensor,
+    prototypes: torch.Tensor,
+    valid: torch.Tensor,
+    local_mask: torch.Tensor | None,
+    negatives: str,
+    margin: float,
+    form: str,
+    weight: torch.Tensor,
+) -> torch.Tensor:
+    """`inter_class_loss` of the examples of positive `weight` whose class is valid, as masks."""
+    g = prototypes.detach().to(z.dtype)
+    valid = valid.to(torch.bool)
+    keep = (valid[y] & (weight > 0)).to(z.dtype)  # [B]
+    dist = torch.cdist(z, g)  # [B, C]
+    own = dist.gather(1, y[:, None])  # [B, 1]
+    if form == "pull":
+        return (keep * own[:, 0]).sum() / keep.sum().clamp(min=1)
+    hinge = F.relu(own - dist + margin)
+    num_classes = g.shape[0]
+    onehot = _one_hot(y, num_classes, z.dtype) * keep[:, None]
+    n_per_class = onehot.sum(0)
+    d_pairs = (onehot.T @ hinge) / n_per_class.clamp(min=1)[:, None]
+    neg = valid
+    if negatives == "local":
+        if local_mask is None:
+            raise ValueError("negatives='local' needs local_mask")
+        neg = neg & local_mask.to(torch.bool)
+    eye = torch.eye(num_classes, dtype=torch.bool, device=z.device)
+    pairs = ((n_per_class > 0)[:, None] & neg[None, :] & ~eye).to(z.dtype)
+    return (d_pairs * pairs).sum() / pairs.sum().clamp(min=1)
 
 
 def gradient_share(term: torch.Tensor, reference: torch.Tensor, params: Sequence[torch.Tensor]) -> float:

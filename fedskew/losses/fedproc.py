@@ -36,16 +36,31 @@ def prototype_weight(server_round: int, num_rounds: int) -> float:
 
 
 def prototypical_contrastive_loss(
-    z: torch.Tensor, y: torch.Tensor, prototypes: torch.Tensor, valid: torch.Tensor, temperature: float = 1.0
+    z: torch.Tensor,
+    y: torch.Tensor,
+    prototypes: torch.Tensor,
+    valid: torch.Tensor,
+    temperature: float = 1.0,
+    weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """L_pc of features `z` [B, d] with labels `y` [B] against the fixed global `prototypes` [C, d]
-    (detached) of which `valid` [C] exist; 0 (connected to `z`) when no sample's class has one."""
+    (detached) of which `valid` [C] exist; 0 (connected to `z`) when no sample's class has one.
+    With `weight` w (the batched engine's: 1/b on the b examples, 0 on padding) the same mean over
+    B' as sum_i w_i [valid y_i] l_i / sum_i w_i [valid y_i], masked for `vmap` (the invalid classes'
+    logits the dtype's lowest finite value: exp gives the same 0 as -inf, and a row with no valid
+    class stays finite)."""
     if temperature <= 0:
         raise ValueError(f"temperature={temperature} must be > 0")
     valid = valid.to(torch.bool)
+    protos = F.normalize(prototypes.detach().to(z.dtype), dim=1)
+    if weight is not None:
+        logits = (F.normalize(z, dim=1) @ protos.T / temperature).masked_fill(~valid[None, :], torch.finfo(z.dtype).min)
+        keep = weight * valid[y].to(z.dtype)
+        total = keep.sum()
+        return (keep * F.cross_entropy(logits, y, reduction="none")).sum() / total.clamp(min=torch.finfo(z.dtype).tiny)
     keep = valid[y]
     if not keep.any():
         return z.sum() * 0.0
-    sims = F.normalize(z[keep], dim=1) @ F.normalize(prototypes.detach().to(z.dtype), dim=1).T  # [b, C]
+    sims = F.normalize(z[keep], dim=1) @ protos.T  # [b, C]
     logits = sims.masked_fill(~valid[None, :], float("-inf")) / temperature
     return F.cross_entropy(logits, y[keep])

@@ -51,7 +51,7 @@ def global_prototypes(
 
 
 def prototype_distance_loss(
-    z: torch.Tensor, y: torch.Tensor, prototypes: torch.Tensor, valid: torch.Tensor
+    z: torch.Tensor, y: torch.Tensor, prototypes: torch.Tensor, valid: torch.Tensor, weight: torch.Tensor | None = None
 ) -> torch.Tensor:
     """L_R ("Local Model Update") per mini-batch, as the authors' code computes it (`lib/update.py`,
     `update_weights_het`: `nn.MSELoss()(proto_new, protos)`):
@@ -61,13 +61,16 @@ def prototype_distance_loss(
     the squared L2 distance of each embedding to its class's global prototype (fixed: no gradient),
     averaged over the batch's B samples and the d dimensions; a sample whose class has no global
     prototype adds 0 (it still counts in B, as in the code). Zero, connected to `z`'s graph, when
-    nothing is valid (round 1).
+    nothing is valid (round 1). With `weight` w (the batched engine's: 1/b on the b examples, 0 on
+    padding) the same mean as sum_i w_i [valid y_i] ||.||^2 / d, masked for `vmap`.
     """
+    p = prototypes.detach().to(z.dtype)
+    if weight is not None:
+        return (weight * valid.to(z.dtype)[y] * (z - p[y]).pow(2).sum(1)).sum() / z.shape[1]
     keep = valid.to(torch.bool)[y]
     if not bool(keep.any()):
         return z.sum() * 0.0
-    diff = z[keep] - prototypes.detach().to(z.dtype)[y[keep]]
-    return diff.pow(2).sum() / z.numel()
+    return (z[keep] - p[y[keep]]).pow(2).sum() / z.numel()
 
 
 def prototype_logits(z: torch.Tensor, prototypes: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
