@@ -43,6 +43,7 @@ from tests.harness import ROOT, app_defaults, run_in_process
 STACKED = "fedavg fedprox fedrs fedlc fedgela fednova creff scaffold scaffold-rs feddyn feddc ditto".split()
 STACKED += ["fedbabu", "fedrep"]  # a stage trains the parameters its optimiser holds (parameter groups)
 STACKED += ["fedproto", "fedproc", "fedmr"]  # their objectives read the features (`feature_loss`)
+STACKED += ["fedmmd", "moon"]  # theirs read frozen models' features of the batch too (`batch_features`)
 NODES = 40  # 4 of them sampled (fraction-train 0.1): ~1,200 examples each, different sizes (Dirichlet)
 ROUND = {"model": "mlp", "partition": "dirichlet", "fraction-train": 0.1, "local-epochs": 2, "batch-size": 32}
 # Uploads are compared in float64 (`compute-dtype`), on short clients: 400 nodes, 4 sampled (~100-200
@@ -185,7 +186,7 @@ def test_which_methods_and_models_are_stacked() -> None:
     for method in STACKED:
         assert stacked_refusal({**defaults, "method": method}) is None, method
     # subclasses of opted-in trainers (MAP and SCAFFOLD-RS reuse FedRS's loss) do not inherit it
-    for method in ("map", "moon", "fedrod"):
+    for method in ("map", "fedrod"):
         assert "does not express its local step" in stacked_refusal({**defaults, "method": method})
     assert "gradient shares" in stacked_refusal({**defaults, "method": "fedmr", "fedmr-grad-share-every": 5})
     assert "Lite" in stacked_refusal({**defaults, "method": "fedmr", "fedmr-lite-n": 8})
@@ -378,6 +379,46 @@ def test_a_feature_term_stacks_and_reaches_the_gradient(method: str) -> None:
         assert all(r.content["metrics"].get(k, 1.0) > 0 for r in batched for k in REPORTED)
 
 
+# method -> its term of frozen models' features (`batch_features`): the weight's key, and the round
+# it acts in (MOON's negative is the client's model of its previous participation: none in round 1)
+FROZEN_TERMS = {"fedmmd": ("fedmmd-lambda", 1), "moon": ("moon-mu", 2)}
+
+
+@pytest.mark.parametrize("method", FROZEN_TERMS)
+def test_a_frozen_model_s_features_stack_and_reach_the_gradient(method: str) -> None:
+    """A method whose objective compares the batch's features with a frozen model's (FedMMD: the
+    global model's; MOON: the global and the previous local model's, run under `vmap` on each
+    client's weights) gives on the batched engine, in the round its term acts in: at the term's
+    weight 0 each client's upload FedAvg's from the same start and batches, at weight 1 every
+    client's upload > 1e-3 away from it (the term's gradient reaches the parameters through the
+    stacked features) and the per-client path's replies, reported term and states (float64)."""
+    key, acting = FROZEN_TERMS[method]
+    fedavg_grid, fedavg_messages = first_round("fedavg", **SHORT)
+    start = fedavg_messages[0].content["arrays"]
+    if acting > 1:
+        fedavg_messages = next_round(fedavg_messages, start, acting)
+    fedavg = [uploads(r) for r in fedavg_grid.send_and_receive(fedavg_messages)]
+    for weight in (0.0, 1.0):
+        grid, messages = first_round(method, **SHORT, **{key: weight})
+        assert [m.metadata.dst_node_id for m in messages] == [m.metadata.dst_node_id for m in fedavg_messages]
+        states = [RecordDict() for _ in messages]
+        for server_round in range(1, acting + 1):
+            if server_round > 1:
+                messages = next_round(messages, start, server_round)
+            batched = list(grid.send_and_receive(messages))
+            reference = per_client(grid, messages, states) if weight else []
+        gaps = [max(float((uploads(r)[k] - a[k]).abs().max()) for k in a) for r, a in zip(batched, fedavg, strict=True)]
+        if not weight:
+            assert max(gaps) <= 1e-6, gaps
+            continue
+        assert min(gaps) > 1e-3, gaps
+        assert_replies_match(grid, messages, batched, reference, states)
+        name = {"fedmmd": "mmd-loss", "moon": "moon-loss"}[method]
+        for got, want in zip(batched, reference, strict=True):
+            m, n = got.content["metrics"], want.content["metrics"]
+            assert m[name] > 0 and m[name] == pytest.approx(n[name], rel=1e-9), name
+
+
 def next_round(messages: list[Message], arrays: ArrayRecord, server_round: int) -> list[Message]:
     """The train messages of `server_round` to the same nodes, with `arrays` as the global model."""
     config = ConfigRecord({"attempt": 0, "server-round": server_round})
@@ -442,6 +483,13 @@ def test_fedrep_s_heads_and_metrics_are_the_per_client_path_s_over_two_rounds() 
     0.5), over the optimiser's parameters only."""
     overrides = {"lr": 0.05, "weight-decay": 0.01, "grad-clip": 1.0, "fedrep-head-epochs": 3}
     assert_two_rounds_as_per_client("fedrep", HEAD, ("fedrep-head-loss",), **overrides)
+
+
+def test_moon_s_previous_models_and_metrics_are_the_per_client_path_s_over_two_rounds() -> None:
+    """MOON's stacked clients (each with its global and previous model's tensors as extras) get the
+    per-client path's uploads, kept local models and metrics in float64: in round 1 without a
+    negative (CE alone, `moon-negative` 0), in round 2 against the model each kept in round 1."""
+    assert_two_rounds_as_per_client("moon", "moon-previous", ("moon-loss", "moon-negative"))
 
 
 def test_a_stacked_stage_moves_the_parameters_its_optimiser_holds_and_no_other(monkeypatch) -> None:
@@ -560,7 +608,7 @@ def test_ditto_on_the_batched_engine_trains_two_stacked_models_and_lambda_pulls_
 
 
 def test_a_method_that_does_not_opt_in_trains_per_client_with_its_own_trainer() -> None:
-    grid, messages = first_round("moon")
+    grid, messages = first_round("fedrod")
     for got, want in zip(grid.send_and_receive(messages), per_client(grid, messages), strict=True):
         a, b = uploads(got), uploads(want)
         assert all(torch.equal(a[k], b[k]) for k in b)
@@ -611,9 +659,9 @@ def test_fedskew_run_engine_batched_says_which_path_the_method_takes(tmp_path: P
     out = capsys.readouterr().out
     assert "batched engine in one process on cpu" in out and "fedavg trains each round's clients as one stacked" in out
     assert (tmp_path / "r" / "summary.json").is_file()
-    config += ' method="moon" run-name="m"'
+    config += ' method="fedrod" run-name="m"'
     assert main(["run", "--engine", "batched", "-n", "20", "--run-config", config]) == 0
-    assert "moon trains its clients one by one" in capsys.readouterr().out
+    assert "fedrod trains its clients one by one" in capsys.readouterr().out
 
 
 FLOWER_FLAGS = [["--actors", "2"], ["--ray-address", "127.0.0.1:6379"], ["--federation-config", "x=1"]]
@@ -672,7 +720,7 @@ partitions:
 # ---------------------------------------------------------------------------------------- many runs
 def test_runs_trained_together_write_what_each_writes_alone(tmp_path: Path) -> None:
     """Three runs in one process (`fedskew.batched.many`): two FedAvg runs of other seeds and splits,
-    whose clients train as one stacked model, and a MOON run (per client); each writes the
+    whose clients train as one stacked model, and a FedRoD run (per client); each writes the
     metrics.jsonl it writes alone on the batched engine. In float64 (`compute-dtype`): a stack of
     other clients sums in another order, which float32 can show in the global model's last digits."""
     from fedskew.batched.executor import StackedTrainer
@@ -681,7 +729,7 @@ def test_runs_trained_together_write_what_each_writes_alone(tmp_path: Path) -> N
     runs = {
         "a": {"method": "fedavg", "seed": 0},
         "b": {"method": "fedavg", "seed": 1, "partition": "classes-per-client"},
-        "c": {"method": "moon", "seed": 2},
+        "c": {"method": "fedrod", "seed": 2},
     }
     configs = [
         {**app_defaults(), **RUN, **over, "compute-dtype": "float64", "out-dir": str(tmp_path), "run-name": name}
@@ -694,7 +742,7 @@ def test_runs_trained_together_write_what_each_writes_alone(tmp_path: Path) -> N
     train = engine.trainer.train
     engine.trainer.train = lambda clients: stacked.append(len(clients)) or train(clients)  # type: ignore[method-assign]
     assert engine.run() == [None, None, None]
-    assert [n for n in stacked if n] == [8, 8]  # the FedAvg runs' 4 + 4 clients a round; MOON's per client
+    assert [n for n in stacked if n] == [8, 8]  # the FedAvg runs' 4 + 4 clients a round; FedRoD's per client
     for name in runs:
         alone = (tmp_path / f"{name}-alone" / "metrics.jsonl").read_text()
         assert (tmp_path / name / "metrics.jsonl").read_text() == alone, name

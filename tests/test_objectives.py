@@ -6,6 +6,7 @@ before the derivation (the committed results depend on its last digits)."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -15,13 +16,14 @@ import torch.nn.functional as F
 
 from fedskew.client_app.app import client_trainer
 from fedskew.client_app.base import BaseTrainer
-from fedskew.losses import proximal_term, restricted_softmax_cross_entropy
+from fedskew.losses import mmd_multi_gaussian, proximal_term, restricted_softmax_cross_entropy
 from fedskew.losses.feddc import penalty_target
 from fedskew.losses.feddyn import feddyn_penalty
 from fedskew.losses.fedlc import calibrated_cross_entropy
 from fedskew.losses.fedmr import inter_class_loss, intra_class_loss
 from fedskew.losses.fedproc import prototypical_contrastive_loss
 from fedskew.losses.fedproto import prototype_distance_loss
+from fedskew.losses.moon import model_contrastive_loss
 from fedskew.registry import METHODS
 from fedskew.training import Loss
 from tests.test_batched import FEATURE_TERMS, first_round, with_global_prototypes
@@ -78,7 +80,28 @@ def fedmr_loss(t: Any, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor)
     return loss + t.cfg["fedmr-mu2"] * inter
 
 
+def moon_loss(t: Any, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> Loss:
+    z = model.features(x)
+    loss = F.cross_entropy(model.classifier(z), y)
+    if t.previous is None:
+        return loss
+    previous = copy.deepcopy(t.global_model)
+    previous.load_state_dict(t.previous)
+    with torch.no_grad():
+        z_glob, z_prev = t.global_model.features(x), previous.features(x)
+    return loss + t.cfg["moon-mu"] * model_contrastive_loss(z, z_glob, z_prev, t.cfg["moon-temperature"])
+
+
+def fedmmd_loss(t: Any, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> Loss:
+    h = model.features(x)
+    loss = F.cross_entropy(model.classifier(h), y)
+    with torch.no_grad():
+        h_glob = t.global_model.features(x)
+    return loss + t.cfg["fedmmd-lambda"] * mmd_multi_gaussian(h, h_glob)
+
+
 WRITTEN.update({"fedproto": fedproto_loss, "fedproc": fedproc_loss, "fedmr": fedmr_loss})
+WRITTEN.update({"moon": moon_loss, "fedmmd": fedmmd_loss})
 
 
 def pair(loss: Loss | tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -89,7 +112,7 @@ def pair(loss: Loss | tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Ten
 def started_client(method: str) -> tuple[BaseTrainer, torch.nn.Module]:
     """A trainer of `method` in float64 after `begin` on its round-1 message, and its model moved off
     the received one (FedProx's and FedDyn's penalties are 0 there), FedDyn with a nonzero g_k, FedDC
-    with a nonzero drift h_i (its penalty's target w - h_i)."""
+    with a nonzero drift h_i (its penalty's target w - h_i), MOON with a previous local model."""
     grid, messages = first_round(method, **{"compute-dtype": "float64"})
     if method in FEATURE_TERMS:  # global prototypes for all classes but the last (none in round 1)
         messages = with_global_prototypes(messages, FEATURE_TERMS[method][0])
@@ -102,6 +125,12 @@ def started_client(method: str) -> tuple[BaseTrainer, torch.nn.Module]:
             p.add_(0.05 * torch.randn(p.shape, generator=g, dtype=p.dtype))
     if method == "feddyn":
         trainer.gradient_state = [0.1 * torch.randn(p.shape, generator=g, dtype=p.dtype) for p in model.parameters()]
+    if method == "moon":  # a previous local model (none in round 1): the global one moved
+        previous = copy.deepcopy(trainer.global_model)
+        with torch.no_grad():
+            for p in previous.parameters():
+                p.add_(0.05 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+        trainer.previous = previous.state_dict()
     if method == "feddc":
         drift = [0.1 * torch.randn(p.shape, generator=g, dtype=p.dtype) for p in model.parameters()]
         trainer.target = penalty_target(trainer.start, drift)

@@ -22,10 +22,12 @@ hooks that differ (FL-bench style); its records (`wire`) are its registry entry'
     feature_loss     that data loss with terms of the batch's features z = `features(x)` (the
                      classifier's input) and the named values it reports (FedProto's distance to the
                      global prototypes; default, not overridden: the network runs whole, no features)
+    batch_features   features of the same batch by models that do not train, for `feature_loss`
+                     (MOON's global and previous models, FedMMD's global one: `frozen_features`)
     penalty          a term on the trainable parameters added to it (FedProx's, FedDyn's; default: none)
-    loss             the local objective on one mini-batch; by default derived from the two above
-                     (a method whose objective is not a loss of the logits plus a parameter term,
-                     e.g. MOON's, overrides `loss` itself and runs per client on the batched engine)
+    loss             the local objective on one mini-batch; by default derived from the hooks above
+                     (a method whose objective is not a loss of the logits, the features and the
+                     parameters overrides `loss` itself and runs per client on the batched engine)
     optimizer        the local optimiser (default: `sgd` from the run config, fresh each round); a
                      parameter it does not hold is frozen (FedBABU's head: `train_only`)
     local_train      the whole local procedure (default: `local_steps` steps of `run_steps` on
@@ -76,6 +78,7 @@ import torch
 import torch.nn.functional as F
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from torch import nn
+from torch.func import functional_call
 
 from fedskew.client_app.state import ClientState
 from fedskew.data import dataset_info
@@ -138,6 +141,23 @@ def to_wire(content: RecordDict) -> RecordDict:
 def frozen(model: nn.Module) -> nn.Module:
     """`model` in eval mode without gradients: a fixed teacher or reference (global, previous model)."""
     return model.eval().requires_grad_(False)
+
+
+def frozen_extras(prefix: str, model: nn.Module) -> dict[str, torch.Tensor]:
+    """`model`'s state dict (parameters and buffers) as extras named `prefix` + name: a model that does
+    not train travels to the objective (`batch_extras`), stacked over the clients by the engine."""
+    return {prefix + k: t.detach() for k, t in model.state_dict().items()}
+
+
+def frozen_features(net: nn.Module, prefix: str, x: torch.Tensor, extras: dict[str, torch.Tensor]) -> torch.Tensor:
+    """`features(x)` without gradient of the model that `frozen_extras` put in `extras` under
+    `prefix`, run in `net` (a frozen copy of the network: eval mode, as the per-client path runs a
+    teacher) with those tensors in place of its own (`torch.func.functional_call`): on the per-client
+    path the model's own forward, under `vmap` each client's own model's (`batch_features`)."""
+    head = prefix + "features."
+    state = {k.removeprefix(head): t for k, t in extras.items() if k.startswith(head)}
+    with torch.no_grad():
+        return functional_call(net.features, state, (x,))
 
 
 def as_tensors(arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
@@ -359,7 +379,7 @@ class BaseTrainer:
                 return self.objective(data, penalty(dict(model.named_parameters()), extras))
             z = model.features(x)
             data = self.example_losses(model.classifier(z), y, extras, "mean")
-            data, reports = self.feature_loss(data, z, y, None, extras)
+            data, reports = self.feature_loss(data, z, y, None, {**extras, **self.batch_features(x, None, extras)})
             for name, value in reports.items():
                 self.reported[name] = self.reported.get(name, 0.0) + value.detach()
             return self.objective(data, penalty(dict(model.named_parameters()), extras))
@@ -384,7 +404,7 @@ class BaseTrainer:
                 return self.objective(data, penalty(params, extras))
             z, logits = functional_split_forward(model, params, buffers, x)
             data = weighted_sum(self.example_losses(logits, y, extras, "none"), weight)
-            data, reports = self.feature_loss(data, z, y, weight, extras)
+            data, reports = self.feature_loss(data, z, y, weight, {**extras, **self.batch_features(x, weight, extras)})
             out = self.objective(data, penalty(params, extras))
             return (out, out, reports) if isinstance(out, torch.Tensor) else (*out, reports)
 
@@ -408,6 +428,15 @@ class BaseTrainer:
         with masks instead of Python branches on tensor values (it runs under `vmap`). Not overridden
         (default): the network runs whole and no features are computed."""
         return data, {}
+
+    def batch_features(self, x: torch.Tensor, weight: torch.Tensor | None, extras: Tensors) -> Tensors:
+        """Named features of the batch `x` by models that do not train, which `feature_loss` then reads
+        in its extras beside z (MOON's global and previous models, FedMMD's global one), each computed
+        by `frozen_features` from the weights that `batch_extras` gave (`frozen_extras`): the
+        per-client path's own forward of that model, on the batched engine each client's under `vmap`.
+        `weight` as `feature_loss` gets it (None: the per-client form, which may leave out what its
+        objective does not read). Default: none."""
+        return {}
 
     def reported_sum(self, name: str) -> float:
         """The sum over the local steps of what `feature_loss` reported as `name` (0 when nothing)."""

@@ -24,6 +24,12 @@ Decisions:
   sent again (a retry, or a resumed run repeating it), so the state keeps the two latest local models
   with their rounds ("moon-previous" and "moon-before", values "moon") and round t uses the latest one
   trained before t.
+- Written once (`feature_loss`), so the batched engine stacks a round's clients: the global and
+  previous models' weights are each client's extras (`frozen_extras`) and z_glob, z_prev their
+  forwards on the batch (`frozen_features`, `batch_features`). Per client, a client without a
+  previous model runs neither (plain CE); stacked, its extras hold the global model as a stand-in
+  negative and a flag 0 that zeroes its term. Both engines read the previous model in `load_global`
+  and keep the trained one in `after_steps`.
 """
 
 from __future__ import annotations
@@ -32,11 +38,10 @@ import copy
 import logging
 
 import torch
-import torch.nn.functional as F
 from flwr.app import RecordDict
 from torch import nn
 
-from fedskew.client_app.base import BaseTrainer, frozen
+from fedskew.client_app.base import BaseTrainer, Tensors, frozen, frozen_extras, frozen_features
 from fedskew.losses.moon import model_contrastive_loss
 from fedskew.records import Number
 
@@ -44,11 +49,13 @@ log = logging.getLogger("fedskew.client")
 
 SLOTS = ("moon-previous", "moon-before")  # the latest local model, the one before it
 ROUNDS = "moon"  # values: {slot: round it was trained in}
+GLOBAL, PREVIOUS = "global.", "previous."  # the extras' prefixes of the two frozen models' tensors
 
 
 class MOONTrainer(BaseTrainer):
     """Cross-entropy plus the model-contrastive term against the global and previous models."""
 
+    batched = True
     keeps_state = "the previous local model"
     kept_arrays = ("model", "model")  # the latest local model and the one before
 
@@ -73,8 +80,9 @@ class MOONTrainer(BaseTrainer):
             out.append((r, tensors))
         return sorted(out, key=lambda e: -e[0])
 
-    def previous_model(self, reference: nn.Module) -> nn.Module | None:
-        """The local model of this client's latest participation before this round, or None."""
+    def previous_model(self, reference: nn.Module) -> dict[str, torch.Tensor] | None:
+        """The state dict of this client's local model of its latest participation before this round
+        (on the device), or None."""
         earlier = [sd for r, sd in self.stored_models(reference) if r < self.ctx.server_round]
         if not earlier:
             log.info(
@@ -85,7 +93,7 @@ class MOONTrainer(BaseTrainer):
             return None
         model = self.build_model()
         model.load_state_dict(earlier[0])
-        return frozen(model)
+        return model.state_dict()
 
     def save_model(self, model: nn.Module) -> None:
         """Keep this round's local model and the latest one from an earlier round."""
@@ -101,25 +109,46 @@ class MOONTrainer(BaseTrainer):
         super().load_global(model, content)
         self.global_model = frozen(copy.deepcopy(model))
         self.previous = self.previous_model(model)
-        self.con_sum, self.con_steps = torch.zeros((), device=self.device), 0
+        self.global_extras = frozen_extras(GLOBAL, self.global_model)
 
-    def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        z = model.features(x)
-        loss = F.cross_entropy(model.classifier(z), y)
-        if self.previous is None:
-            return loss
-        with torch.no_grad():
-            z_glob, z_prev = self.global_model.features(x), self.previous.features(x)
-        con = model_contrastive_loss(z, z_glob, z_prev, self.cfg["moon-temperature"])
-        self.con_sum += con.detach()
-        self.con_steps += 1
-        return loss + self.cfg["moon-mu"] * con
+    def batch_extras(self) -> dict[str, torch.Tensor]:
+        """The global model's tensors, the previous model's (the global one's without one) and the
+        flag "negative" (1: a previous model; 0: none, the term off)."""
+        negative = self.previous is not None
+        own = self.global_model.state_dict() if self.previous is None else self.previous
+        previous = {PREVIOUS + k: t for k, t in own.items()}
+        flag = torch.tensor(float(negative), dtype=self.dtype, device=self.device)
+        return {**self.global_extras, **previous, "negative": flag}
 
-    def local_train(self, model: nn.Module, content: RecordDict) -> dict[str, float]:
-        stats = super().local_train(model, content)
+    def batch_features(self, x: torch.Tensor, weight: torch.Tensor | None, extras: Tensors) -> Tensors:
+        """z_glob and z_prev of the batch; per client, none without a previous model."""
+        if weight is None and self.previous is None:
+            return {}
+        net = self.global_model  # the frozen network both run in
+        return {
+            "z-global": frozen_features(net, GLOBAL, x, extras),
+            "z-previous": frozen_features(net, PREVIOUS, x, extras),
+        }
+
+    def feature_loss(
+        self, data: torch.Tensor, z: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None, extras: Tensors
+    ) -> tuple[torch.Tensor, Tensors]:
+        """CE + mu l_con (Eq. 3), l_con reported as "con"; CE alone without a previous model (per client:
+        as it is; stacked: l_con times the flag 0)."""
+        if weight is None and self.previous is None:
+            return data, {}
+        con = model_contrastive_loss(z, extras["z-global"], extras["z-previous"], self.cfg["moon-temperature"], weight)
+        if weight is not None:
+            con = extras["negative"] * con
+        return data + self.cfg["moon-mu"] * con, {"con": con}
+
+    def after_steps(self, model: nn.Module, stats: dict[str, float]) -> dict[str, float]:
+        """Keep the trained model (the next participation's negative) and report l_con's mean."""
+        stats = super().after_steps(model, stats)
         self.save_model(model)
+        negative = self.previous is not None
         return {
             **stats,
-            "moon-loss": float(self.con_sum) / max(self.con_steps, 1),
-            "moon-negative": int(self.previous is not None),
+            "moon-loss": self.reported_sum("con") / max(stats["train-steps"], 1) if negative else 0.0,
+            "moon-negative": int(negative),
         }

@@ -89,7 +89,11 @@ def distillation_loss(
 
 
 def mmd_multi_gaussian(
-    h: torch.Tensor, h_p: torch.Tensor, kernel_mul: float = 2.0, kernel_num: int = 5
+    h: torch.Tensor,
+    h_p: torch.Tensor,
+    kernel_mul: float = 2.0,
+    kernel_num: int = 5,
+    weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Eq. 12, biased V-statistic with a sum of Gaussian kernels as in DAN (Long et al., ICML'15):
 
@@ -97,15 +101,27 @@ def mmd_multi_gaussian(
         k(a, b) = sum_m exp(-||a - b||^2 / (b0 kernel_mul^(m - kernel_num // 2))),  m = 0..kernel_num-1,
 
     with the data-driven base bandwidth b0 = mean pairwise squared distance of [h; h_p] (detached),
-    as the authors' `mmd_rbf_noaccelerate`. `h_p` (the HPM's features) is detached.
+    as the authors' `mmd_rbf_noaccelerate`. `h_p` (the HPM's features) is detached. With `weight`
+    w [B] (the batched engine's: 1/b on a batch's b examples, 0 on the padding, the same rows of h
+    and h_p) each mean is sum_ij w_i w_j k_ij and b0 the mean over the pairs of real rows: the value
+    of the b real rows alone.
     """
     h_p = h_p.detach()
     z = torch.cat([h.flatten(1), h_p.flatten(1)], dim=0)
     n, b = z.shape[0], h.shape[0]
     d2 = (z.unsqueeze(0) - z.unsqueeze(1)).pow(2).sum(-1)  # [2B, 2B]; no sqrt, so finite gradients at 0
-    base = (d2.detach().sum() / max(n * n - n, 1)).clamp(min=1e-12)
+    if weight is None:
+        base = (d2.detach().sum() / max(n * n - n, 1)).clamp(min=1e-12)
+    else:
+        real = (weight > 0).to(d2.dtype).repeat(2)  # the real rows of [h; h_p]
+        pairs = real.sum() * (real.sum() - 1)
+        base = ((d2.detach() * real.outer(real)).sum() / pairs.clamp(min=1)).clamp(min=1e-12)
     kernel = sum(torch.exp(-d2 / (base * kernel_mul ** (m - kernel_num // 2))) for m in range(kernel_num))
-    xx, yy, xy = kernel[:b, :b].mean(), kernel[b:, b:].mean(), kernel[:b, b:].mean()
+    if weight is None:
+        xx, yy, xy = kernel[:b, :b].mean(), kernel[b:, b:].mean(), kernel[:b, b:].mean()
+    else:
+        ww = weight.outer(weight)
+        xx, yy, xy = ((k * ww).sum() for k in (kernel[:b, :b], kernel[b:, b:], kernel[:b, b:]))
     return xx + yy - 2 * xy
 
 

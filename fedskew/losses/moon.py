@@ -20,10 +20,16 @@ import torch.nn.functional as F
 
 
 def model_contrastive_loss(
-    z: torch.Tensor, z_global: torch.Tensor, z_previous: torch.Tensor | None, temperature: float
+    z: torch.Tensor,
+    z_global: torch.Tensor,
+    z_previous: torch.Tensor | None,
+    temperature: float,
+    weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Eq. 1 averaged over the batch: z [B, d] against the positive z_global [B, d] and the negative
-    z_previous [B, d] (both detached); `z_previous` None (no previous local model) gives 0."""
+    z_previous [B, d] (both detached); `z_previous` None (no previous local model) gives 0. With
+    `weight` [B] (the batched engine's: 1/b on a batch's b examples, 0 on padding) the weighted sum
+    of the per-example terms instead of their mean."""
     if temperature <= 0:
         raise ValueError(f"temperature={temperature} must be > 0")
     if z_previous is None:
@@ -31,4 +37,7 @@ def model_contrastive_loss(
     pos = F.cosine_similarity(z, z_global.detach(), dim=-1)
     neg = F.cosine_similarity(z, z_previous.detach(), dim=-1)
     logits = torch.stack([pos, neg], dim=1) / temperature
-    return F.cross_entropy(logits, torch.zeros(len(z), dtype=torch.long, device=z.device))
+    target = torch.zeros(len(z), dtype=torch.long, device=z.device)
+    if weight is None:
+        return F.cross_entropy(logits, target)
+    return (F.cross_entropy(logits, target, reduction="none") * weight).sum()
