@@ -28,6 +28,7 @@ from fedskew.client_app.app import app as client_app
 from fedskew.client_app.ditto import PERSONAL
 from fedskew.client_app.feddc import DRIFT
 from fedskew.client_app.fedrep import HEAD, decay_groups
+from fedskew.client_app.fedrod import PERSONAL_HEAD
 from fedskew.client_app.scaffold import CLIENT_CONTROL
 from fedskew.config import validate
 from fedskew.data.augment import Augmentation
@@ -43,6 +44,7 @@ from tests.harness import ROOT, app_defaults, run_in_process
 STACKED = "fedavg fedprox fedrs fedlc fedgela fednova creff scaffold scaffold-rs feddyn feddc ditto".split()
 STACKED += ["fedbabu", "fedrep"]  # a stage trains the parameters its optimiser holds (parameter groups)
 STACKED += ["fedproto", "fedproc", "fedmr"]  # their objectives read the features (`feature_loss`)
+STACKED += ["fedrod"]  # its objective reads more of the pass (`forward_loss`): a second head on the features
 NODES = 40  # 4 of them sampled (fraction-train 0.1): ~1,200 examples each, different sizes (Dirichlet)
 ROUND = {"model": "mlp", "partition": "dirichlet", "fraction-train": 0.1, "local-epochs": 2, "batch-size": 32}
 # Uploads are compared in float64 (`compute-dtype`), on short clients: 400 nodes, 4 sampled (~100-200
@@ -59,7 +61,7 @@ WIRE_ROUNDING = {"rtol": 2.0**-23, "atol": 1e-9}
 # of FedBABU and FedRep learn under a frozen head (0.007, 0.006 at lr 0.01)
 MOVED = {"fedbabu": {"lr": 0.05}, "fedrep": {"lr": 0.05}}
 # metrics of what an objective reports beside its loss (`BaseTrainer.feature_loss`), summed by both engines
-REPORTED = ("proto-loss", "intra-loss", "inter-loss")
+REPORTED = ("proto-loss", "intra-loss", "inter-loss", "fedrod-bsm-loss", "fedrod-personal-loss")
 
 
 @pytest.fixture(autouse=True)
@@ -185,7 +187,7 @@ def test_which_methods_and_models_are_stacked() -> None:
     for method in STACKED:
         assert stacked_refusal({**defaults, "method": method}) is None, method
     # subclasses of opted-in trainers (MAP and SCAFFOLD-RS reuse FedRS's loss) do not inherit it
-    for method in ("map", "moon", "fedrod"):
+    for method in ("map", "moon"):
         assert "does not express its local step" in stacked_refusal({**defaults, "method": method})
     assert "gradient shares" in stacked_refusal({**defaults, "method": "fedmr", "fedmr-grad-share-every": 5})
     assert "Lite" in stacked_refusal({**defaults, "method": "fedmr", "fedmr-lite-n": 8})
@@ -442,6 +444,36 @@ def test_fedrep_s_heads_and_metrics_are_the_per_client_path_s_over_two_rounds() 
     0.5), over the optimiser's parameters only."""
     overrides = {"lr": 0.05, "weight-decay": 0.01, "grad-clip": 1.0, "fedrep-head-epochs": 3}
     assert_two_rounds_as_per_client("fedrep", HEAD, ("fedrep-head-loss",), **overrides)
+
+
+def test_fedrod_s_personal_heads_and_terms_are_the_per_client_path_s_over_two_rounds() -> None:
+    """FedRoD stacked (body, G-head and the client's P-head in one stacked step, the log prior an
+    extra) gives each client the per-client path's generic upload, kept P-head and both terms'
+    means, in float64: after round 1 (the P-head from w^0's) and after round 2, which reads the P-head
+    kept in round 1 under another generic model. Weight decay 0.01 and a binding clip (0.5) over all
+    three parts together, as the per-client optimiser clips them."""
+    overrides = {"weight-decay": 0.01, "grad-clip": 0.5}
+    assert_two_rounds_as_per_client("fedrod", PERSONAL_HEAD, ("fedrod-bsm-loss", "fedrod-personal-loss"), **overrides)
+
+
+def test_fedrod_s_generic_parts_follow_their_own_loss_and_the_personal_head_moves() -> None:
+    """Stacked FedRoD at gamma 0 (L_BSM is then the cross-entropy) uploads FedAvg's trained model from
+    the same start and batches: the P-head's term, on detached features and logits, reaches neither
+    body nor G-head; at gamma 1 (the balanced softmax) every client's upload differs from FedAvg's.
+    Either way each kept P-head has moved away from w^0's head, where it started."""
+    fedavg_grid, fedavg_messages = first_round("fedavg", **SHORT)
+    fedavg = [uploads(r) for r in fedavg_grid.send_and_receive(fedavg_messages)]
+    start = fedavg_messages[0].content["arrays"].to_torch_state_dict()["classifier.weight"]  # w^0's head
+    for gamma in (0.0, 1.0):
+        grid, messages = first_round("fedrod", **SHORT, **{"fedrod-gamma": gamma})
+        gaps = []
+        for msg, reply, avg in zip(messages, grid.send_and_receive(messages), fedavg, strict=True):
+            upload = uploads(reply)
+            assert upload.keys() == avg.keys()
+            gaps.append(max(float((upload[k] - avg[k]).abs().max()) for k in avg))
+            head = state_arrays(grid.contexts[msg.metadata.dst_node_id].state)[f"tensors.{PERSONAL_HEAD}/weight"]
+            assert float((head.float() - start).abs().max()) > 1e-3
+        assert max(gaps) <= 1e-9 if gamma == 0.0 else min(gaps) > 1e-3, (gamma, gaps)
 
 
 def test_a_stacked_stage_moves_the_parameters_its_optimiser_holds_and_no_other(monkeypatch) -> None:

@@ -22,6 +22,7 @@ from fedskew.losses.fedlc import calibrated_cross_entropy
 from fedskew.losses.fedmr import inter_class_loss, intra_class_loss
 from fedskew.losses.fedproc import prototypical_contrastive_loss
 from fedskew.losses.fedproto import prototype_distance_loss
+from fedskew.losses.fedrod import balanced_softmax_loss, personalized_risk
 from fedskew.registry import METHODS
 from fedskew.training import Loss
 from tests.test_batched import FEATURE_TERMS, first_round, with_global_prototypes
@@ -78,7 +79,13 @@ def fedmr_loss(t: Any, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor)
     return loss + t.cfg["fedmr-mu2"] * inter
 
 
-WRITTEN.update({"fedproto": fedproto_loss, "fedproc": fedproc_loss, "fedmr": fedmr_loss})
+def fedrod_loss(t: Any, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> Loss:
+    h = model.features(x)
+    g = model.classifier(h)
+    return balanced_softmax_loss(g, y, t.log_prior) + personalized_risk(g, t.personal(h.detach()), y)
+
+
+WRITTEN.update({"fedproto": fedproto_loss, "fedproc": fedproc_loss, "fedmr": fedmr_loss, "fedrod": fedrod_loss})
 
 
 def pair(loss: Loss | tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
