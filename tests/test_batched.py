@@ -29,6 +29,7 @@ from fedskew.client_app.ditto import PERSONAL
 from fedskew.client_app.feddc import DRIFT
 from fedskew.client_app.fedrep import HEAD, decay_groups
 from fedskew.client_app.fedrod import PERSONAL_HEAD
+from fedskew.client_app.hpm import HPM_TENSORS
 from fedskew.client_app.scaffold import CLIENT_CONTROL
 from fedskew.config import validate
 from fedskew.data.augment import Augmentation
@@ -44,7 +45,7 @@ from tests.harness import ROOT, app_defaults, run_in_process
 STACKED = "fedavg fedprox fedrs fedlc fedgela fednova creff scaffold scaffold-rs feddyn feddc ditto".split()
 STACKED += ["fedbabu", "fedrep"]  # a stage trains the parameters its optimiser holds (parameter groups)
 STACKED += ["fedproto", "fedproc", "fedmr"]  # their objectives read the features (`feature_loss`)
-STACKED += ["fedrod"]  # its objective reads more of the pass (`forward_loss`): a second head on the features
+STACKED += ["fedrod", "fedphp"]  # objectives reading more of the pass (`forward_loss`): a second head, a teacher
 NODES = 40  # 4 of them sampled (fraction-train 0.1): ~1,200 examples each, different sizes (Dirichlet)
 ROUND = {"model": "mlp", "partition": "dirichlet", "fraction-train": 0.1, "local-epochs": 2, "batch-size": 32}
 # Uploads are compared in float64 (`compute-dtype`), on short clients: 400 nodes, 4 sampled (~100-200
@@ -247,6 +248,7 @@ def uploads(reply: Message) -> dict[str, torch.Tensor]:
     [pytest.param(m, MOVED.get(m, {}), id=m) for m in STACKED]
     + [pytest.param("fedbabu", {**MOVED["fedbabu"], "fedbabu-finetune-part": "head"}, id="fedbabu-head-finetuning")]
     + [pytest.param("fedavg", {"augment": "crop-flip"}, id="fedavg-crop-flip")]
+    + [pytest.param("fedphp", {"fedphp-transfer": "mmd"}, id="fedphp-mmd")]  # a batch statistic, masked
     + [pytest.param("fedrs", {"batched-chunk": 1}, id="fedrs-chunks-of-1")]
     + [pytest.param("fedrs", {"personalized-central-eval": True}, id="fedrs-central-eval")]
     + [pytest.param("scaffold", {"grad-clip": 1.0}, id="scaffold-clipped")],  # binds on every step
@@ -474,6 +476,29 @@ def test_fedrod_s_generic_parts_follow_their_own_loss_and_the_personal_head_move
             head = state_arrays(grid.contexts[msg.metadata.dst_node_id].state)[f"tensors.{PERSONAL_HEAD}/weight"]
             assert float((head.float() - start).abs().max()) > 1e-3
         assert max(gaps) <= 1e-9 if gamma == 0.0 else min(gaps) > 1e-3, (gamma, gaps)
+
+
+def test_fedphp_s_hpms_and_metrics_are_the_per_client_path_s_over_two_rounds() -> None:
+    """FedPHP stacked (each client's HPM a frozen teacher whose tensors are its extras, run on the
+    batch under vmap) gives each client the per-client path's upload, kept HPM psi and counter, and
+    mu, in float64: after round 1 (the teacher w^0, mu 0: psi the trained model) and after round 2,
+    which distils from the psi kept in round 1 and averages into it (mu 0.9: int(Q T) = 0 counts as 1)."""
+    assert_two_rounds_as_per_client("fedphp", HPM_TENSORS, ("hpm-mu",), **{"fedphp-transfer-weight": 0.5})
+
+
+def test_fedphp_s_transfer_reaches_the_stacked_gradient() -> None:
+    """Stacked FedPHP at transfer weight 0 uploads FedAvg's trained model from the same start and
+    batches; at 0.5 every client's upload differs from it: the teacher's term, from each client's own
+    HPM tensors, reaches the gradient."""
+    fedavg_grid, fedavg_messages = first_round("fedavg", **SHORT)
+    fedavg = [uploads(r) for r in fedavg_grid.send_and_receive(fedavg_messages)]
+    for lam in (0.0, 0.5):
+        grid, messages = first_round("fedphp", **SHORT, **{"fedphp-transfer-weight": lam})
+        gaps = []
+        for reply, avg in zip(grid.send_and_receive(messages), fedavg, strict=True):
+            upload = uploads(reply)
+            gaps.append(max(float((upload[k] - avg[k]).abs().max()) for k in avg))
+        assert max(gaps) <= 1e-9 if lam == 0.0 else min(gaps) > 1e-3, (lam, gaps)
 
 
 def test_a_stacked_stage_moves_the_parameters_its_optimiser_holds_and_no_other(monkeypatch) -> None:

@@ -74,9 +74,14 @@ def hpm_update(
 
 
 def distillation_loss(
-    student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 4.0, soften_student: bool = True
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    temperature: float = 4.0,
+    soften_student: bool = True,
+    weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Eq. 11: batch-mean KL(softmax(teacher / tau) || softmax(student / tau)), teacher detached, no tau^2.
+    """Eq. 11: batch-mean KL(softmax(teacher / tau) || softmax(student / tau)), teacher detached, no tau^2;
+    with `weight` [B], sum_i weight_i KL_i instead (the batch mean at 1/b on b examples, 0 on padding).
 
     `soften_student=False` is the authors' code: only the teacher is divided by tau (the loss is then
     the cross-entropy to the soft target minus its entropy, so the same gradient as their CE form).
@@ -85,11 +90,17 @@ def distillation_loss(
         raise ValueError(f"temperature={temperature} must be > 0")
     s = student_logits / (temperature if soften_student else 1.0)
     target = F.softmax(teacher_logits.detach() / temperature, dim=1)
-    return F.kl_div(F.log_softmax(s, dim=1), target, reduction="batchmean")
+    if weight is None:
+        return F.kl_div(F.log_softmax(s, dim=1), target, reduction="batchmean")
+    return (F.kl_div(F.log_softmax(s, dim=1), target, reduction="none").sum(1) * weight).sum()
 
 
 def mmd_multi_gaussian(
-    h: torch.Tensor, h_p: torch.Tensor, kernel_mul: float = 2.0, kernel_num: int = 5
+    h: torch.Tensor,
+    h_p: torch.Tensor,
+    kernel_mul: float = 2.0,
+    kernel_num: int = 5,
+    weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Eq. 12, biased V-statistic with a sum of Gaussian kernels as in DAN (Long et al., ICML'15):
 
@@ -97,15 +108,27 @@ def mmd_multi_gaussian(
         k(a, b) = sum_m exp(-||a - b||^2 / (b0 kernel_mul^(m - kernel_num // 2))),  m = 0..kernel_num-1,
 
     with the data-driven base bandwidth b0 = mean pairwise squared distance of [h; h_p] (detached),
-    as the authors' `mmd_rbf_noaccelerate`. `h_p` (the HPM's features) is detached.
+    as the authors' `mmd_rbf_noaccelerate`. `h_p` (the HPM's features) is detached. With `weight` [B]
+    (1/b on a batch's b examples, 0 on padding) the same statistic of those b examples alone: the
+    means weighted by weight_i weight_j, b0 over the pairs of real examples (masks, no branch).
     """
     h_p = h_p.detach()
     z = torch.cat([h.flatten(1), h_p.flatten(1)], dim=0)
     n, b = z.shape[0], h.shape[0]
     d2 = (z.unsqueeze(0) - z.unsqueeze(1)).pow(2).sum(-1)  # [2B, 2B]; no sqrt, so finite gradients at 0
-    base = (d2.detach().sum() / max(n * n - n, 1)).clamp(min=1e-12)
+    if weight is None:
+        base = (d2.detach().sum() / max(n * n - n, 1)).clamp(min=1e-12)
+    else:
+        real = (weight > 0).to(d2.dtype).repeat(2)  # [2B]: the b real rows of h, then of h_p
+        count = real.sum()
+        pairs = (d2.detach() * real.unsqueeze(0) * real.unsqueeze(1)).sum()
+        base = (pairs / (count * count - count).clamp(min=1)).clamp(min=1e-12)
     kernel = sum(torch.exp(-d2 / (base * kernel_mul ** (m - kernel_num // 2))) for m in range(kernel_num))
-    xx, yy, xy = kernel[:b, :b].mean(), kernel[b:, b:].mean(), kernel[:b, b:].mean()
+    if weight is None:
+        xx, yy, xy = kernel[:b, :b].mean(), kernel[b:, b:].mean(), kernel[:b, b:].mean()
+    else:
+        w = weight.unsqueeze(0) * weight.unsqueeze(1)
+        xx, yy, xy = ((k * w).sum() for k in (kernel[:b, :b], kernel[b:, b:], kernel[:b, b:]))
     return xx + yy - 2 * xy
 
 
