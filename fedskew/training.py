@@ -274,16 +274,23 @@ def functional_split_forward(
     model: nn.Module, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], x: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(`model.features(x)`, `model.classifier` of them) with `params` and `buffers` in place of the
-    module's own tensors: a `SplitNet`, every tensor under `features.` or `classifier.`."""
-    parts, tensors = ("features.", "classifier."), (params, buffers)
-    if stray := [k for k in (*params, *buffers) if not k.startswith(parts)]:
+    module's own tensors: a `SplitNet`, every tensor under one of its submodules (those under another
+    than `features` and `classifier`, FedRoD's P-head, left out: `functional_part` runs them)."""
+    children = {name for name, _ in model.named_children()}
+    if stray := [k for k in (*params, *buffers) if k.split(".", 1)[0] not in children]:
         raise ValueError(f"not a features / classifier split: {stray[:3]}")
+    z = functional_part(model, "features", params, buffers, x)
+    return z, functional_part(model, "classifier", params, buffers, z)
 
-    def part(prefix: str) -> tuple[dict[str, torch.Tensor], ...]:
-        return tuple({k.removeprefix(prefix): t for k, t in d.items() if k.startswith(prefix)} for d in tensors)
 
-    z = functional_call(model.features, part(parts[0]), (x,))
-    return z, functional_call(model.classifier, part(parts[1]), (z,))
+def functional_part(
+    model: nn.Module, name: str, params: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor], *inputs: Any
+) -> torch.Tensor:
+    """`model`'s submodule `name` on `inputs`, with its entries of `params` and `buffers` (the whole
+    model's, by name) in place of its own tensors."""
+    prefix = f"{name}."
+    part = tuple({k.removeprefix(prefix): t for k, t in d.items() if k.startswith(prefix)} for d in (params, buffers))
+    return functional_call(getattr(model, name), part, inputs)
 
 
 def weighted_sum(losses: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -28,6 +28,8 @@ from fedskew.client_app.app import app as client_app
 from fedskew.client_app.ditto import PERSONAL
 from fedskew.client_app.feddc import DRIFT
 from fedskew.client_app.fedrep import HEAD, decay_groups
+from fedskew.client_app.fedrod import PERSONAL_HEAD
+from fedskew.client_app.hpm import HPM_TENSORS
 from fedskew.client_app.scaffold import CLIENT_CONTROL
 from fedskew.config import validate
 from fedskew.data.augment import Augmentation
@@ -44,6 +46,7 @@ STACKED = "fedavg fedprox fedrs fedlc fedgela fednova creff scaffold scaffold-rs
 STACKED += ["fedbabu", "fedrep"]  # a stage trains the parameters its optimiser holds (parameter groups)
 STACKED += ["fedproto", "fedproc", "fedmr"]  # their objectives read the features (`feature_loss`)
 STACKED += ["fedmmd", "moon"]  # theirs read frozen models' features of the batch too (`batch_features`)
+STACKED += ["fedrod", "fedphp"]  # objectives reading more of the pass (`forward_loss`): a second head, a teacher
 NODES = 40  # 4 of them sampled (fraction-train 0.1): ~1,200 examples each, different sizes (Dirichlet)
 ROUND = {"model": "mlp", "partition": "dirichlet", "fraction-train": 0.1, "local-epochs": 2, "batch-size": 32}
 # Uploads are compared in float64 (`compute-dtype`), on short clients: 400 nodes, 4 sampled (~100-200
@@ -60,7 +63,7 @@ WIRE_ROUNDING = {"rtol": 2.0**-23, "atol": 1e-9}
 # of FedBABU and FedRep learn under a frozen head (0.007, 0.006 at lr 0.01)
 MOVED = {"fedbabu": {"lr": 0.05}, "fedrep": {"lr": 0.05}}
 # metrics of what an objective reports beside its loss (`BaseTrainer.feature_loss`), summed by both engines
-REPORTED = ("proto-loss", "intra-loss", "inter-loss")
+REPORTED = ("proto-loss", "intra-loss", "inter-loss", "fedrod-bsm-loss", "fedrod-personal-loss")
 
 
 @pytest.fixture(autouse=True)
@@ -186,7 +189,7 @@ def test_which_methods_and_models_are_stacked() -> None:
     for method in STACKED:
         assert stacked_refusal({**defaults, "method": method}) is None, method
     # subclasses of opted-in trainers (MAP and SCAFFOLD-RS reuse FedRS's loss) do not inherit it
-    for method in ("map", "fedrod"):
+    for method in ("map",):
         assert "does not express its local step" in stacked_refusal({**defaults, "method": method})
     assert "gradient shares" in stacked_refusal({**defaults, "method": "fedmr", "fedmr-grad-share-every": 5})
     assert "Lite" in stacked_refusal({**defaults, "method": "fedmr", "fedmr-lite-n": 8})
@@ -246,6 +249,7 @@ def uploads(reply: Message) -> dict[str, torch.Tensor]:
     [pytest.param(m, MOVED.get(m, {}), id=m) for m in STACKED]
     + [pytest.param("fedbabu", {**MOVED["fedbabu"], "fedbabu-finetune-part": "head"}, id="fedbabu-head-finetuning")]
     + [pytest.param("fedavg", {"augment": "crop-flip"}, id="fedavg-crop-flip")]
+    + [pytest.param("fedphp", {"fedphp-transfer": "mmd"}, id="fedphp-mmd")]  # a batch statistic, masked
     + [pytest.param("fedrs", {"batched-chunk": 1}, id="fedrs-chunks-of-1")]
     + [pytest.param("fedrs", {"personalized-central-eval": True}, id="fedrs-central-eval")]
     + [pytest.param("scaffold", {"grad-clip": 1.0}, id="scaffold-clipped")],  # binds on every step
@@ -492,6 +496,59 @@ def test_moon_s_previous_models_and_metrics_are_the_per_client_path_s_over_two_r
     assert_two_rounds_as_per_client("moon", "moon-previous", ("moon-loss", "moon-negative"))
 
 
+def test_fedrod_s_personal_heads_and_terms_are_the_per_client_path_s_over_two_rounds() -> None:
+    """FedRoD stacked (body, G-head and the client's P-head in one stacked step, the log prior an
+    extra) gives each client the per-client path's generic upload, kept P-head and both terms'
+    means, in float64: after round 1 (the P-head from w^0's) and after round 2, which reads the P-head
+    kept in round 1 under another generic model. Weight decay 0.01 and a binding clip (0.5) over all
+    three parts together, as the per-client optimiser clips them."""
+    overrides = {"weight-decay": 0.01, "grad-clip": 0.5}
+    assert_two_rounds_as_per_client("fedrod", PERSONAL_HEAD, ("fedrod-bsm-loss", "fedrod-personal-loss"), **overrides)
+
+
+def test_fedrod_s_generic_parts_follow_their_own_loss_and_the_personal_head_moves() -> None:
+    """Stacked FedRoD at gamma 0 (L_BSM is then the cross-entropy) uploads FedAvg's trained model from
+    the same start and batches: the P-head's term, on detached features and logits, reaches neither
+    body nor G-head; at gamma 1 (the balanced softmax) every client's upload differs from FedAvg's.
+    Either way each kept P-head has moved away from w^0's head, where it started."""
+    fedavg_grid, fedavg_messages = first_round("fedavg", **SHORT)
+    fedavg = [uploads(r) for r in fedavg_grid.send_and_receive(fedavg_messages)]
+    start = fedavg_messages[0].content["arrays"].to_torch_state_dict()["classifier.weight"]  # w^0's head
+    for gamma in (0.0, 1.0):
+        grid, messages = first_round("fedrod", **SHORT, **{"fedrod-gamma": gamma})
+        gaps = []
+        for msg, reply, avg in zip(messages, grid.send_and_receive(messages), fedavg, strict=True):
+            upload = uploads(reply)
+            assert upload.keys() == avg.keys()
+            gaps.append(max(float((upload[k] - avg[k]).abs().max()) for k in avg))
+            head = state_arrays(grid.contexts[msg.metadata.dst_node_id].state)[f"tensors.{PERSONAL_HEAD}/weight"]
+            assert float((head.float() - start).abs().max()) > 1e-3
+        assert max(gaps) <= 1e-9 if gamma == 0.0 else min(gaps) > 1e-3, (gamma, gaps)
+
+
+def test_fedphp_s_hpms_and_metrics_are_the_per_client_path_s_over_two_rounds() -> None:
+    """FedPHP stacked (each client's HPM a frozen teacher whose tensors are its extras, run on the
+    batch under vmap) gives each client the per-client path's upload, kept HPM psi and counter, and
+    mu, in float64: after round 1 (the teacher w^0, mu 0: psi the trained model) and after round 2,
+    which distils from the psi kept in round 1 and averages into it (mu 0.9: int(Q T) = 0 counts as 1)."""
+    assert_two_rounds_as_per_client("fedphp", HPM_TENSORS, ("hpm-mu",), **{"fedphp-transfer-weight": 0.5})
+
+
+def test_fedphp_s_transfer_reaches_the_stacked_gradient() -> None:
+    """Stacked FedPHP at transfer weight 0 uploads FedAvg's trained model from the same start and
+    batches; at 0.5 every client's upload differs from it: the teacher's term, from each client's own
+    HPM tensors, reaches the gradient."""
+    fedavg_grid, fedavg_messages = first_round("fedavg", **SHORT)
+    fedavg = [uploads(r) for r in fedavg_grid.send_and_receive(fedavg_messages)]
+    for lam in (0.0, 0.5):
+        grid, messages = first_round("fedphp", **SHORT, **{"fedphp-transfer-weight": lam})
+        gaps = []
+        for reply, avg in zip(grid.send_and_receive(messages), fedavg, strict=True):
+            upload = uploads(reply)
+            gaps.append(max(float((upload[k] - avg[k]).abs().max()) for k in avg))
+        assert max(gaps) <= 1e-9 if lam == 0.0 else min(gaps) > 1e-3, (lam, gaps)
+
+
 def test_a_stacked_stage_moves_the_parameters_its_optimiser_holds_and_no_other(monkeypatch) -> None:
     """FedBABU (the body, then a head-only fine-tuning) and FedRep (the head, then the body) each train
     two stacked models a round, with momentum and weight decay on (a frozen part in the step would
@@ -608,7 +665,7 @@ def test_ditto_on_the_batched_engine_trains_two_stacked_models_and_lambda_pulls_
 
 
 def test_a_method_that_does_not_opt_in_trains_per_client_with_its_own_trainer() -> None:
-    grid, messages = first_round("fedrod")
+    grid, messages = first_round("fedgen")
     for got, want in zip(grid.send_and_receive(messages), per_client(grid, messages), strict=True):
         a, b = uploads(got), uploads(want)
         assert all(torch.equal(a[k], b[k]) for k in b)
@@ -659,9 +716,9 @@ def test_fedskew_run_engine_batched_says_which_path_the_method_takes(tmp_path: P
     out = capsys.readouterr().out
     assert "batched engine in one process on cpu" in out and "fedavg trains each round's clients as one stacked" in out
     assert (tmp_path / "r" / "summary.json").is_file()
-    config += ' method="fedrod" run-name="m"'
+    config += ' method="fedgen" run-name="m"'
     assert main(["run", "--engine", "batched", "-n", "20", "--run-config", config]) == 0
-    assert "fedrod trains its clients one by one" in capsys.readouterr().out
+    assert "fedgen trains its clients one by one" in capsys.readouterr().out
 
 
 FLOWER_FLAGS = [["--actors", "2"], ["--ray-address", "127.0.0.1:6379"], ["--federation-config", "x=1"]]
@@ -720,7 +777,7 @@ partitions:
 # ---------------------------------------------------------------------------------------- many runs
 def test_runs_trained_together_write_what_each_writes_alone(tmp_path: Path) -> None:
     """Three runs in one process (`fedskew.batched.many`): two FedAvg runs of other seeds and splits,
-    whose clients train as one stacked model, and a FedRoD run (per client); each writes the
+    whose clients train as one stacked model, and a FedGen run (per client); each writes the
     metrics.jsonl it writes alone on the batched engine. In float64 (`compute-dtype`): a stack of
     other clients sums in another order, which float32 can show in the global model's last digits."""
     from fedskew.batched.executor import StackedTrainer
@@ -729,7 +786,7 @@ def test_runs_trained_together_write_what_each_writes_alone(tmp_path: Path) -> N
     runs = {
         "a": {"method": "fedavg", "seed": 0},
         "b": {"method": "fedavg", "seed": 1, "partition": "classes-per-client"},
-        "c": {"method": "fedrod", "seed": 2},
+        "c": {"method": "fedgen", "seed": 2},
     }
     configs = [
         {**app_defaults(), **RUN, **over, "compute-dtype": "float64", "out-dir": str(tmp_path), "run-name": name}

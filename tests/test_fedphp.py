@@ -89,9 +89,9 @@ def test_the_first_teacher_is_the_initial_network_and_the_personal_model_the_hpm
     seen = []
     transfer = FedPHPTrainer.transfer_loss
 
-    def spy(self, h, logits, x):
+    def spy(self, fwd, weight, extras):
         seen.append({k: v.clone() for k, v in self.teacher.state_dict().items()})
-        return transfer(self, h, logits, x)
+        return transfer(self, fwd, weight, extras)
 
     monkeypatch.setattr(FedPHPTrainer, "transfer_loss", spy)
     state = RecordDict()

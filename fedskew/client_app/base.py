@@ -24,6 +24,8 @@ hooks that differ (FL-bench style); its records (`wire`) are its registry entry'
                      global prototypes; default, not overridden: the network runs whole, no features)
     batch_features   features of the same batch by models that do not train, for `feature_loss`
                      (MOON's global and previous models, FedMMD's global one: `frozen_features`)
+    forward_loss     the same with the rest of the batch's pass (`Forward`: input, logits, another
+                     submodule's output: FedRoD's P-head, FedPHP's teacher; default: `feature_loss`)
     penalty          a term on the trainable parameters added to it (FedProx's, FedDyn's; default: none)
     loss             the local objective on one mini-batch; by default derived from the hooks above
                      (a method whose objective is not a loss of the logits, the features and the
@@ -95,6 +97,7 @@ from fedskew.training import (
     confusion,
     evaluate,
     functional_forward,
+    functional_part,
     functional_split_forward,
     module_refusal,
     sgd,
@@ -183,6 +186,31 @@ FunctionalLoss = Callable[
     "Loss | tuple[torch.Tensor, torch.Tensor, Tensors]",
 ]
 Penalty = Callable[[Tensors, Tensors], "torch.Tensor | None"]  # (params, extras) -> a term on the parameters
+
+
+@dataclass
+class Forward:
+    """A batch's pass through the network (a `SplitNet`), for `forward_loss`: its input `x`, its
+    features z = `features(x)` and `logits` = `classifier(z)`, and `run(name, input)`, the network's
+    submodule `name` beside those two (FedRoD's P-head) on `input`: in `loss` the modules themselves,
+    in `functional_loss` on this client's tensors (under vmap, its slice of the stacked ones)."""
+
+    x: torch.Tensor
+    z: torch.Tensor
+    logits: torch.Tensor
+    run: Callable[[str, torch.Tensor], torch.Tensor]
+
+    @classmethod
+    def through(cls, model: nn.Module, x: torch.Tensor) -> Forward:
+        """The pass through `model`'s own modules (the per-client path's calls)."""
+        z = model.features(x)
+        return cls(x, z, model.classifier(z), lambda name, t: getattr(model, name)(t))
+
+    @classmethod
+    def functional(cls, model: nn.Module, params: Tensors, buffers: Tensors, x: torch.Tensor) -> Forward:
+        """The pass through `model` (a template) on `params` and `buffers` (`torch.func.functional_call`)."""
+        z, logits = functional_split_forward(model, params, buffers, x)
+        return cls(x, z, logits, lambda name, t: functional_part(model, name, params, buffers, t))
 
 
 @dataclass
@@ -377,9 +405,9 @@ class BaseTrainer:
             if not self.reads_features():
                 data = self.example_losses(model(x), y, extras, "mean")
                 return self.objective(data, penalty(dict(model.named_parameters()), extras))
-            z = model.features(x)
-            data = self.example_losses(model.classifier(z), y, extras, "mean")
-            data, reports = self.feature_loss(data, z, y, None, {**extras, **self.batch_features(x, None, extras)})
+            fwd = Forward.through(model, x)
+            data = self.example_losses(fwd.logits, y, extras, "mean")
+            data, reports = self.forward_loss(data, fwd, y, None, {**extras, **self.batch_features(x, None, extras)})
             for name, value in reports.items():
                 self.reported[name] = self.reported.get(name, 0.0) + value.detach()
             return self.objective(data, penalty(dict(model.named_parameters()), extras))
@@ -402,9 +430,11 @@ class BaseTrainer:
                 logits = functional_forward(model, params, buffers, x)
                 data = weighted_sum(self.example_losses(logits, y, extras, "none"), weight)
                 return self.objective(data, penalty(params, extras))
-            z, logits = functional_split_forward(model, params, buffers, x)
-            data = weighted_sum(self.example_losses(logits, y, extras, "none"), weight)
-            data, reports = self.feature_loss(data, z, y, weight, {**extras, **self.batch_features(x, weight, extras)})
+            fwd = Forward.functional(model, params, buffers, x)
+            data = weighted_sum(self.example_losses(fwd.logits, y, extras, "none"), weight)
+            data, reports = self.forward_loss(
+                data, fwd, y, weight, {**extras, **self.batch_features(x, weight, extras)}
+            )
             out = self.objective(data, penalty(params, extras))
             return (out, out, reports) if isinstance(out, torch.Tensor) else (*out, reports)
 
@@ -412,8 +442,19 @@ class BaseTrainer:
 
     @classmethod
     def reads_features(cls) -> bool:
-        """Whether the objective reads the batch's features: the class overrides `feature_loss`."""
-        return cls.feature_loss is not BaseTrainer.feature_loss
+        """Whether the objective reads the batch's features: the class overrides `feature_loss` (or
+        `forward_loss`)."""
+        return cls.feature_loss is not BaseTrainer.feature_loss or cls.forward_loss is not BaseTrainer.forward_loss
+
+    def forward_loss(
+        self, data: torch.Tensor, fwd: Forward, y: torch.Tensor, weight: torch.Tensor | None, extras: Tensors
+    ) -> tuple[torch.Tensor, Tensors]:
+        """`feature_loss` for an objective that reads more of the batch's pass (`fwd`: the input, the
+        logits, another submodule's output) than its features: FedRoD's P-head on the features,
+        FedPHP's frozen teacher on the input (its tensors in `extras`). The same contract as
+        `feature_loss`'s (`weight` None in `loss`, the engine's weights in `functional_loss`).
+        Default: `feature_loss` of the features."""
+        return self.feature_loss(data, fwd.z, y, weight, extras)
 
     def feature_loss(
         self, data: torch.Tensor, z: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None, extras: Tensors

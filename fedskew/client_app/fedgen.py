@@ -38,7 +38,7 @@ class FedGenTrainer(BaseTrainer):
         if FEDGEN_GENERATOR in self.received:
             generator = build_generator(self.cfg, model.num_classes, model.feature_dim)
             generator.load_state_dict(self.received[FEDGEN_GENERATOR])
-            self.generator = generator.to(self.device).eval().requires_grad_(False)
+            self.generator = generator.to(self.device, self.dtype).eval().requires_grad_(False)
         r, pid = self.ctx.server_round, self.ctx.partition_id
         self.alpha = regulariser_weight(self.cfg["fedgen-alpha"], r)
         self.beta = regulariser_weight(self.cfg["fedgen-beta"], r)

@@ -31,6 +31,11 @@ Decisions, from the code where the paper could not be read:
   `max_grad_norm`); the code takes max(int(E x batches), 5) steps of a cycling loader.
 - The HPM average covers every state-dict entry, integer buffers copied (the code averages them
   too and casts back; the networks here have none that matter).
+- Both engines run it through the base's hooks: the HPM (the teacher) is read in `load_global` and
+  its tensors are this client's extras (`teacher_extras`), the teacher's network running on them
+  (`functional_call`, under vmap on each client's slice); Eq. 13 is written once as `forward_loss`
+  on the default cross-entropy (`transfer_objective`: the KD term weighted per example, the MMD's
+  means and bandwidth over the batch's real examples); the HPM update in `after_steps`.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ import torch
 from flwr.app import RecordDict
 from torch import nn
 
+from fedskew.client_app.base import Forward, Tensors
 from fedskew.client_app.hpm import HPMTrainer
 from fedskew.training import built_with_seed
 
@@ -46,20 +52,31 @@ from fedskew.training import built_with_seed
 class FedPHPTrainer(HPMTrainer):
     """The downloaded model trained with CE + transfer from the HPM, uploaded, folded into the HPM."""
 
+    batched = True
     hpm_prefix = "fedphp"
 
     def expected_participations(self) -> float:
         """int(Q T), as the code's `generate_mu` (`int(c_ratio * max_round)`)."""
         return float(int(self.cfg["fraction-train"] * self.cfg["num-server-rounds"]))
 
-    def local_train(self, model: nn.Module, content: RecordDict) -> dict[str, float]:
-        hpm, z = self.load_hpm(model)
-        teacher = hpm if hpm is not None else built_with_seed(self.build_model, self.cfg["seed"]).state_dict()
-        self.use_teacher(teacher)
-        stats = super().local_train(model, content)  # on `loss`: the transfer objective
-        n = z + 1
-        mu = self.fold_into_hpm(teacher, model, n)
-        return {**stats, "hpm-mu": mu, "hpm-participations": n}
+    def load_global(self, model: nn.Module, content: RecordDict) -> None:
+        """The received model, then the client's HPM (the initial network at first) as the teacher."""
+        super().load_global(model, content)
+        hpm, self.earlier = self.load_hpm(model)
+        self.start_hpm = hpm if hpm is not None else built_with_seed(self.build_model, self.cfg["seed"]).state_dict()
+        self.use_teacher(self.start_hpm)
 
-    def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        return self.personal_loss(model, x, y)
+    def batch_extras(self) -> dict[str, torch.Tensor]:
+        return self.teacher_extras()
+
+    def forward_loss(
+        self, data: torch.Tensor, fwd: Forward, y: torch.Tensor, weight: torch.Tensor | None, extras: Tensors
+    ) -> tuple[torch.Tensor, Tensors]:
+        """Eq. 13 on the cross-entropy `data`: the transfer objective."""
+        return self.transfer_objective(data, fwd, weight, extras), {}
+
+    def after_steps(self, model: nn.Module, stats: dict[str, float]) -> dict[str, float]:
+        """psi <- mu psi + (1 - mu) theta at this participation, n = the earlier ones + 1."""
+        n = self.earlier + 1
+        mu = self.fold_into_hpm(self.start_hpm, model, n)
+        return {**stats, "hpm-mu": mu, "hpm-participations": n}

@@ -29,20 +29,28 @@ was read for what the paper leaves open):
   `client-global-accuracy` is the received generic model on the local test split, `personal-accuracy`
   the personalized predictor after training (FedGELA, Sec. 5: FedRoD's PA and GA are read during
   training, without fine-tuning).
+- Both engines run it through the base's hooks: the P-head, read in `load_global`, rides on the
+  model as its submodule `personal` (outside `features` and `classifier`: not in its forward, not
+  uploaded), so the base `optimizer` holds body, G-head and P-head in that order and the batched
+  engine stacks the P-head with the rest; the objective is written once as `example_losses` (L_BSM,
+  the log prior an extra) and `forward_loss` (CE(g + p) on the P-head's output); the P-head is kept
+  and the terms' means reported in `after_steps`.
 """
 
 from __future__ import annotations
 
 import torch
-from flwr.app import RecordDict
+from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 
-from fedskew.client_app.base import BaseTrainer
+from fedskew.client_app.base import BaseTrainer, Forward, Tensors
 from fedskew.losses.fedrod import balanced_softmax_loss, class_log_prior, personalized_risk
 from fedskew.models import SplitNet
-from fedskew.training import sgd
+from fedskew.training import weighted_sum
 
 PERSONAL_HEAD = "fedrod-personal-head"
+PERSONAL = "personal"  # the P-head's name as the model's submodule during the round
+TERMS = ("fedrod-bsm-loss", "fedrod-personal-loss")  # L_BSM and CE(g + p), reported per step
 
 
 class TwoHeads(nn.Module):
@@ -60,28 +68,48 @@ class TwoHeads(nn.Module):
 class FedRoDTrainer(BaseTrainer):
     """Body and generic head on the balanced softmax; the personal head on the empirical risk of g + p."""
 
+    batched = True
     keeps_state = "the personalized head"
     kept_arrays = ("head",)
 
-    def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """L_BSM(g) + CE(g + p) on one mini-batch; each step's parts are summed for the metrics."""
-        h = model.features(x)
-        g = model.classifier(h)
-        bsm = balanced_softmax_loss(g, y, self.log_prior)
-        er = personalized_risk(g, self.personal(h.detach()), y)
-        self.parts += torch.stack([bsm.detach(), er.detach()])
-        return bsm + er
-
-    def local_train(self, model: nn.Module, content: RecordDict) -> dict[str, float]:
+    def load_global(self, model: nn.Module, content: RecordDict) -> None:
+        """The received generic model, then the client's P-head (w^0's head at first) as its submodule
+        `personal`, and the log prior of its training labels."""
+        super().load_global(model, content)
         self.log_prior = class_log_prior(self.data.train_counts, self.cfg["fedrod-gamma"]).to(self.device)
         self.personal = self.initial_model().classifier
         self.restore(PERSONAL_HEAD, self.personal)
-        self.parts = torch.zeros(2, device=self.device)
-        params = [*model.parameters(), *self.personal.parameters()]
-        stats = self.run_epochs(model, sgd(params, self.cfg), self.cfg["local-epochs"])
+        model.add_module(PERSONAL, self.personal)
+
+    def batch_extras(self) -> dict[str, torch.Tensor]:
+        return {"log-prior": self.log_prior}
+
+    def example_losses(
+        self, logits: torch.Tensor, y: torch.Tensor, extras: dict[str, torch.Tensor], reduction: str = "none"
+    ) -> torch.Tensor:
+        """L_BSM of the generic logits g."""
+        return balanced_softmax_loss(logits, y, extras["log-prior"], reduction)
+
+    def forward_loss(
+        self, data: torch.Tensor, fwd: Forward, y: torch.Tensor, weight: torch.Tensor | None, extras: Tensors
+    ) -> tuple[torch.Tensor, Tensors]:
+        """L_BSM(g) + CE(g + p), p = P(f(x)) on the detached features (the P-head's step alone)."""
+        p = fwd.run(PERSONAL, fwd.z.detach())
+        if weight is None:
+            er = personalized_risk(fwd.logits, p, y)
+        else:
+            er = weighted_sum(personalized_risk(fwd.logits, p, y, "none"), weight)
+        return data + er, dict(zip(TERMS, (data.detach(), er.detach()), strict=True))
+
+    def after_steps(self, model: nn.Module, stats: dict[str, float]) -> dict[str, float]:
+        """Keep the P-head; each term's mean over the steps."""
         self.keep(PERSONAL_HEAD, self.personal)
-        bsm, er = (self.parts / max(stats["train-steps"], 1.0)).tolist()
-        return {**stats, "fedrod-bsm-loss": bsm, "fedrod-personal-loss": er}
+        steps = max(stats["train-steps"], 1.0)
+        return {**stats, **{name: float(torch.as_tensor(self.reported.get(name, 0.0)) / steps) for name in TERMS}}
+
+    def upload(self, model: nn.Module) -> ArrayRecord:
+        """Body and G-head: the model without its P-head."""
+        return ArrayRecord({k: t for k, t in model.state_dict().items() if not k.startswith(f"{PERSONAL}.")})
 
     def personalized_model(self, model: nn.Module) -> nn.Module:
         return TwoHeads(model, self.personal)

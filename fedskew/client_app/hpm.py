@@ -26,14 +26,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedskew.client_app.base import BaseTrainer
+from fedskew.client_app.base import BaseTrainer, Forward, Tensors
 from fedskew.client_app.state import matches, most_trainings
 from fedskew.losses import distillation_loss, hpm_momentum, hpm_update, mmd_multi_gaussian, personalization_loss
 from fedskew.records import Number
+from fedskew.training import functional_split_forward
 
 log = logging.getLogger("fedskew.client")
 
 HPM_TENSORS = "hpm"
+TEACHER = "hpm."  # the prefix of the frozen HPM's tensors among a client's extras (`teacher_extras`)
 
 
 class HPMTrainer(BaseTrainer):
@@ -95,25 +97,37 @@ class HPMTrainer(BaseTrainer):
         return mu
 
     # ------------------------------------------------------------------ objective
-    def transfer_loss(self, h: torch.Tensor, logits: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """L_tr of Eq. 13 against the frozen HPM (`self.teacher`)."""
-        with torch.no_grad():
-            h_p = self.teacher.features(x)
-            o_p = self.teacher.classifier(h_p)
+    def teacher_extras(self) -> Tensors:
+        """The frozen HPM's tensors (`TEACHER` + state-dict name) that `transfer_loss` runs it on: a
+        client's own, stacked by the batched engine; none without a teacher."""
+        return {} if self.teacher is None else {TEACHER + k: t for k, t in self.teacher.state_dict().items()}
+
+    def transfer_loss(self, fwd: Forward, weight: torch.Tensor | None, extras: Tensors) -> torch.Tensor:
+        """L_tr of Eq. 13 against the frozen HPM, `self.teacher`'s network on this client's HPM tensors
+        in `extras` (`teacher_extras`; under vmap its slice), on the student's pass `fwd`; `weight` as
+        in `BaseTrainer.forward_loss` (None: the batch as it is)."""
+        hpm = {k.removeprefix(TEACHER): t for k, t in extras.items() if k.startswith(TEACHER)}
+        h_p, o_p = functional_split_forward(self.teacher, hpm, {}, fwd.x)  # frozen tensors: no gradient
         if self.cfg[self.key("transfer")] == "distill":
             return distillation_loss(
-                logits, o_p, self.cfg[self.key("temperature")], self.cfg[self.key("soften-student")]
+                fwd.logits, o_p, self.cfg[self.key("temperature")], self.cfg[self.key("soften-student")], weight
             )
-        return mmd_multi_gaussian(h, h_p, self.cfg[self.key("mmd-kernel-mul")], self.cfg[self.key("mmd-kernels")])
+        mul, kernels = self.cfg[self.key("mmd-kernel-mul")], self.cfg[self.key("mmd-kernels")]
+        return mmd_multi_gaussian(fwd.z, h_p, mul, kernels, weight)
+
+    def transfer_objective(
+        self, ce: torch.Tensor, fwd: Forward, weight: torch.Tensor | None, extras: Tensors
+    ) -> torch.Tensor:
+        """Eq. 13 `(1 - lam) CE + lam L_tr` from the cross-entropy `ce`; plain CE without a teacher
+        (or lam = 0)."""
+        lam = self.cfg[self.key("transfer-weight")]
+        transfer = None if self.teacher is None or lam == 0 else self.transfer_loss(fwd, weight, extras)
+        return personalization_loss(ce, transfer, lam)
 
     def personal_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """Eq. 13 `(1 - lam) CE + lam L_tr`; plain CE without a teacher (or lam = 0)."""
-        h = model.features(x)
-        logits = model.classifier(h)
-        ce = F.cross_entropy(logits, y)
-        lam = self.cfg[self.key("transfer-weight")]
-        transfer = None if self.teacher is None or lam == 0 else self.transfer_loss(h, logits, x)
-        return personalization_loss(ce, transfer, lam)
+        """`transfer_objective` on one mini-batch through `model` (MAP's stage 2, per client)."""
+        fwd = Forward.through(model, x)
+        return self.transfer_objective(F.cross_entropy(fwd.logits, y), fwd, None, self.teacher_extras())
 
     def personalized_model(self, model: nn.Module) -> nn.Module:
         """The updated HPM (what the authors' code scores)."""

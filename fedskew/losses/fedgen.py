@@ -89,9 +89,10 @@ class Generator(nn.Module):
         return self.representation(self.hidden(torch.cat([noise, onehot], dim=1)))
 
     def noise(self, n: int, generator: torch.Generator) -> torch.Tensor:
-        """eps ~ U[0, 1)^noise_dim, drawn on the CPU (the same draws on every device)."""
-        device = self.representation.weight.device
-        return torch.rand(n, self.noise_dim, generator=generator).to(device)
+        """eps ~ U[0, 1)^noise_dim, drawn on the CPU in float32 (the same draws on every device and in
+        every compute dtype), in the generator's device and dtype."""
+        weight = self.representation.weight
+        return torch.rand(n, self.noise_dim, generator=generator).to(weight.device, weight.dtype)
 
     def generate(self, labels: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """(G(eps, labels), eps) with fresh noise."""

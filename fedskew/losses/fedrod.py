@@ -35,13 +35,18 @@ def class_log_prior(counts: np.ndarray | torch.Tensor, gamma: float = 1.0) -> to
     return n.pow(gamma).log()  # 0 ** 0 = 1: gamma = 0 gives 0, not 0 * -inf
 
 
-def balanced_softmax_loss(logits: torch.Tensor, target: torch.Tensor, log_prior: torch.Tensor) -> torch.Tensor:
-    """Batch-mean L_BSM: cross-entropy on `logits + log_prior` (`class_log_prior`). Every target
-    class must have samples (a finite prior); absent classes contribute nothing and get no gradient."""
-    return F.cross_entropy(logits + log_prior.to(logits.device).unsqueeze(0), target)
+def balanced_softmax_loss(
+    logits: torch.Tensor, target: torch.Tensor, log_prior: torch.Tensor, reduction: str = "mean"
+) -> torch.Tensor:
+    """L_BSM, the batch mean (or per example: `reduction`, as `F.cross_entropy`'s): cross-entropy on
+    `logits + log_prior` (`class_log_prior`). Every target class must have samples (a finite prior);
+    absent classes contribute nothing and get no gradient."""
+    return F.cross_entropy(logits + log_prior.to(logits.device).unsqueeze(0), target, reduction=reduction)
 
 
-def personalized_risk(generic: torch.Tensor, personal: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Batch-mean CE(g + p, y) with the generic logits `g` held constant: its gradient reaches the
-    personalized head only."""
-    return F.cross_entropy(generic.detach() + personal, target)
+def personalized_risk(
+    generic: torch.Tensor, personal: torch.Tensor, target: torch.Tensor, reduction: str = "mean"
+) -> torch.Tensor:
+    """CE(g + p, y), the batch mean (or per example: `reduction`), with the generic logits `g` held
+    constant: its gradient reaches the personalized head only."""
+    return F.cross_entropy(generic.detach() + personal, target, reduction=reduction)

@@ -74,9 +74,14 @@ def hpm_update(
 
 
 def distillation_loss(
-    student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float = 4.0, soften_student: bool = True
+    student_logits: torch.Tensor,
+    teacher_logits: torch.Tensor,
+    temperature: float = 4.0,
+    soften_student: bool = True,
+    weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Eq. 11: batch-mean KL(softmax(teacher / tau) || softmax(student / tau)), teacher detached, no tau^2.
+    """Eq. 11: batch-mean KL(softmax(teacher / tau) || softmax(student / tau)), teacher detached, no tau^2;
+    with `weight` [B], sum_i weight_i KL_i instead (the batch mean at 1/b on b examples, 0 on padding).
 
     `soften_student=False` is the authors' code: only the teacher is divided by tau (the loss is then
     the cross-entropy to the soft target minus its entropy, so the same gradient as their CE form).
@@ -85,7 +90,9 @@ def distillation_loss(
         raise ValueError(f"temperature={temperature} must be > 0")
     s = student_logits / (temperature if soften_student else 1.0)
     target = F.softmax(teacher_logits.detach() / temperature, dim=1)
-    return F.kl_div(F.log_softmax(s, dim=1), target, reduction="batchmean")
+    if weight is None:
+        return F.kl_div(F.log_softmax(s, dim=1), target, reduction="batchmean")
+    return (F.kl_div(F.log_softmax(s, dim=1), target, reduction="none").sum(1) * weight).sum()
 
 
 def mmd_multi_gaussian(
