@@ -1,17 +1,13 @@
 """The base of every fedskew trainer (client side): one `train` message per round.
 
-Check every record the server sent (`receive`: the round config and the method's declared
-downlink records, `fedskew.wire`; the model arrays in `load_global`), load the global model and
-evaluate it on the local test split (`client-global-accuracy`: the "average client test accuracy"
-of MuPFL's Table II and FedGELA's PA for a global model), train locally, evaluate the client's
-personalized model on the same split (`personal-accuracy`), and reply with the upload, the sample
-count, the metrics and the method's uplink records. With `personalized-central-eval` the
-personalized model is also evaluated on the central test set, and the reply adds its mean per-class
-accuracy over the classes the client holds (`personal-held-accuracy`: >= 1 image in its training
-split) and over those it lacks (`personal-missing-accuracy`): the generic accuracy of personal models
-that FedGELA (Fan et al., NeurIPS'23, §5) and FedRoD (Chen & Chao, ICLR'22) report for P-FL methods,
-split by what the client has seen. A method subclasses `BaseTrainer` and overrides only the
-hooks that differ (FL-bench style); its records (`wire`) are its registry entry's (`MethodSpec.wire`):
+Check every record the server sent (`receive`: the round config and the method's declared downlink
+records, `fedskew.wire`; the model arrays in `load_global`), evaluate the global model on the local
+test split (`client-global-accuracy`: MuPFL's Table II "average client test accuracy", FedGELA's PA),
+train locally, evaluate the personalized model on the same split (`personal-accuracy`; with
+`personalized-central-eval` also on the central test set, split into the classes the client holds
+and those it lacks, as FedGELA §5 and FedRoD report for P-FL methods), and reply with the upload, the
+sample count, the metrics and the method's uplink records. A method subclasses `BaseTrainer` and
+overrides only the hooks that differ (FL-bench style); its records are its registry entry's `wire`:
 
     build_model      the network (default: `model` from the run config)
     receive          checks the server's records before anything else; a method reads its extras
@@ -48,15 +44,11 @@ hooks that differ (FL-bench style); its records (`wire`) are its registry entry'
                      classes), after `local_train`
 
 The batched engine (`fedskew.batched`) trains a round's clients as one stacked model when the
-trainer class sets `batched = True` in its own body (never inherited) and writes its objective once,
-as `example_losses`, `feature_loss` and `penalty` with per-client values from `batch_extras` (and
-`step_corrections`, `later_phases`): the base derives `loss` and the engine's `functional_loss` from
-them. Its `optimizer` (and a phase's) may train a part of the model, in parameter groups: the engine
-stacks the parameters it holds by group and passes the rest to the forward pass frozen (FedBABU,
-FedRep). The contract,
-hook by hook: docs/methods.md ("The batched engine's contract"). `tests/test_objectives.py` holds
-the two forms to one value in float64, `tests/test_batched.py` the stacked clients to the per-client
-path's uploads.
+trainer class sets `batched = True` in its own body (never inherited) and writes its objective once
+in the hooks above: the base derives `loss` and the engine's `functional_loss` from them. The
+contract, hook by hook: docs/methods.md ("The batched engine's contract"); `tests/test_objectives.py`
+holds the two forms to one value in float64, `tests/test_batched.py` the stacked clients to the
+per-client path's uploads.
 
 `parameter_state` / `save_parameter_state` keep a client state shaped like the trainable parameters
 (control variates, gradient state, drift) across rounds, zeros where the client has none.
