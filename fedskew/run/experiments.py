@@ -68,7 +68,7 @@ import yaml
 
 from fedskew.config import COMMON, ConfigError, all_params, folder_name_rule, validate
 from fedskew.data.clients import PARTITION_KEYS as client_partition_keys
-from fedskew.data.clients import client_indices
+from fedskew.data.clients import client_indices, partition_key
 from fedskew.diagnostics import last_rounds_per_class
 from fedskew.files import atomic_write, check_folder, locked, write_text
 from fedskew.partitions import PartitionError
@@ -182,6 +182,7 @@ def load_suite(path: str | Path, app_defaults: dict[str, Any]) -> Suite:
         for label in table:
             _folder_name(label, f"{path}: {kind} label")
     cells = []
+    possible: set[tuple] = set()
     for p_label, p_raw in partitions.items():
         p_over = dict(_mapping(p_raw, f"{path}: partitions.{p_label}", config=True))
         p_n = _num_supernodes(p_over.pop("num-supernodes", n), f"{path}: partitions.{p_label}")
@@ -195,7 +196,10 @@ def load_suite(path: str | Path, app_defaults: dict[str, Any]) -> Suite:
                     "seed": seed,
                 }
                 try:
-                    client_indices(validate({**app_defaults, **over}), p_n)  # the partition must be possible
+                    cfg = validate({**app_defaults, **over})
+                    if (partition_key(cfg), p_n) not in possible:  # each partition checked once, not per method
+                        client_indices(cfg, p_n)  # the partition must be possible
+                        possible.add((partition_key(cfg), p_n))
                 except (ConfigError, PartitionError, FileNotFoundError) as e:
                     raise ConfigError(f"{path}: cell {p_label}/{m_label}/seed {seed}: {e}") from None
                 cells.append(Cell(str(m_label), str(p_label), seed, over, p_n))
