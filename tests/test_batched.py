@@ -45,7 +45,7 @@ from tests.harness import ROOT, app_defaults, run_in_process
 STACKED = "fedavg fedprox fedrs fedlc fedgela fednova creff scaffold scaffold-rs feddyn feddc ditto".split()
 STACKED += ["fedbabu", "fedrep"]  # a stage trains the parameters its optimiser holds (parameter groups)
 STACKED += ["fedproto", "fedproc", "fedmr"]  # their objectives read the features (`feature_loss`)
-STACKED += ["fedmmd", "moon"]  # theirs read frozen models' features of the batch too (`batch_features`)
+STACKED += ["fedmmd", "moon"]  # theirs read frozen models' features of the batch too (`frozen_features`)
 STACKED += ["fedrod", "fedphp"]  # objectives reading more of the pass (`forward_loss`): a second head, a teacher
 NODES = 40  # 4 of them sampled (fraction-train 0.1): ~1,200 examples each, different sizes (Dirichlet)
 ROUND = {"model": "mlp", "partition": "dirichlet", "fraction-train": 0.1, "local-epochs": 2, "batch-size": 32}
@@ -383,7 +383,7 @@ def test_a_feature_term_stacks_and_reaches_the_gradient(method: str) -> None:
         assert all(r.content["metrics"].get(k, 1.0) > 0 for r in batched for k in REPORTED)
 
 
-# method -> its term of frozen models' features (`batch_features`): the weight's key, and the round
+# method -> its term of frozen models' features (`frozen_features`): the weight's key, and the round
 # it acts in (MOON's negative is the client's model of its previous participation: none in round 1)
 FROZEN_TERMS = {"fedmmd": ("fedmmd-lambda", 1), "moon": ("moon-mu", 2)}
 

@@ -18,10 +18,9 @@ overrides only the hooks that differ (FL-bench style); its records are its regis
     feature_loss     that data loss with terms of the batch's features z = `features(x)` (the
                      classifier's input) and the named values it reports (FedProto's distance to the
                      global prototypes; default, not overridden: the network runs whole, no features)
-    batch_features   features of the same batch by models that do not train, for `feature_loss`
-                     (MOON's global and previous models, FedMMD's global one: `frozen_features`)
     forward_loss     the same with the rest of the batch's pass (`Forward`: input, logits, another
-                     submodule's output: FedRoD's P-head, FedPHP's teacher; default: `feature_loss`)
+                     submodule's output: FedRoD's P-head; frozen models run on the input: MOON's,
+                     FedMMD's and FedPHP's, `frozen_features`; default: `feature_loss`)
     penalty          a term on the trainable parameters added to it (FedProx's, FedDyn's; default: none)
     loss             the local objective on one mini-batch; by default derived from the hooks above
                      (a method whose objective is not a loss of the logits, the features and the
@@ -144,15 +143,18 @@ def frozen_extras(prefix: str, model: nn.Module) -> dict[str, torch.Tensor]:
     return {prefix + k: t.detach() for k, t in model.state_dict().items()}
 
 
+def frozen_state(prefix: str, extras: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The tensors that `frozen_extras` put in `extras` under `prefix`, by their model's own names."""
+    return {k.removeprefix(prefix): t for k, t in extras.items() if k.startswith(prefix)}
+
+
 def frozen_features(net: nn.Module, prefix: str, x: torch.Tensor, extras: dict[str, torch.Tensor]) -> torch.Tensor:
     """`features(x)` without gradient of the model that `frozen_extras` put in `extras` under
     `prefix`, run in `net` (a frozen copy of the network: eval mode, as the per-client path runs a
     teacher) with those tensors in place of its own (`torch.func.functional_call`): on the per-client
-    path the model's own forward, under `vmap` each client's own model's (`batch_features`)."""
-    head = prefix + "features."
-    state = {k.removeprefix(head): t for k, t in extras.items() if k.startswith(head)}
+    path the model's own forward, under `vmap` each client's own model's (in `forward_loss`)."""
     with torch.no_grad():
-        return functional_call(net.features, state, (x,))
+        return functional_call(net.features, frozen_state(prefix + "features.", extras), (x,))
 
 
 def as_tensors(arrays: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
@@ -399,7 +401,7 @@ class BaseTrainer:
                 return self.objective(data, penalty(dict(model.named_parameters()), extras))
             fwd = Forward.through(model, x)
             data = self.example_losses(fwd.logits, y, extras, "mean")
-            data, reports = self.forward_loss(data, fwd, y, None, {**extras, **self.batch_features(x, None, extras)})
+            data, reports = self.forward_loss(data, fwd, y, None, extras)
             for name, value in reports.items():
                 self.reported[name] = self.reported.get(name, 0.0) + value.detach()
             return self.objective(data, penalty(dict(model.named_parameters()), extras))
@@ -424,9 +426,7 @@ class BaseTrainer:
                 return self.objective(data, penalty(params, extras))
             fwd = Forward.functional(model, params, buffers, x)
             data = weighted_sum(self.example_losses(fwd.logits, y, extras, "none"), weight)
-            data, reports = self.forward_loss(
-                data, fwd, y, weight, {**extras, **self.batch_features(x, weight, extras)}
-            )
+            data, reports = self.forward_loss(data, fwd, y, weight, extras)
             out = self.objective(data, penalty(params, extras))
             return (out, out, reports) if isinstance(out, torch.Tensor) else (*out, reports)
 
@@ -461,15 +461,6 @@ class BaseTrainer:
         with masks instead of Python branches on tensor values (it runs under `vmap`). Not overridden
         (default): the network runs whole and no features are computed."""
         return data, {}
-
-    def batch_features(self, x: torch.Tensor, weight: torch.Tensor | None, extras: Tensors) -> Tensors:
-        """Named features of the batch `x` by models that do not train, which `feature_loss` then reads
-        in its extras beside z (MOON's global and previous models, FedMMD's global one), each computed
-        by `frozen_features` from the weights that `batch_extras` gave (`frozen_extras`): the
-        per-client path's own forward of that model, on the batched engine each client's under `vmap`.
-        `weight` as `feature_loss` gets it (None: the per-client form, which may leave out what its
-        objective does not read). Default: none."""
-        return {}
 
     def reported_sum(self, name: str) -> float:
         """The sum over the local steps of what `feature_loss` reported as `name` (0 when nothing)."""

@@ -16,9 +16,9 @@ Decisions (no public code from the authors):
 - Where: on the features h (the classifier's input), as that code does (`hs` of both models), the
   global model in eval mode and detached.
 - lambda (`fedmmd-lambda`) = 1e-3: FedRS's paper runs {1e-4, 1e-3}, its code {1e-2, 1e-3}.
-- Written once (`feature_loss`), so the batched engine stacks a round's clients: the global model's
+- Written once (`forward_loss`), so the batched engine stacks a round's clients: the global model's
   weights are each client's extras (`frozen_extras`) and h_glob its forward on them
-  (`frozen_features`, `batch_features`); padding rows of a short batch weigh 0 in the MMD's means
+  (`frozen_features` in `forward_loss`); padding rows of a short batch weigh 0 in the MMD's means
   and its bandwidth. At lambda 0 neither form runs the global model (plain CE, FedAvg's step).
 """
 
@@ -30,7 +30,7 @@ import torch
 from flwr.app import RecordDict
 from torch import nn
 
-from fedskew.client_app.base import BaseTrainer, Tensors, frozen, frozen_extras, frozen_features
+from fedskew.client_app.base import BaseTrainer, Forward, Tensors, frozen, frozen_extras, frozen_features
 from fedskew.losses import mmd_multi_gaussian
 
 GLOBAL = "global."  # the extras' prefix of the global model's tensors
@@ -49,19 +49,16 @@ class FedMMDTrainer(BaseTrainer):
     def batch_extras(self) -> dict[str, torch.Tensor]:
         return self.global_extras
 
-    def batch_features(self, x: torch.Tensor, weight: torch.Tensor | None, extras: Tensors) -> Tensors:
-        if not self.cfg["fedmmd-lambda"]:
-            return {}
-        return {"h-global": frozen_features(self.global_model, GLOBAL, x, extras)}
-
-    def feature_loss(
-        self, data: torch.Tensor, z: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None, extras: Tensors
+    def forward_loss(
+        self, data: torch.Tensor, fwd: Forward, y: torch.Tensor, weight: torch.Tensor | None, extras: Tensors
     ) -> tuple[torch.Tensor, Tensors]:
-        """CE + lambda MMD^2(h, h_glob), the MMD reported as "mmd"."""
+        """CE + lambda MMD^2(h, h_glob), h_glob the frozen global model's features of the batch
+        (`frozen_features`), the MMD reported as "mmd"."""
         lam = self.cfg["fedmmd-lambda"]
         if lam == 0:
             return data, {}
-        mmd = mmd_multi_gaussian(z, extras["h-global"], weight=weight)
+        h_global = frozen_features(self.global_model, GLOBAL, fwd.x, extras)
+        mmd = mmd_multi_gaussian(fwd.z, h_global, weight=weight)
         return data + lam * mmd, {"mmd": mmd}
 
     def after_steps(self, model: nn.Module, stats: dict[str, float]) -> dict[str, float]:

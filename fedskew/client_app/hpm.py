@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fedskew.client_app.base import BaseTrainer, Forward, Tensors
+from fedskew.client_app.base import BaseTrainer, Forward, Tensors, frozen_extras, frozen_state
 from fedskew.client_app.state import matches, most_trainings
 from fedskew.losses import distillation_loss, hpm_momentum, hpm_update, mmd_multi_gaussian, personalization_loss
 from fedskew.records import Number
@@ -100,14 +100,14 @@ class HPMTrainer(BaseTrainer):
     def teacher_extras(self) -> Tensors:
         """The frozen HPM's tensors (`TEACHER` + state-dict name) that `transfer_loss` runs it on: a
         client's own, stacked by the batched engine; none without a teacher."""
-        return {} if self.teacher is None else {TEACHER + k: t for k, t in self.teacher.state_dict().items()}
+        return {} if self.teacher is None else frozen_extras(TEACHER, self.teacher)
 
     def transfer_loss(self, fwd: Forward, weight: torch.Tensor | None, extras: Tensors) -> torch.Tensor:
         """L_tr of Eq. 13 against the frozen HPM, `self.teacher`'s network on this client's HPM tensors
         in `extras` (`teacher_extras`; under vmap its slice), on the student's pass `fwd`; `weight` as
         in `BaseTrainer.forward_loss` (None: the batch as it is)."""
-        hpm = {k.removeprefix(TEACHER): t for k, t in extras.items() if k.startswith(TEACHER)}
-        h_p, o_p = functional_split_forward(self.teacher, hpm, {}, fwd.x)  # frozen tensors: no gradient
+        hpm = frozen_state(TEACHER, extras)  # frozen tensors: no gradient
+        h_p, o_p = functional_split_forward(self.teacher, hpm, {}, fwd.x)
         if self.cfg[self.key("transfer")] == "distill":
             return distillation_loss(
                 fwd.logits, o_p, self.cfg[self.key("temperature")], self.cfg[self.key("soften-student")], weight

@@ -24,9 +24,9 @@ Decisions:
   sent again (a retry, or a resumed run repeating it), so the state keeps the two latest local models
   with their rounds ("moon-previous" and "moon-before", values "moon") and round t uses the latest one
   trained before t.
-- Written once (`feature_loss`), so the batched engine stacks a round's clients: the global and
+- Written once (`forward_loss`), so the batched engine stacks a round's clients: the global and
   previous models' weights are each client's extras (`frozen_extras`) and z_glob, z_prev their
-  forwards on the batch (`frozen_features`, `batch_features`). Per client, a client without a
+  forwards on the batch (`frozen_features` in `forward_loss`). Per client, a client without a
   previous model runs neither (plain CE); stacked, its extras hold the global model as a stand-in
   negative and a flag 0 that zeroes its term. Both engines read the previous model in `load_global`
   and keep the trained one in `after_steps`.
@@ -41,7 +41,7 @@ import torch
 from flwr.app import RecordDict
 from torch import nn
 
-from fedskew.client_app.base import BaseTrainer, Tensors, frozen, frozen_extras, frozen_features
+from fedskew.client_app.base import BaseTrainer, Forward, Tensors, frozen, frozen_extras, frozen_features
 from fedskew.losses.moon import model_contrastive_loss
 from fedskew.records import Number
 
@@ -120,24 +120,17 @@ class MOONTrainer(BaseTrainer):
         flag = torch.tensor(float(negative), dtype=self.dtype, device=self.device)
         return {**self.global_extras, **previous, "negative": flag}
 
-    def batch_features(self, x: torch.Tensor, weight: torch.Tensor | None, extras: Tensors) -> Tensors:
-        """z_glob and z_prev of the batch; per client, none without a previous model."""
-        if weight is None and self.previous is None:
-            return {}
-        net = self.global_model  # the frozen network both run in
-        return {
-            "z-global": frozen_features(net, GLOBAL, x, extras),
-            "z-previous": frozen_features(net, PREVIOUS, x, extras),
-        }
-
-    def feature_loss(
-        self, data: torch.Tensor, z: torch.Tensor, y: torch.Tensor, weight: torch.Tensor | None, extras: Tensors
+    def forward_loss(
+        self, data: torch.Tensor, fwd: Forward, y: torch.Tensor, weight: torch.Tensor | None, extras: Tensors
     ) -> tuple[torch.Tensor, Tensors]:
-        """CE + mu l_con (Eq. 3), l_con reported as "con"; CE alone without a previous model (per client:
-        as it is; stacked: l_con times the flag 0)."""
+        """CE + mu l_con (Eq. 3), z_glob and z_prev the frozen global and previous models' features of
+        the batch (`frozen_features`), l_con reported as "con"; CE alone without a previous model (per
+        client: as it is, neither model run; stacked: l_con times the flag 0)."""
         if weight is None and self.previous is None:
             return data, {}
-        con = model_contrastive_loss(z, extras["z-global"], extras["z-previous"], self.cfg["moon-temperature"], weight)
+        net = self.global_model  # the frozen network both run in
+        z_global, z_previous = (frozen_features(net, prefix, fwd.x, extras) for prefix in (GLOBAL, PREVIOUS))
+        con = model_contrastive_loss(fwd.z, z_global, z_previous, self.cfg["moon-temperature"], weight)
         if weight is not None:
             con = extras["negative"] * con
         return data + self.cfg["moon-mu"] * con, {"con": con}
