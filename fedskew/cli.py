@@ -163,9 +163,10 @@ def cmd_report(args: argparse.Namespace) -> int:
     from fedskew.reports.report import main as report_main
 
     root = find_app_dir(None)
+    defaults = app_defaults(root)
     for path in sorted((root / "suites").glob("*.yaml")):
         if (root / "results" / path.name).is_file() and (
-            stale := stale_cells(load_suite(path, app_defaults(root)), root, app_defaults(root))
+            stale := stale_cells(load_suite(path, defaults), root, defaults)
         ):
             print(
                 f"warning: results/{path.name}: {len(stale)} cells recorded under an earlier config than today's "
