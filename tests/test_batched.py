@@ -47,6 +47,7 @@ STACKED += ["fedbabu", "fedrep"]  # a stage trains the parameters its optimiser 
 STACKED += ["fedproto", "fedproc", "fedmr"]  # their objectives read the features (`feature_loss`)
 STACKED += ["fedmmd", "moon"]  # theirs read frozen models' features of the batch too (`frozen_features`)
 STACKED += ["fedrod", "fedphp"]  # objectives reading more of the pass (`forward_loss`): a second head, a teacher
+STACKED += ["map"]  # a later phase with its own objective: CE + the transfer from the HPM (none in round 1)
 NODES = 40  # 4 of them sampled (fraction-train 0.1): ~1,200 examples each, different sizes (Dirichlet)
 ROUND = {"model": "mlp", "partition": "dirichlet", "fraction-train": 0.1, "local-epochs": 2, "batch-size": 32}
 # Uploads are compared in float64 (`compute-dtype`), on short clients: 400 nodes, 4 sampled (~100-200
@@ -60,8 +61,9 @@ ROUND = {"model": "mlp", "partition": "dirichlet", "fraction-train": 0.1, "local
 SHORT = {"num-partitions": 400, "fraction-train": 0.01, "compute-dtype": "float64"}
 WIRE_ROUNDING = {"rtol": 2.0**-23, "atol": 1e-9}
 # a method's overrides where the default lr moves its upload by less than the test's 1e-2: the bodies
-# of FedBABU and FedRep learn under a frozen head (0.007, 0.006 at lr 0.01)
-MOVED = {"fedbabu": {"lr": 0.05}, "fedrep": {"lr": 0.05}}
+# of FedBABU and FedRep learn under a frozen head (0.007, 0.006 at lr 0.01); MAP's upload is trained for
+# half the local epochs (Algorithm 1's first stage: 0.0099)
+MOVED = {"fedbabu": {"lr": 0.05}, "fedrep": {"lr": 0.05}, "map": {"lr": 0.05}}
 # metrics of what an objective reports beside its loss (`BaseTrainer.feature_loss`), summed by both engines
 REPORTED = ("proto-loss", "intra-loss", "inter-loss", "fedrod-bsm-loss", "fedrod-personal-loss")
 
@@ -188,9 +190,10 @@ def test_which_methods_and_models_are_stacked() -> None:
     defaults = app_defaults()
     for method in STACKED:
         assert stacked_refusal({**defaults, "method": method}) is None, method
-    # subclasses of opted-in trainers (MAP and SCAFFOLD-RS reuse FedRS's loss) do not inherit it
-    for method in ("map",):
+    for method in ("mupfl", "fedgen"):  # they do not opt in
         assert "does not express its local step" in stacked_refusal({**defaults, "method": method})
+    subclass = type("Sub", (get_method("fedrs").trainer_class(),), {})  # an opt-in is never inherited
+    assert "Sub does not express its local step" in subclass.stacked_refusal(defaults)
     assert "gradient shares" in stacked_refusal({**defaults, "method": "fedmr", "fedmr-grad-share-every": 5})
     assert "Lite" in stacked_refusal({**defaults, "method": "fedmr", "fedmr-lite-n": 8})
     assert "BatchNorm2d" in stacked_refusal({**defaults, "model": "resnet8"})
@@ -250,6 +253,7 @@ def uploads(reply: Message) -> dict[str, torch.Tensor]:
     + [pytest.param("fedbabu", {**MOVED["fedbabu"], "fedbabu-finetune-part": "head"}, id="fedbabu-head-finetuning")]
     + [pytest.param("fedavg", {"augment": "crop-flip"}, id="fedavg-crop-flip")]
     + [pytest.param("fedphp", {"fedphp-transfer": "mmd"}, id="fedphp-mmd")]  # a batch statistic, masked
+    + [pytest.param("map", {**MOVED["map"], "map-hpm-init": "initial", "map-transfer": "mmd"}, id="map-mmd-w0")]
     + [pytest.param("fedrs", {"batched-chunk": 1}, id="fedrs-chunks-of-1")]
     + [pytest.param("fedrs", {"personalized-central-eval": True}, id="fedrs-central-eval")]
     + [pytest.param("scaffold", {"grad-clip": 1.0}, id="scaffold-clipped")],  # binds on every step
@@ -425,14 +429,15 @@ def test_a_frozen_model_s_features_stack_and_reach_the_gradient(method: str) -> 
 
 def next_round(messages: list[Message], arrays: ArrayRecord, server_round: int) -> list[Message]:
     """The train messages of `server_round` to the same nodes, with `arrays` as the global model."""
+    return train_messages([m.metadata.dst_node_id for m in messages], arrays, server_round)
+
+
+def train_messages(nodes: list[int], arrays: ArrayRecord, server_round: int) -> list[Message]:
+    """The train messages of `server_round` to `nodes`, with `arrays` as the global model."""
     config = ConfigRecord({"attempt": 0, "server-round": server_round})
     return [
-        Message(
-            RecordDict({"arrays": arrays, "config": config}),
-            dst_node_id=m.metadata.dst_node_id,
-            message_type=MessageType.TRAIN,
-        )
-        for m in messages
+        Message(RecordDict({"arrays": arrays, "config": config}), dst_node_id=node, message_type=MessageType.TRAIN)
+        for node in nodes
     ]
 
 
@@ -547,6 +552,68 @@ def test_fedphp_s_transfer_reaches_the_stacked_gradient() -> None:
             upload = uploads(reply)
             gaps.append(max(float((upload[k] - avg[k]).abs().max()) for k in avg))
         assert max(gaps) <= 1e-9 if lam == 0.0 else min(gaps) > 1e-3, (lam, gaps)
+
+
+MAP_METRICS = ("stage2-loss", "stage2-accuracy", "hpm-mu", "hpm-participations", "hpm-transfer")
+
+
+@pytest.mark.parametrize("transfer", ["distill", "mmd"])
+def test_map_s_stages_and_hpms_are_the_per_client_path_s_with_and_without_a_teacher_in_one_stack(
+    transfer: str,
+) -> None:
+    """MAP stacked (stage 1 FedRS's stacked steps, stage 2 a later phase on CE + lam L_tr, each
+    client's HPM a frozen teacher in its extras) gives each client the per-client path's upload,
+    stage-2 and HPM metrics and kept HPM and counter, in float64: in round 1 (no HPM: stage 2 plain
+    CE, mu 0) and in round 2, whose stack mixes two clients of round 1 (their HPM the teacher, mu > 0)
+    with two first participations (a stand-in teacher at weight 0: exactly CE)."""
+    grid, messages = first_round("map", **SHORT, **{"map-transfer": transfer, "map-transfer-weight": 0.5})
+    first = [m.metadata.dst_node_id for m in messages]
+    others = [n for n in grid.contexts if n not in first][:2]
+    states = {node: RecordDict() for node in [*first, *others]}
+    for server_round in (1, 2):
+        batched = list(grid.send_and_receive(messages))
+        nodes = [m.metadata.dst_node_id for m in messages]
+        reference = per_client(grid, messages, [states[n] for n in nodes])
+        for got, want in zip(batched, reference, strict=True):
+            a, b = uploads(got), uploads(want)
+            assert a.keys() == b.keys() and all(
+                torch.testing.assert_close(a[k], b[k], **WIRE_ROUNDING) is None for k in a
+            )
+            m, n = got.content["metrics"], want.content["metrics"]
+            assert m.keys() == n.keys()
+            for key in ("train-steps", "participations", "personal-accuracy", *MAP_METRICS[1:]):
+                assert m[key] == n[key], key
+            for key in ("train-loss", "personal-loss", "stage2-loss"):
+                assert m[key] == pytest.approx(n[key], rel=1e-9), key
+        transfers = [r.content["metrics"]["hpm-transfer"] for r in batched]
+        assert transfers == ([0] * 4 if server_round == 1 else [1, 1, 0, 0])  # round 2: a mixed stack
+        for node in nodes:
+            kept, want_kept = state_arrays(grid.contexts[node].state), state_arrays(states[node])
+            assert kept.keys() == want_kept.keys() and any(k.startswith(f"tensors.{HPM_TENSORS}/") for k in kept)
+            for k in kept:
+                torch.testing.assert_close(kept[k], want_kept[k], **FLOAT64)
+        messages = train_messages([*first[:2], *others], batched[0].content["arrays"], 2)
+
+
+def map_hpms(**overrides: Any) -> list[dict[str, torch.Tensor]]:
+    """The HPMs that stacked MAP keeps after round 1 on `first_round`'s clients."""
+    grid, messages = first_round("map", **SHORT, **overrides)
+    assert all(uploads(r) for r in grid.send_and_receive(messages))
+    prefix = f"tensors.{HPM_TENSORS}/"
+    states = (state_arrays(grid.contexts[m.metadata.dst_node_id].state) for m in messages)
+    return [{k.removeprefix(prefix): t for k, t in kept.items() if k.startswith(prefix)} for kept in states]
+
+
+@pytest.mark.parametrize("transfer", ["distill", "mmd"])
+def test_map_s_transfer_reaches_the_stacked_stage_two(transfer: str) -> None:
+    """Stacked MAP with every HPM starting at w^0 (`map-hpm-init="initial"`: a teacher in round 1,
+    mu 0: the HPM the stage-2 model): at transfer weight 0 each client's HPM is the one trained
+    without a teacher (plain CE, `map-hpm-init="none"`); at 0.5 every client's differs from it."""
+    plain = map_hpms(**{"map-transfer": transfer})
+    for lam in (0.0, 0.5):
+        hpms = map_hpms(**{"map-transfer": transfer, "map-hpm-init": "initial", "map-transfer-weight": lam})
+        gaps = [max(float((h[k] - p[k]).abs().max()) for k in p) for h, p in zip(hpms, plain, strict=True)]
+        assert max(gaps) <= 1e-12 if lam == 0.0 else min(gaps) > 1e-3, (lam, gaps)
 
 
 def test_a_stacked_stage_moves_the_parameters_its_optimiser_holds_and_no_other(monkeypatch) -> None:

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from fedskew.client_app.app import client_trainer
 from fedskew.client_app.base import BaseTrainer
+from fedskew.client_app.hpm import TEACHER, WEIGHTS
 from fedskew.losses import (
     distillation_loss,
     mmd_multi_gaussian,
@@ -53,6 +54,7 @@ def feddyn_loss(t: Any, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor
 WRITTEN: dict[str, Callable[[Any, torch.nn.Module, torch.Tensor, torch.Tensor], Loss]] = {
     "fedrs": lambda t, model, x, y: restricted_softmax_cross_entropy(model(x), y, t.scale),
     "scaffold-rs": lambda t, model, x, y: restricted_softmax_cross_entropy(model(x), y, t.scale),
+    "map": lambda t, model, x, y: restricted_softmax_cross_entropy(model(x), y, t.scale),  # stage 1
     "fedlc": lambda t, model, x, y: calibrated_cross_entropy(model(x), y, t.offsets),
     "fedprox": lambda t, model, x, y: (
         F.cross_entropy(model(x), y) + proximal_term(model.parameters(), t.global_params.values(), t.cfg["fedprox-mu"])
@@ -185,3 +187,57 @@ def test_loss_and_functional_loss_are_one_objective(method: str, task_identity: 
     assert all(torch.equal(a, w) for a, w in zip(per_client, written, strict=True)), method
     penalty = trainer.penalty(params, trainer.batch_extras())
     assert (penalty is not None and abs(float(penalty.detach())) > 1e-4) == (method in ("fedprox", "feddyn", "feddc"))
+
+
+def map_stage_two_loss(t: Any, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """MAP's stage-2 loss as its trainer wrote it before stage 2 became a phase: CE, and the transfer
+    from the teacher where the client has one."""
+    z = model.features(x)
+    logits = model.classifier(z)
+    lam, key = t.cfg["map-transfer-weight"], lambda name: t.cfg[f"map-{name}"]
+    if t.teacher is None or lam == 0:
+        return personalization_loss(F.cross_entropy(logits, y), None, lam)
+    with torch.no_grad():
+        h_p = t.teacher.features(x)
+        o_p = t.teacher.classifier(h_p)
+    if key("transfer") == "distill":
+        transfer = distillation_loss(logits, o_p, key("temperature"), key("soften-student"))
+    else:
+        transfer = mmd_multi_gaussian(z, h_p, key("mmd-kernel-mul"), key("mmd-kernels"))
+    return personalization_loss(F.cross_entropy(logits, y), transfer, lam)
+
+
+@pytest.mark.parametrize("transfer", ["distill", "mmd"])
+@pytest.mark.parametrize("init", ["none", "initial"], ids=["no-teacher", "teacher-w0"])
+def test_map_s_stage_two_is_one_objective_with_or_without_a_teacher(transfer: str, init: str, task_identity) -> None:
+    """MAP's stage 2 (a later phase): its per-client loss is the one written before, op for op, and its
+    functional form on padded batches the same value in float64, with a teacher (the HPM w^0) and
+    without (a first participation: plain CE per client; stacked, the stand-in's finite term at
+    weight 0), both with the same extras keys."""
+    overrides = {"map-transfer": transfer, "map-hpm-init": init, "map-transfer-weight": 0.5}
+    grid, messages = first_round("map", **{"compute-dtype": "float64", **overrides})
+    msg = messages[0]
+    trainer = client_trainer(msg, grid.contexts[msg.metadata.dst_node_id], set_threads=False)
+    model = trainer.begin(msg.content).model
+    phase = next(trainer.later_phases(model))
+    assert (trainer.teacher is not None) == (init == "initial")
+    assert phase.extras.keys() == {TEACHER + k for k in model.state_dict()} | {WEIGHTS}
+    assert phase.extras[WEIGHTS].tolist() == ([0.5, 0.5] if init == "initial" else [1.0, 0.0])
+    student = phase.model  # moved off the teacher w^0 and off the stand-in (the stage-1 model)
+    g = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for p in student.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    student.train()
+    b, pad = 13, 3
+    x, y = trainer.data.x_train[: b + pad], trainer.data.y_train[: b + pad]
+    weight = torch.cat([torch.full((b,), 1.0 / b, dtype=torch.float64), torch.zeros(pad, dtype=torch.float64)])
+    params, buffers = dict(student.named_parameters()), dict(student.named_buffers())
+    stacked = pair(phase.functional_loss(student, params, buffers, x, y, weight, phase.extras))
+    per_client = pair(phase.loss(student, x[:b], y[:b]))
+    for got, want in zip(stacked, per_client, strict=True):
+        assert got.dtype == want.dtype == torch.float64
+        torch.testing.assert_close(got, want, **FLOAT64)
+    assert torch.equal(per_client[0], map_stage_two_loss(trainer, student, x[:b], y[:b]))
+    ce = F.cross_entropy(student(x[:b]), y[:b])
+    assert torch.equal(per_client[0], ce) == (init == "none")

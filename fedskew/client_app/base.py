@@ -207,6 +207,19 @@ class Forward:
         return cls(x, z, logits, lambda name, t: functional_part(model, name, params, buffers, t))
 
 
+# (logits, y, extras, reduction) -> the data loss per example or its batch mean: `example_losses`' form
+ExampleLosses = Callable[[torch.Tensor, torch.Tensor, Tensors, str], torch.Tensor]
+# (data, fwd, y, weight, extras) -> (the loss, what it reports): `forward_loss`'s form
+ForwardLoss = Callable[
+    [torch.Tensor, Forward, torch.Tensor, "torch.Tensor | None", Tensors], tuple[torch.Tensor, Tensors]
+]
+
+
+def cross_entropy(logits: torch.Tensor, y: torch.Tensor, extras: Tensors, reduction: str = "none") -> torch.Tensor:
+    """The plain cross-entropy in `example_losses`' form (its default; MAP's stage 2 beside FedRS's loss)."""
+    return F.cross_entropy(logits, y, reduction=reduction)
+
+
 @dataclass
 class Phase:
     """A stage of a client's local training after its main steps (`BaseTrainer.later_phases`): `steps`
@@ -220,7 +233,9 @@ class Phase:
     and weight decay (`fedskew.batched.stacked.sgd_settings`), the others frozen (FedRep's body
     epochs: the head frozen, the biases in a group without weight decay); `functional_loss` is
     `loss` in `BaseTrainer.functional_loss`'s form (called with a copy of `model`), reading this
-    client's own tensors from `extras` only."""
+    client's own tensors from `extras` only: the engine binds the loss of one client's phase (the
+    first of a stack) and stacks the clients' `extras`, so every client's phase has the same extras
+    keys (MAP's client without a teacher: stand-in tensors and the term's weight 0)."""
 
     model: nn.Module
     optimizer: torch.optim.Optimizer
@@ -390,26 +405,42 @@ class BaseTrainer:
         engine calls it under `vmap` on one trainer for all the clients of a round."""
         return self.functional_loss_of(self.penalty)(model, params, buffers, x, y, weight, extras)
 
-    def loss_of(self, penalty: Penalty, extras: Tensors) -> LossFn:
-        """The per-client objective on one mini-batch for `penalty` and this client's `extras`: the
-        batch mean of `example_losses` plus `penalty` on the model's parameters (`objective`). `loss`
-        is it for `penalty`; a later phase passes its own (Ditto's proximal term)."""
+    def loss_of(
+        self,
+        penalty: Penalty | None,
+        extras: Tensors,
+        example_losses: ExampleLosses | None = None,
+        forward_loss: ForwardLoss | None = None,
+    ) -> LossFn:
+        """The per-client objective on one mini-batch for `penalty` (None: no term) and this client's
+        `extras`: the batch mean of `example_losses` (with `forward_loss`'s terms, where given or the
+        class reads features) plus `penalty` on the model's parameters (`objective`). `loss` is it for
+        the trainer's own hooks; a later phase passes its own penalty (Ditto's proximal term), or its
+        own data loss and terms (MAP's stage 2: `cross_entropy` and the transfer from the HPM)."""
+        data_loss, forward = self.objective_hooks(example_losses, forward_loss)
 
         def loss(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Loss:
-            if not self.reads_features():
-                data = self.example_losses(model(x), y, extras, "mean")
-                return self.objective(data, penalty(dict(model.named_parameters()), extras))
+            if forward is None:
+                data = data_loss(model(x), y, extras, "mean")
+                return self.objective(data, self.penalty_of(penalty, dict(model.named_parameters()), extras))
             fwd = Forward.through(model, x)
-            data = self.example_losses(fwd.logits, y, extras, "mean")
-            data, reports = self.forward_loss(data, fwd, y, None, extras)
+            data = data_loss(fwd.logits, y, extras, "mean")
+            data, reports = forward(data, fwd, y, None, extras)
             for name, value in reports.items():
                 self.reported[name] = self.reported.get(name, 0.0) + value.detach()
-            return self.objective(data, penalty(dict(model.named_parameters()), extras))
+            return self.objective(data, self.penalty_of(penalty, dict(model.named_parameters()), extras))
 
         return loss
 
-    def functional_loss_of(self, penalty: Penalty) -> FunctionalLoss:
-        """`loss_of(penalty, ...)` in `functional_loss`'s form (extras passed in, under vmap)."""
+    def functional_loss_of(
+        self,
+        penalty: Penalty | None,
+        example_losses: ExampleLosses | None = None,
+        forward_loss: ForwardLoss | None = None,
+    ) -> FunctionalLoss:
+        """`loss_of(penalty, ..., example_losses, forward_loss)` in `functional_loss`'s form (extras
+        passed in, under vmap)."""
+        data_loss, forward = self.objective_hooks(example_losses, forward_loss)
 
         def functional(
             model: nn.Module,
@@ -420,17 +451,30 @@ class BaseTrainer:
             weight: torch.Tensor,
             extras: Tensors,
         ) -> Loss | tuple[torch.Tensor, torch.Tensor, Tensors]:
-            if not self.reads_features():
+            if forward is None:
                 logits = functional_forward(model, params, buffers, x)
-                data = weighted_sum(self.example_losses(logits, y, extras, "none"), weight)
-                return self.objective(data, penalty(params, extras))
+                data = weighted_sum(data_loss(logits, y, extras, "none"), weight)
+                return self.objective(data, self.penalty_of(penalty, params, extras))
             fwd = Forward.functional(model, params, buffers, x)
-            data = weighted_sum(self.example_losses(fwd.logits, y, extras, "none"), weight)
-            data, reports = self.forward_loss(data, fwd, y, weight, extras)
-            out = self.objective(data, penalty(params, extras))
+            data = weighted_sum(data_loss(fwd.logits, y, extras, "none"), weight)
+            data, reports = forward(data, fwd, y, weight, extras)
+            out = self.objective(data, self.penalty_of(penalty, params, extras))
             return (out, out, reports) if isinstance(out, torch.Tensor) else (*out, reports)
 
         return functional
+
+    def objective_hooks(
+        self, example_losses: ExampleLosses | None, forward_loss: ForwardLoss | None
+    ) -> tuple[ExampleLosses, ForwardLoss | None]:
+        """(the data loss, the terms of the pass or None: the network runs whole) of `loss_of`: those
+        given, else the trainer's `example_losses` and, where the class reads features, `forward_loss`."""
+        if forward_loss is None and self.reads_features():
+            forward_loss = self.forward_loss
+        return example_losses or self.example_losses, forward_loss
+
+    @staticmethod
+    def penalty_of(penalty: Penalty | None, params: Tensors, extras: Tensors) -> torch.Tensor | None:
+        return None if penalty is None else penalty(params, extras)
 
     @classmethod
     def reads_features(cls) -> bool:
@@ -473,7 +517,7 @@ class BaseTrainer:
         (`reduction="none"`, what `functional_loss` weighs) or their batch mean (`"mean"`, what
         `loss` descends, from the same kernel call), its per-client values read from `extras`
         (default: cross-entropy)."""
-        return F.cross_entropy(logits, y, reduction=reduction)
+        return cross_entropy(logits, y, extras, reduction)
 
     def penalty(self, params: dict[str, torch.Tensor], extras: dict[str, torch.Tensor]) -> torch.Tensor | None:
         """The method's term on the trainable parameters `params` (name -> tensor: the model's own in

@@ -73,7 +73,7 @@ class FedPHPTrainer(HPMTrainer):
         self, data: torch.Tensor, fwd: Forward, y: torch.Tensor, weight: torch.Tensor | None, extras: Tensors
     ) -> tuple[torch.Tensor, Tensors]:
         """Eq. 13 on the cross-entropy `data`: the transfer objective."""
-        return self.transfer_objective(data, fwd, weight, extras), {}
+        return self.transfer_term(data, fwd, y, weight, extras)
 
     def after_steps(self, model: nn.Module, stats: dict[str, float]) -> dict[str, float]:
         """psi <- mu psi + (1 - mu) theta at this participation, n = the earlier ones + 1."""

@@ -10,6 +10,13 @@ Each client keeps psi, a moving average of its personalized models, and a partic
 - then psi <- (1 - mu) theta_hat + mu psi (Eq. 10), mu = clip(mu_bar (n - 1) / (Q T), 0, mu_max) at the
   n-th participation (`hpm_momentum`; `expected_participations` gives Q T), and z <- n.
 
+Both engines run the transfer through the base's hooks (`transfer_term`, in `forward_loss`'s form): the
+teacher's tensors and the weights (1 - lam, lam) of Eq. 13 are this client's extras (`teacher_extras`),
+the teacher's network running on them. Per client a client without a teacher runs none (plain CE,
+`personalization_loss(ce, None, lam)`); stacked, where the loss is one client's and every client's
+extras have the same keys, such a client gives a stand-in network's tensors (finite: its term is
+finite) and the weights (1, 0): exactly CE plus 0.
+
 `hpm_prefix` names the run-config keys (`<prefix>-transfer`, `-transfer-weight`, `-temperature`,
 `-soften-student`, `-mmd-kernels`, `-mmd-kernel-mul`, `-mu-bar`, `-mu-max`) and the client state:
 the tensors "hpm" (one model state dict) and the values `<prefix>` = {"participations": z}, z an integer
@@ -23,10 +30,17 @@ import logging
 from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from fedskew.client_app.base import BaseTrainer, Forward, Tensors, frozen_extras, frozen_state
+from fedskew.client_app.base import (
+    BaseTrainer,
+    Forward,
+    FunctionalLoss,
+    Tensors,
+    cross_entropy,
+    frozen_extras,
+    frozen_state,
+)
 from fedskew.client_app.state import matches, most_trainings
 from fedskew.losses import distillation_loss, hpm_momentum, hpm_update, mmd_multi_gaussian, personalization_loss
 from fedskew.records import Number
@@ -36,6 +50,7 @@ log = logging.getLogger("fedskew.client")
 
 HPM_TENSORS = "hpm"
 TEACHER = "hpm."  # the prefix of the frozen HPM's tensors among a client's extras (`teacher_extras`)
+WEIGHTS = "hpm-weights"  # the extras' (1 - lam, lam) of Eq. 13: (1, 0) for a client without a teacher
 
 
 class HPMTrainer(BaseTrainer):
@@ -73,13 +88,17 @@ class HPMTrainer(BaseTrainer):
             z = 0
         return hpm, z
 
-    def use_teacher(self, hpm: dict[str, torch.Tensor] | None) -> None:
-        """The frozen HPM that L_tr transfers from (None: no transfer)."""
+    def use_teacher(self, hpm: dict[str, torch.Tensor] | None, stand_in: nn.Module | None = None) -> None:
+        """The frozen HPM that L_tr transfers from (`self.teacher`; None: no transfer) and the network
+        `transfer_loss` runs its tensors in (`self.teacher_net`): the teacher, or without one
+        `stand_in`, a frozen network of the same shapes whose tensors stand in for it in the stacked
+        objective (`teacher_extras`)."""
         self.teacher = None
         if hpm is not None:
             self.teacher = self.build_model()
             self.teacher.load_state_dict(hpm)
             self.teacher.eval().requires_grad_(False)
+        self.teacher_net = self.teacher if self.teacher is not None else stand_in
 
     def expected_participations(self) -> float:
         """Q T, the expected number of times a client is selected: fraction-train x rounds."""
@@ -98,16 +117,21 @@ class HPMTrainer(BaseTrainer):
 
     # ------------------------------------------------------------------ objective
     def teacher_extras(self) -> Tensors:
-        """The frozen HPM's tensors (`TEACHER` + state-dict name) that `transfer_loss` runs it on: a
-        client's own, stacked by the batched engine; none without a teacher."""
-        return {} if self.teacher is None else frozen_extras(TEACHER, self.teacher)
+        """The frozen HPM's tensors (`TEACHER` + state-dict name) that `transfer_loss` runs it on and
+        the weights (1 - lam, lam) of Eq. 13 (`WEIGHTS`): a client's own, stacked by the batched
+        engine. Without a teacher: the stand-in's tensors and (1, 0); none without either."""
+        if self.teacher_net is None:
+            return {}
+        lam = self.cfg[self.key("transfer-weight")] if self.teacher is not None else 0.0
+        weights = torch.tensor([1.0 - lam, lam], dtype=self.dtype, device=self.device)
+        return {**frozen_extras(TEACHER, self.teacher_net), WEIGHTS: weights}
 
     def transfer_loss(self, fwd: Forward, weight: torch.Tensor | None, extras: Tensors) -> torch.Tensor:
-        """L_tr of Eq. 13 against the frozen HPM, `self.teacher`'s network on this client's HPM tensors
-        in `extras` (`teacher_extras`; under vmap its slice), on the student's pass `fwd`; `weight` as
-        in `BaseTrainer.forward_loss` (None: the batch as it is)."""
+        """L_tr of Eq. 13 against the frozen HPM, `self.teacher_net`'s network on this client's HPM
+        tensors in `extras` (`teacher_extras`; under vmap its slice), on the student's pass `fwd`;
+        `weight` as in `BaseTrainer.forward_loss` (None: the batch as it is)."""
         hpm = frozen_state(TEACHER, extras)  # frozen tensors: no gradient
-        h_p, o_p = functional_split_forward(self.teacher, hpm, {}, fwd.x)
+        h_p, o_p = functional_split_forward(self.teacher_net, hpm, {}, fwd.x)
         if self.cfg[self.key("transfer")] == "distill":
             return distillation_loss(
                 fwd.logits, o_p, self.cfg[self.key("temperature")], self.cfg[self.key("soften-student")], weight
@@ -118,16 +142,30 @@ class HPMTrainer(BaseTrainer):
     def transfer_objective(
         self, ce: torch.Tensor, fwd: Forward, weight: torch.Tensor | None, extras: Tensors
     ) -> torch.Tensor:
-        """Eq. 13 `(1 - lam) CE + lam L_tr` from the cross-entropy `ce`; plain CE without a teacher
-        (or lam = 0)."""
+        """Eq. 13 `(1 - lam) CE + lam L_tr` from the cross-entropy `ce`; plain CE at lam = 0, and per
+        client (`weight` None) without a teacher. Stacked, the weights are this client's extras
+        (`WEIGHTS`): (1, 0) for a client without a teacher, whose stand-in's term is finite."""
         lam = self.cfg[self.key("transfer-weight")]
+        if weight is not None and lam != 0:
+            w_ce, w_tr = extras[WEIGHTS].unbind()
+            return w_ce * ce + w_tr * self.transfer_loss(fwd, weight, extras)
         transfer = None if self.teacher is None or lam == 0 else self.transfer_loss(fwd, weight, extras)
         return personalization_loss(ce, transfer, lam)
 
+    def transfer_term(
+        self, data: torch.Tensor, fwd: Forward, y: torch.Tensor, weight: torch.Tensor | None, extras: Tensors
+    ) -> tuple[torch.Tensor, Tensors]:
+        """`transfer_objective` on the data loss `data`, in `BaseTrainer.forward_loss`'s form."""
+        return self.transfer_objective(data, fwd, weight, extras), {}
+
     def personal_loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """`transfer_objective` on one mini-batch through `model` (MAP's stage 2, per client)."""
-        fwd = Forward.through(model, x)
-        return self.transfer_objective(F.cross_entropy(fwd.logits, y), fwd, None, self.teacher_extras())
+        """`transfer_objective` on the cross-entropy of one mini-batch through `model` (MAP's stage 2,
+        per client; `personal_functional_loss` its stacked form)."""
+        return self.loss_of(None, self.teacher_extras(), cross_entropy, self.transfer_term)(model, x, y)
+
+    def personal_functional_loss(self) -> FunctionalLoss:
+        """`personal_loss` in `BaseTrainer.functional_loss`'s form."""
+        return self.functional_loss_of(None, cross_entropy, self.transfer_term)
 
     def personalized_model(self, model: nn.Module) -> nn.Module:
         """The updated HPM (what the authors' code scores)."""

@@ -36,15 +36,26 @@ Decisions (the paper against the authors' code `lxcnju/MAP`):
   int(Q T), as `map-schedule="code"` does).
 - The HPM average covers every state-dict entry (integer buffers copied); the code's recomputation of
   the HPM's BatchNorm statistics is not done (no network here has BatchNorm).
+- Both engines: stage 1 is FedRS's local training (`local_steps` = its steps), stage 2 a `Phase`
+  (`later_phases`: the HPM read, the stage-2 copy and its optimiser) whose `end` folds theta_hat into
+  the HPM and reports stage 2's metrics. Its loss is written once (`HPMTrainer.personal_loss`:
+  `cross_entropy` and `transfer_term` through the base's `loss_of` / `functional_loss_of`); the
+  batched engine stacks the round's stage 2s in one model, each client's HPM tensors and the
+  weights (1 - lam, lam) its extras. A first participation has no teacher: per client plain CE;
+  stacked, its own stage-1 weights stand in for the HPM (finite) at weights (1, 0), so it gets
+  exactly CE in the same stack as the clients with a teacher.
 """
 
 from __future__ import annotations
 
 import copy
+import functools
+from collections.abc import Iterator
 
-from flwr.app import RecordDict
+import torch
 from torch import nn
 
+from fedskew.client_app.base import Phase, frozen
 from fedskew.client_app.fedrs import FedRSTrainer
 from fedskew.client_app.hpm import HPMTrainer
 from fedskew.losses.map import map_stage_steps
@@ -52,8 +63,10 @@ from fedskew.training import built_with_seed, sgd
 
 
 class MAPTrainer(HPMTrainer, FedRSTrainer):
-    """Stage 1 = FedRS local training (uploaded); stage 2 = CE + transfer from the HPM; HPM update."""
+    """Stage 1 = FedRS local training (uploaded); stage 2 = CE + transfer from the HPM, a later
+    phase; HPM update."""
 
+    batched = True
     rs_prefix = "map"
     hpm_prefix = "map"
 
@@ -64,7 +77,7 @@ class MAPTrainer(HPMTrainer, FedRSTrainer):
         return map_stage_steps(n, b, e, cfg["map-personal-epochs"], cfg["map-schedule"])
 
     def local_steps(self) -> int:
-        """Stage 1's steps (what FedRS's `local_train` runs)."""
+        """Stage 1's steps (the inherited FedRS training's)."""
         return self.stage_steps()[0]
 
     def expected_participations(self) -> float:
@@ -72,28 +85,37 @@ class MAPTrainer(HPMTrainer, FedRSTrainer):
         qt = super().expected_participations()
         return float(int(qt)) if self.cfg["map-schedule"] == "code" else qt
 
-    def local_train(self, model: nn.Module, content: RecordDict) -> dict[str, float]:
-        stats = super().local_train(model, content)  # stage 1 (restricted softmax), in place: uploaded
+    def later_phases(self, model: nn.Module) -> Iterator[Phase]:
+        """Stage 2 after stage 1 (`model`, uploaded): a copy of it trained on `personal_loss` at
+        `lr * map-personal-lr-factor`, the HPM read now its teacher (none at a first participation,
+        the paper's: plain CE, mu = 0; stacked, `model`'s frozen copy stands in with weight 0)."""
         hpm, z = self.load_hpm(model)
         if hpm is None and self.cfg["map-hpm-init"] == "initial":  # the authors' code: HPM = w^0 at first
             hpm = built_with_seed(self.build_model, self.cfg["seed"]).state_dict()
-        self.use_teacher(hpm)  # none at a first participation (paper): stage 2 without transfer, mu = 0
-
-        personal = copy.deepcopy(model)  # stage 2 continues from the stage-1 weights
-        stage2 = {"train-loss": float("nan")}
+        self.use_teacher(hpm, frozen(copy.deepcopy(model)) if hpm is None else None)
+        self.stage2_model = copy.deepcopy(model)  # stage 2 continues from the stage-1 weights
+        lr = self.cfg["lr"] * self.cfg["map-personal-lr-factor"]
+        optimizer = sgd(self.stage2_model.parameters(), {**self.cfg, "lr": lr})
         steps = self.stage_steps()[1]
-        if steps > 0:
-            lr = self.cfg["lr"] * self.cfg["map-personal-lr-factor"]
-            optimizer = sgd(personal.parameters(), {**self.cfg, "lr": lr})
-            stage2 = self.run_steps(personal, optimizer, steps, self.personal_loss)
-        self.stage2_model = personal
+        yield Phase(
+            self.stage2_model,
+            optimizer,
+            steps,
+            self.personal_loss,
+            self.personal_functional_loss(),
+            functools.partial(self.end_stage2, hpm, z + 1, steps),
+            extras=self.teacher_extras(),
+        )
 
-        n = z + 1
-        mu = self.fold_into_hpm(hpm, personal, n)
-        _, s2_acc = self.evaluate_local(personal)
+    def end_stage2(
+        self, hpm: dict[str, torch.Tensor] | None, n: int, steps: int, stats: dict[str, float], stage2: dict[str, float]
+    ) -> dict[str, float]:
+        """Fold theta_hat into the HPM at this n-th participation; stage 1's metrics with stage 2's."""
+        mu = self.fold_into_hpm(hpm, self.stage2_model, n)
+        _, s2_acc = self.evaluate_local(self.stage2_model)
         return {
             **stats,
-            "stage2-loss": stage2["train-loss"],
+            "stage2-loss": stage2["train-loss"] if steps > 0 else float("nan"),
             "stage2-accuracy": s2_acc,
             "hpm-mu": mu,
             "hpm-participations": n,
