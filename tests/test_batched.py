@@ -23,6 +23,7 @@ from fedskew.batched.stacked import (
     client_steps,
     sgd_settings,
     stack_schedules,
+    train_stacked,
 )
 from fedskew.client_app.app import app as client_app
 from fedskew.client_app.ditto import PERSONAL
@@ -48,6 +49,7 @@ STACKED += ["fedproto", "fedproc", "fedmr"]  # their objectives read the feature
 STACKED += ["fedmmd", "moon"]  # theirs read frozen models' features of the batch too (`frozen_features`)
 STACKED += ["fedrod", "fedphp"]  # objectives reading more of the pass (`forward_loss`): a second head, a teacher
 STACKED += ["map"]  # a later phase with its own objective: CE + the transfer from the HPM (none in round 1)
+STACKED += ["mupfl"]  # BAVD's maps a state carried from step to step (PKCF and the gradients per client around it)
 NODES = 40  # 4 of them sampled (fraction-train 0.1): ~1,200 examples each, different sizes (Dirichlet)
 ROUND = {"model": "mlp", "partition": "dirichlet", "fraction-train": 0.1, "local-epochs": 2, "batch-size": 32}
 # Uploads are compared in float64 (`compute-dtype`), on short clients: 400 nodes, 4 sampled (~100-200
@@ -180,6 +182,30 @@ def test_stack_schedules_pads_short_batches_with_zero_weight() -> None:
         stack_schedules([b, a], [0, 2], 2)
 
 
+def test_a_carried_state_passes_from_step_to_step_and_ends_per_client() -> None:
+    """A loss that returns next values of an extra (a step count, the sum of its batches' labels):
+    each step reads the value the step before left (the gradient of (count + 1) w is count + 1), a
+    client that is done keeps its last, and `carried` receives every client's last values."""
+    steps = [[(torch.tensor([0, 1]), None)] * 3, [(torch.tensor([0]), None)]]
+    schedule = stack_schedules(steps, [0, 2], 2)
+    x, y = torch.zeros(3, 1), torch.tensor([1.0, 2.0, 5.0])
+    params = {"w": torch.zeros(2, 1)}
+    extras = {"count": torch.zeros(2), "labels": torch.zeros(2), "fixed": torch.ones(2)}
+
+    def loss(params: dict, buffers: dict, xb: torch.Tensor, yb: torch.Tensor, weight: torch.Tensor, extras: dict):
+        out = ((extras["count"] + extras["fixed"]) * params["w"]).sum()
+        labels = extras["labels"] + (yb * weight).sum()
+        return out, out, {}, {"count": extras["count"] + 1, "labels": labels}
+
+    settings = SGDSettings((GroupSettings(("w",), 1.0, 0.0, 0.0),))
+    carried: dict[str, torch.Tensor] = {}
+    train_stacked(loss, params, {}, extras, x, y, schedule, settings, carried=carried)
+    assert carried.keys() == {"count", "labels"}
+    assert carried["count"].tolist() == [3.0, 1.0] and carried["labels"].tolist() == [4.5, 5.0]
+    assert params["w"].flatten().tolist() == [-6.0, -1.0]  # -(1 + 2 + 3), -1
+    assert extras["fixed"].tolist() == [1.0, 1.0]
+
+
 def test_fitting_chunks_fill_the_budget() -> None:
     assert fitting_chunks(10.0, [0, 0, 0, 0, 0], 30.0) == [3, 2]
     assert fitting_chunks(10.0, [5, 5, 50, 5], 30.0) == [2, 1, 1]  # a client too big alone: by itself
@@ -190,7 +216,7 @@ def test_which_methods_and_models_are_stacked() -> None:
     defaults = app_defaults()
     for method in STACKED:
         assert stacked_refusal({**defaults, "method": method}) is None, method
-    for method in ("mupfl", "fedgen"):  # they do not opt in
+    for method in ("fedgen",):  # it does not opt in
         assert "does not express its local step" in stacked_refusal({**defaults, "method": method})
     subclass = type("Sub", (get_method("fedrs").trainer_class(),), {})  # an opt-in is never inherited
     assert "Sub does not express its local step" in subclass.stacked_refusal(defaults)
@@ -614,6 +640,88 @@ def test_map_s_transfer_reaches_the_stacked_stage_two(transfer: str) -> None:
         hpms = map_hpms(**{"map-transfer": transfer, "map-hpm-init": "initial", "map-transfer-weight": lam})
         gaps = [max(float((h[k] - p[k]).abs().max()) for k in p) for h, p in zip(hpms, plain, strict=True)]
         assert max(gaps) <= 1e-12 if lam == 0.0 else min(gaps) > 1e-3, (lam, gaps)
+
+
+# MuPFL's configurations: the default (each sample's top half of its features kept, the maps
+# restarting each epoch); the map's own mask ("batch"), rescaled, the maps kept across rounds
+# ("never": round 2 starts from the maps round 1 kept); the map's threshold at both conv blocks of
+# LeNet (two C x H x W maps), psi with the paper's sign, the maps restarting each round
+MUPFL = {
+    "default": {},
+    "batch-kept": {"mupfl-bavd-mask": "batch", "mupfl-bavd-rescale": True, "mupfl-bavd-reset": "never"},
+    "convs-threshold": {
+        "model": "lenet",
+        "mupfl-bavd-site": "convs",
+        "mupfl-bavd-mask": "map-threshold",
+        "mupfl-psi-sign": "paper",
+        "mupfl-bavd-reset": "round",
+    },
+}
+
+
+def mupfl_next_round(
+    strategy: BaseStrategy, grid: BatchedGrid, messages: list[Message], replies: list[Message], server_round: int
+) -> list[Message]:
+    """MuPFL's train messages of `server_round` to the nodes of `messages`: the strategy's after
+    `replies` (the global model, its classifier, PKCF's synthetic features of the classes seen so far),
+    one for every node under init "global"."""
+    arrays, _ = strategy.aggregate_train(server_round - 1, replies)
+    sent = next(iter(strategy.configure_train(server_round, arrays, ConfigRecord({"attempt": 0}), grid)))
+    content = dict(sent.content.items())
+    return [
+        Message(RecordDict(content), dst_node_id=m.metadata.dst_node_id, message_type=MessageType.TRAIN)
+        for m in messages
+    ]
+
+
+@pytest.mark.parametrize("overrides", MUPFL.values(), ids=MUPFL)
+def test_mupfl_s_replies_states_and_metrics_are_the_per_client_path_s_over_two_rounds(overrides: dict) -> None:
+    """MuPFL's stacked steps, BAVD's maps carried from step to step on the device, give each client
+    the per-client path's upload, flat maps, class gradients and kept maps (float64), and its
+    metrics: after round 1 and after round 2, whose PKCF fine-tunes each classifier on the server's
+    synthetic features before the steps (the client's generator drawn in the per-client order: the
+    fine-tune's batches, the steps', the gradients' samples)."""
+    grid, strategy, messages = served_round("mupfl", **SHORT, **overrides)
+    states = [RecordDict() for _ in messages]
+    batched: list[Message] = []
+    for server_round in (1, 2):
+        if server_round == 2:
+            messages = mupfl_next_round(strategy, grid, messages, batched, server_round)
+            assert wire.MUPFL_FEATURES in messages[0].content
+        batched = list(grid.send_and_receive(messages))
+        reference = per_client(grid, messages, states)
+        assert_replies_match(grid, messages, batched, reference, states)
+        for got, want in zip(batched, reference, strict=True):
+            m, n = got.content["metrics"], want.content["metrics"]
+            assert m["bavd-dropped-positions"] == n["bavd-dropped-positions"] > 0  # counts: exact in float32
+            assert m["bavd-dropped-mass"] == pytest.approx(n["bavd-dropped-mass"], rel=1e-5)  # float32 sums
+            assert m["bavd-seconds"] == 0.0  # inside the stacked step
+            for key in ("finetune-loss", "pkcf-accuracy"):  # per client before the steps, on both paths
+                assert (key in m) == (key in n) == (server_round == 2) and m.get(key) == n.get(key), key
+            real_norm = got.content[wire.MUPFL_TIMES]["real-norm"]
+            assert real_norm == pytest.approx(want.content[wire.MUPFL_TIMES]["real-norm"], rel=1e-9)
+    kept = [k for msg in messages for k in state_arrays(grid.contexts[msg.metadata.dst_node_id].state)]
+    assert any(k.startswith("tensors.mupfl-maps/") for k in kept) == (overrides.get("mupfl-bavd-reset") == "never")
+
+
+def test_mupfl_s_bavd_masks_the_stacked_step() -> None:
+    """On the batched engine, round 1 (no synthetic features yet): with BAVD off each client's upload
+    is FedAvg's from the same start and batches; with each sample's top half kept (the default), or
+    with the carried map's mask ("batch": none at the first step, then the map's), every client's is
+    > 1e-4 away from it (the default drops the weaker half of each sample's features, little of their
+    mass: most are 0 after the ReLU): the masks act in the stacked step, the carried map's too."""
+    fedavg_grid, fedavg_messages = first_round("fedavg", **SHORT)
+    fedavg = [uploads(r) for r in fedavg_grid.send_and_receive(fedavg_messages)]
+    for overrides in ({"mupfl-bavd": False}, {}, {"mupfl-bavd-mask": "batch"}):
+        grid, messages = first_round("mupfl", **SHORT, **overrides)
+        assert [m.metadata.dst_node_id for m in messages] == [m.metadata.dst_node_id for m in fedavg_messages]
+        replies = list(grid.send_and_receive(messages))
+        gaps = [max(float((uploads(r)[k] - a[k]).abs().max()) for k in a) for r, a in zip(replies, fedavg, strict=True)]
+        if overrides.get("mupfl-bavd", True):
+            assert min(gaps) > 1e-4, (overrides, gaps)
+            assert all(r.content["metrics"]["bavd-dropped-positions"] > 0 for r in replies)
+        else:
+            assert max(gaps) <= 1e-6, gaps
 
 
 def test_a_stacked_stage_moves_the_parameters_its_optimiser_holds_and_no_other(monkeypatch) -> None:

@@ -20,6 +20,7 @@ from fedskew.losses.mupfl import (
     attach_bavd,
     bavd_map_size,
     bavd_mask,
+    bavd_pass,
     bavd_update,
     class_gradients,
     dropped_fractions,
@@ -219,6 +220,29 @@ def test_each_bavd_reading_masks_in_training_and_reports_what_it_drops(reading: 
     assert torch.equal(layer.eval()(h), h)
     with pytest.raises(ValueError, match="reading"):
         BAVD(reading="random")
+
+
+@pytest.mark.parametrize("reading", ["batch", "sample-mean", "sample-topk", "map-threshold"])
+@pytest.mark.parametrize("rescale", [False, True])
+def test_bavd_s_functional_pass_on_a_padded_batch_is_the_layer_s_on_its_examples(reading: str, rescale: bool) -> None:
+    """`bavd_pass` (the batched engine's) on 5 examples and 3 rows of padding (weight 0) gives the
+    layer's masked activations on the 5 and their h_bar (float64 roundings apart), and exactly its
+    dropped positions; a zero map masks nothing, as no map."""
+    g = torch.Generator().manual_seed(0)
+    h = torch.relu(torch.randn(8, 3, 4, 4, generator=g, dtype=torch.float64))
+    weight = torch.tensor([0.2] * 5 + [0.0] * 3, dtype=torch.float64)
+    layer = BAVD(rescale, reading, top=0.3).train()
+    layer(h[:5])
+    layer.update(0, 0.0)  # a map: the batch mean of the 5
+    want = layer(h[:5])
+    out, h_bar, frac = bavd_pass(h, layer.map, reading, 0.3, rescale, weight)
+    assert torch.equal(out[:5], want)
+    torch.testing.assert_close(h_bar, h[:5].mean(0), rtol=1e-12, atol=0.0)
+    positions, mass = dropped_fractions(h[:5], layer.keep(h[:5]))
+    assert frac[0] == positions > 0 and float(frac[1]) == pytest.approx(float(mass), rel=1e-6)  # float32 sums
+    if reading in ("batch", "map-threshold"):
+        out, _, frac = bavd_pass(h, torch.zeros_like(layer.map), reading, 0.3, rescale, weight)
+        assert torch.equal(out, h) and float(frac[0]) == 0.0
 
 
 def test_bavd_sites_after_both_convs_the_last_conv_or_the_features() -> None:

@@ -16,8 +16,9 @@ A chunk's clients then go on as `BaseTrainer.local_train` does: `after_steps`, t
 `later_phases` (Ditto's personal update, FedRep's body epochs) as one more stacked model
 (`Stage`: the phase's model, its steps drawn from the client's generator where the main steps left
 it, its loss and extras), the phase's `end` after it; and their trainer's `finish` writes each reply
-(personalized evaluation, upload, extras). Any other method runs `fit` per client, its ordinary
-trainer: never stacked unless it says it can be.
+(personalized evaluation, upload, extras). A state a stage's loss carries from step to step (MuPFL's
+BAVD maps) ends in each client's trainer's `carried`, before `after_steps`. Any other method runs
+`fit` per client, its ordinary trainer: never stacked unless it says it can be.
 
 Chunks: `batched-chunk` clients per stacked model, or (0) on a CPU every client of the round, on a
 GPU as many as fit: one step of two clients (their copies) is run first and its peak memory taken as
@@ -337,8 +338,9 @@ class StackedTrainer:
         if settings.corrected:
             corrections = {k: torch.stack([st.corrections[k] for st in stages]) for k in settings.trained}  # type: ignore[index]
         reports: dict[str, torch.Tensor] = {}
+        carried: dict[str, torch.Tensor] = {}
         totals = train_stacked(
-            loss, params, buffers, extras, x, y, schedule, settings, first.augment, corrections, reports
+            loss, params, buffers, extras, x, y, schedule, settings, first.augment, corrections, reports, carried
         )
         if probe:
             return []
@@ -346,6 +348,8 @@ class StackedTrainer:
             reported = chunk[k].trainer.reported
             for name, sums in reports.items():
                 reported[name] = reported.get(name, 0.0) + sums[i]
+            if carried:  # and the state it carried from step to step, as it ended
+                chunk[k].trainer.carried = {name: t[i].clone() for name, t in carried.items()}
         with torch.no_grad():
             for k, model in enumerate(models):
                 for name, p in model.named_parameters():

@@ -35,6 +35,9 @@ Each client's step is exactly the step of the per-client path (`fedskew.training
 - a loss may also return what the client reports as its training loss (FedDyn: the cross-entropy
   without its regulariser), summed apart, and named scalars beside it (FedProto's prototype
   distance: `BaseTrainer.feature_loss`), each summed apart too;
+- and the next values of some of its extras: a state the client carries from step to step (MuPFL's
+  BAVD maps, folded from each step's loss and activations), which replace those extras of the
+  clients that took the step, on the device, and which the next step reads;
 - clients are ordered by decreasing number of steps, so the clients still training at step s are
   the first a_s of the stack: a step computes and updates that prefix only (views, no copy), and a
   client that is done is left as it is (masked) without costing compute.
@@ -62,11 +65,15 @@ from fedskew.data.augment import Augmentation, Draw
 from fedskew.training import CLIP_NORMS, CORRECTION_CLIP, STEP_CORRECTION, minibatches
 
 # (params, buffers, x [B, ...], y [B], weight [B], extras) -> one client's scalar loss, or the loss
-# and the scalar it reports as its training loss, or those and named scalars it reports beside
+# and the scalar it reports as its training loss, or those and named scalars it reports beside, or
+# those and the next values of the extras it carries from step to step
 Tensors = dict[str, torch.Tensor]
 StackedLoss = Callable[
     [Tensors, Tensors, torch.Tensor, torch.Tensor, torch.Tensor, Tensors],
-    torch.Tensor | tuple[torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, Tensors],
+    torch.Tensor
+    | tuple[torch.Tensor, torch.Tensor]
+    | tuple[torch.Tensor, torch.Tensor, Tensors]
+    | tuple[torch.Tensor, torch.Tensor, Tensors, Tensors],
 ]
 
 
@@ -278,22 +285,27 @@ def train_stacked(
     augment: Augmentation | None = None,
     corrections: dict[str, torch.Tensor] | None = None,
     reports: dict[str, torch.Tensor] | None = None,
+    carried: dict[str, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Run `schedule` (on the device of `x`) on the stacked `params` `[K, ...]`, the ones
     `settings` trains updated in place, the others (frozen) passed to `loss` as they are, without a
     gradient; `buffers`, `extras` and the step `corrections` are stacked `[K, ...]` too, `x`, `y` the
     clients' data stacked by rows. Returns each client's sum of its reported batch losses `[K]`, on
     the device, summed in float32 as `fedskew.training.train_steps` sums them; `reports` receives each
-    client's sum of every named scalar the loss reports beside them (`[K]`, in the scalar's dtype)."""
+    client's sum of every named scalar the loss reports beside them (`[K]`, in the scalar's dtype),
+    `carried` each client's last values of the extras the loss carries (`[K, ...]`: the ones it
+    returns next values of, written into `extras` after each step)."""
     optimizer = StackedSGD(params, settings)
     trained = settings.trained
 
-    def with_report(train: Tensors, frozen: Tensors, *args: Any) -> tuple[torch.Tensor, tuple[torch.Tensor, Tensors]]:
+    def with_report(
+        train: Tensors, frozen: Tensors, *args: Any
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, Tensors, Tensors]]:
         out = loss({k: train[k] if k in train else frozen[k] for k in params}, *args)  # the model's order
         if isinstance(out, torch.Tensor):
-            return out, (out.detach(), {})
-        named = out[2] if len(out) > 2 else {}
-        return out[0], (out[1].detach(), {k: v.detach() for k, v in named.items()})
+            return out, (out.detach(), {}, {})
+        named, carry = (out[2] if len(out) > 2 else {}), (out[3] if len(out) > 3 else {})
+        return out[0], (out[1].detach(), *({k: v.detach() for k, v in d.items()} for d in (named, carry)))
 
     step = vmap(grad_and_value(with_report, has_aux=True))
     fill = augment.fill_value(x) if augment is not None and augment.pad else None
@@ -306,7 +318,7 @@ def train_stacked(
         draw = schedule.draw(s)
         if augment is not None and draw is not None:
             xb = augment.apply(xb.flatten(0, 1), draw, fill).unflatten(0, rows.shape)
-        grads, (_, (reported, named)) = step(
+        grads, (_, (reported, named, carry)) = step(
             {name: params[name][:a] for name in trained},
             {name: t[:a] for name, t in params.items() if name not in trained},
             {name: t[:a] for name, t in buffers.items()},
@@ -320,4 +332,8 @@ def train_stacked(
         if reports is not None:
             for name, value in named.items():
                 reports.setdefault(name, torch.zeros(first.shape[0], dtype=value.dtype, device=x.device))[:a] += value
+        for name, value in carry.items():  # the state the next step reads
+            extras[name][:a] = value
+            if carried is not None:
+                carried[name] = extras[name]
     return totals

@@ -47,7 +47,11 @@ trainer class sets `batched = True` in its own body (never inherited) and writes
 in the hooks above: the base derives `loss` and the engine's `functional_loss` from them. The
 contract, hook by hook: docs/methods.md ("The batched engine's contract"); `tests/test_objectives.py`
 holds the two forms to one value in float64, `tests/test_batched.py` the stacked clients to the
-per-client path's uploads.
+per-client path's uploads. A state the local step carries from step to step (MuPFL's BAVD maps,
+folded from each batch's loss and activations) travels among the extras: `batch_extras` gives its
+start, `functional_loss` returns its next values as a fourth element (loss, reported, named reports,
+carried), the engine passes them to the client's next step on the device and leaves the last ones
+in `carried` for `after_steps`, where the per-client path has kept them in its own objects.
 
 `parameter_state` / `save_parameter_state` keep a client state shaped like the trainable parameters
 (control variates, gradient state, drift) across rounds, zeros where the client has none.
@@ -293,6 +297,9 @@ class BaseTrainer:
         self.augment = augmentation(self.cfg, dataset_info(self.cfg))  # of training batches, per `augment`
         # the sums over the local steps of what `feature_loss` reports, kept by either engine
         self.reported: dict[str, torch.Tensor] = {}
+        # the batched engine's last values of the extras a stacked stage's loss carried from step to
+        # step (`functional_loss`; MuPFL's BAVD maps), this client's slice, before `after_steps`
+        self.carried: dict[str, torch.Tensor] = {}
 
     # ------------------------------------------------------------------ hooks
     def build_model(self) -> SplitNet:

@@ -25,6 +25,18 @@ Client state (`ClientState`): with `mupfl-bavd-reset="never"` the BAVD maps pers
 (tensors "mupfl-maps"); with the default "epoch" (literal Eq. 6) or "round" they restart each round,
 so nothing is kept. The previous and personalized models live on the server (the ACMU update w~_i, Eq. 14, needs
 every cluster member's update, which only the server has).
+
+The batched engine stacks step 3; steps 1-2 run in `begin` and step 4 in `extra_records`, per client
+on both paths, so the client's generator is drawn in one order: PKCF's batches, the local steps', the
+real samples of the gradients. In the stacked step BAVD is `bavd_pass` at the same sites of a network
+without layers of its own (`bavd_hooks`), and each layer's map M, whether it has one, its dropped
+fractions, the previous loss and the iteration are a state carried from step to step among the
+extras (`batch_extras`, `fold`): the step's weighted batch mean h_bar (padding weighted 0), psi from
+the step's own loss, M <- h_bar where the iteration restarts the map (`mupfl-bavd-reset`) or there is
+none, else M + psi h_bar; a map-based reading's mask reads a zero map while there is none, which
+keeps every position, and counts no dropped fraction then. The engine leaves the last state in
+`carried`, which `after_steps` puts into the BAVD layers; `bavd-seconds` is 0 there (BAVD runs inside
+the stacked step).
 """
 
 from __future__ import annotations
@@ -38,9 +50,22 @@ import torch
 from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from torch import nn
 
-from fedskew.client_app.base import BaseTrainer
-from fedskew.losses.mupfl import BAVD, attach_bavd, class_gradients, finetune_classifier, flat_maps, loss_change
-from fedskew.models import SplitNet
+from fedskew.client_app.base import BaseTrainer, Started
+from fedskew.data import dataset_info
+from fedskew.losses.mupfl import (
+    BAVD,
+    MAP_READINGS,
+    attach_bavd,
+    bavd_fold,
+    bavd_hooks,
+    bavd_pass,
+    bavd_shapes,
+    class_gradients,
+    finetune_classifier,
+    flat_maps,
+    loss_change,
+)
+from fedskew.models import SplitNet, build_model
 from fedskew.records import Rejected
 from fedskew.training import cross_entropy_loss
 from fedskew.wire import MUPFL_CLASSIFIER as CLASSIFIER
@@ -50,10 +75,13 @@ from fedskew.wire import MUPFL_GRADS as GRADS
 from fedskew.wire import MUPFL_MAPS as MAPS
 from fedskew.wire import MUPFL_TIMES as TIMES
 
+CARRIED = "mupfl-bavd-"  # the prefix of the BAVD state the batched engine carries among the extras
+
 
 class MuPFLTrainer(BaseTrainer):
     """FedAvg's round with MuPFL's classifier fine-tune, BAVD training and gradient upload."""
 
+    batched = True
     keeps_state = "the BAVD activation map"
 
     @classmethod
@@ -78,7 +106,14 @@ class MuPFLTrainer(BaseTrainer):
                 if f"{i}" in saved:
                     layer.map = saved[f"{i}"].to(self.device)
 
-    def local_train(self, model: nn.Module, content: RecordDict) -> dict[str, float]:
+    def begin(self, content: RecordDict) -> Started:
+        """The base's start, then what precedes the local steps (`before_steps`)."""
+        started = super().begin(content)
+        self.early = self.before_steps(started.model)
+        return started
+
+    def before_steps(self, model: nn.Module) -> dict[str, float]:
+        """Steps 1-2 of the round on the loaded model: `start-accuracy`, PKCF and its metrics."""
         stats: dict[str, float] = {}
         if self.cfg["mupfl-pkcf"]:
             self.match_weight = self.received[CLASSIFIER]["weight"].to(self.device)
@@ -106,7 +141,14 @@ class MuPFLTrainer(BaseTrainer):
                 _, stats["pkcf-accuracy"] = self.evaluate_local(model)
         self._iteration, self._prev_loss = 0, None
         self._per_epoch = max(1, math.ceil(len(self.data.y_train) / self.cfg["batch-size"]))
-        stats.update(super().local_train(model, content))
+        return stats
+
+    def after_steps(self, model: nn.Module, stats: dict[str, float]) -> dict[str, float]:
+        """The round's metrics: `before_steps`'s, the steps', and what the BAVD masks zeroed (from the
+        engine's carried state where it stacked the steps)."""
+        if self.carried:
+            self.keep_carried()
+        stats = {**self.early, **stats}
         if self.bavd:
             stats["bavd-seconds"] = sum(layer.seconds for layer in self.bavd)
             dropped = [d for d in (layer.dropped() for layer in self.bavd) if d is not None]
@@ -141,6 +183,97 @@ class MuPFLTrainer(BaseTrainer):
             self._prev_loss = value
         self._iteration += 1
         return loss
+
+    # ------------------------------------------------------------------ the batched engine's BAVD
+    @functools.cached_property
+    def network(self) -> SplitNet:
+        """The network without BAVD layers, on the meta device: the stacked step's template, BAVD at
+        its sites by `bavd_hooks`."""
+        with torch.device("meta"):
+            return build_model(self.cfg["model"], dataset_info(self.cfg)).to(dtype=self.dtype).train()
+
+    def batch_extras(self) -> dict[str, torch.Tensor]:
+        """The BAVD state at the start of the steps, carried by the engine (`fold`): per layer j its
+        map (zeros where it has none), whether it has one, the summed dropped fractions and the
+        masked passes; the iteration, the previous loss, and the steps of an epoch."""
+        if not self.bavd:
+            return {}
+
+        def scalar(value: Any, dtype: torch.dtype = torch.long) -> torch.Tensor:
+            return torch.tensor(value, dtype=dtype, device=self.device)
+
+        shapes = bavd_shapes(self.network, dataset_info(self.cfg), self.cfg["mupfl-bavd-site"])
+        extras = {f"{CARRIED}per-epoch": scalar(self._per_epoch), f"{CARRIED}iteration": scalar(0)}
+        extras[f"{CARRIED}prev-loss"] = scalar(0.0, self.dtype)
+        for j, (layer, shape) in enumerate(zip(self.bavd, shapes, strict=True)):
+            has = layer.map is not None
+            start = layer.map if has else torch.zeros(shape, dtype=self.dtype, device=self.device)
+            extras[f"{CARRIED}map-{j}"] = start.to(self.device, self.dtype)
+            extras[f"{CARRIED}has-map-{j}"] = scalar(has, torch.bool)
+            extras[f"{CARRIED}dropped-{j}"] = torch.zeros(2, device=self.device)
+            extras[f"{CARRIED}masked-{j}"] = scalar(0)
+        return extras
+
+    def functional_loss(
+        self,
+        model: nn.Module,
+        params: dict[str, torch.Tensor],
+        buffers: dict[str, torch.Tensor],
+        x: torch.Tensor,
+        y: torch.Tensor,
+        weight: torch.Tensor,
+        extras: dict[str, torch.Tensor],
+    ) -> Any:
+        """The cross-entropy through `network` with each BAVD site masked by `bavd_pass` from the
+        carried map, and the carried state after this batch (`fold`)."""
+        if not self.bavd:
+            return super().functional_loss(model, params, buffers, x, y, weight, extras)
+        cfg = self.cfg
+        passes: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+        def bavd(j: int, h: torch.Tensor) -> torch.Tensor:
+            reading, top, rescale = cfg["mupfl-bavd-mask"], cfg["mupfl-bavd-top"], cfg["mupfl-bavd-rescale"]
+            out, h_bar, frac = bavd_pass(h, extras[f"{CARRIED}map-{j}"], reading, top, rescale, weight)
+            passes.append((h_bar, frac))
+            return out
+
+        with bavd_hooks(self.network, cfg["mupfl-bavd-site"], bavd):
+            loss = super().functional_loss(self.network, params, buffers, x, y, weight, extras)
+        return loss, loss, {}, self.fold(extras, loss.detach(), passes)
+
+    def fold(
+        self, extras: dict[str, torch.Tensor], value: torch.Tensor, passes: list[tuple[torch.Tensor, torch.Tensor]]
+    ) -> dict[str, torch.Tensor]:
+        """The carried BAVD state after a step of loss `value` whose layer j saw (h_bar, dropped
+        fractions) `passes[j]`: `loss`'s update in tensor form (no host synchronisation)."""
+        if len(passes) != len(self.bavd):
+            raise RuntimeError(f"{len(passes)} BAVD passes in a step of {len(self.bavd)} layers")
+        it, reset = extras[f"{CARRIED}iteration"], self.cfg["mupfl-bavd-reset"]
+        if reset == "epoch":
+            fresh = it % extras[f"{CARRIED}per-epoch"] == 0
+        elif reset == "round":
+            fresh = it == 0
+        else:  # a persisted map keeps accumulating
+            fresh = (it == 0) & ~extras[f"{CARRIED}has-map-0"]
+        change = loss_change(extras[f"{CARRIED}prev-loss"], value, self.cfg["mupfl-psi-sign"])
+        psi = torch.where(it == 0, torch.zeros_like(change), change)  # no previous loss yet
+        out = {f"{CARRIED}iteration": it + 1, f"{CARRIED}prev-loss": value}
+        for j, (h_bar, frac) in enumerate(passes):
+            has = extras[f"{CARRIED}has-map-{j}"]
+            counted = has if self.cfg["mupfl-bavd-mask"] in MAP_READINGS else torch.ones_like(has)
+            out[f"{CARRIED}map-{j}"] = bavd_fold(extras[f"{CARRIED}map-{j}"], h_bar, fresh | ~has, psi)
+            out[f"{CARRIED}has-map-{j}"] = torch.ones_like(has)
+            dropped = extras[f"{CARRIED}dropped-{j}"]
+            out[f"{CARRIED}dropped-{j}"] = torch.where(counted, dropped + frac, dropped)
+            out[f"{CARRIED}masked-{j}"] = extras[f"{CARRIED}masked-{j}"] + counted.long()
+        return out
+
+    def keep_carried(self) -> None:
+        """The engine's last carried BAVD state into the BAVD layers, as the per-client steps leave them."""
+        for j, layer in enumerate(self.bavd):
+            layer.map = self.carried[f"{CARRIED}map-{j}"] if bool(self.carried[f"{CARRIED}has-map-{j}"]) else None
+            layer.masked = int(self.carried[f"{CARRIED}masked-{j}"])
+            layer.dropped_sum = self.carried[f"{CARRIED}dropped-{j}"] if layer.masked else None
 
     def class_gradients(self, model: SplitNet) -> tuple[dict[str, torch.Tensor], float]:
         """z_i^k (Eq. 16) for every class present locally, on <= n-real random samples of the trained

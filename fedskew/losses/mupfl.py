@@ -43,11 +43,12 @@ clients then fine-tune their classifier on (h_glo, y) for tau epochs (Eq. 21).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import itertools
 import math
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -123,7 +124,7 @@ def sample_topk_mask(h: torch.Tensor, top: float, rescale: bool = False) -> torc
         raise ValueError(f"top={top} must be in (0, 1]")
     flat = _slices(h.detach().float(), batched=True)
     k = max(1, math.ceil(top * flat.shape[1]))
-    keep = torch.zeros_like(flat).scatter_(1, flat.topk(k, dim=1).indices, 1.0)
+    keep = torch.zeros_like(flat).scatter(1, flat.topk(k, dim=1).indices, 1.0)  # out of place: vmap's rule
     return _as_mask(keep, rescale, h)
 
 
@@ -137,13 +138,26 @@ def map_threshold_mask(h: torch.Tensor, activation_map: torch.Tensor, rescale: b
     return _as_mask(flat >= mu.repeat(h.shape[0]).unsqueeze(1) - 1e-6, rescale, h)
 
 
-def dropped_fractions(h: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def dropped_fractions(h: torch.Tensor, mask: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
     """(fraction of positions, fraction of activation mass sum |h|) that `mask` (broadcast to h's
-    shape: a batch map's mask is one for all samples) zeroes, as a 2-vector."""
+    shape: a batch map's mask is one for all samples) zeroes, as a 2-vector; with `weight` (one per
+    sample, 0 on a stacked batch's padding) over the samples of weight > 0 (the count of dropped
+    positions is exact in float32, so their fraction is the unweighted one's)."""
     h = h.detach().abs().float()
     dropped = (mask == 0).expand_as(h)
-    mass = (h * dropped).sum() / h.sum().clamp_min(1e-12)
-    return torch.stack([dropped.float().mean(), mass])
+    if weight is None:
+        mass = (h * dropped).sum() / h.sum().clamp_min(1e-12)
+        return torch.stack([dropped.float().mean(), mass])
+    real = (weight > 0).float().view(-1, *([1] * (h.dim() - 1)))
+    positions = (dropped * real).sum() / (real.sum() * math.prod(h.shape[1:]))
+    return torch.stack([positions, (h * dropped * real).sum() / (h * real).sum().clamp_min(1e-12)])
+
+
+def batch_mean(h: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+    """h_bar: the batch mean of the activations `h` (detached), or with `weight` (1/b on a stacked
+    batch's b examples, 0 on its padding) their weighted sum: the mean of the b examples."""
+    h = h.detach()
+    return h.mean(0) if weight is None else (h * weight.to(h.dtype).view(-1, *([1] * (h.dim() - 1)))).sum(0)
 
 
 def loss_change(prev_loss: float | None, loss: float, sign: str = "improvement") -> float:
@@ -161,6 +175,47 @@ def bavd_update(activation_map: torch.Tensor | None, h_bar: torch.Tensor, iterat
     if iteration == 0 or activation_map is None:
         return h_bar.clone()
     return activation_map + psi * h_bar
+
+
+def bavd_fold(
+    activation_map: torch.Tensor, h_bar: torch.Tensor, fresh: torch.Tensor, psi: torch.Tensor
+) -> torch.Tensor:
+    """`bavd_update` in tensor form, for the batched engine: h_bar where `fresh` (iteration 0, or no
+    map yet), else M + psi h_bar."""
+    return torch.where(fresh, h_bar, activation_map + psi * h_bar)
+
+
+def bavd_keep(
+    h: torch.Tensor, activation_map: torch.Tensor | None, reading: str, top: float, rescale: bool
+) -> torch.Tensor | None:
+    """The mask of the batch `h` under `reading` (`BAVD_READINGS`); None (keep all) while a map-based
+    reading ("batch", "map-threshold") has no map yet. A zero map keeps every position (its slices
+    are constant: `_minmax`), as no map does."""
+    if reading == "sample-mean":
+        return sample_mean_mask(h, rescale)
+    if reading == "sample-topk":
+        return sample_topk_mask(h, top, rescale)
+    if activation_map is None:
+        return None
+    if reading == "map-threshold":
+        return map_threshold_mask(h, activation_map.to(h.device), rescale)
+    return bavd_mask(activation_map, rescale)
+
+
+MAP_READINGS = ("batch", "map-threshold")  # the readings whose mask reads the map
+
+
+def bavd_pass(
+    h: torch.Tensor, activation_map: torch.Tensor, reading: str, top: float, rescale: bool, weight: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A BAVD layer's training pass in functional form (the batched engine's; `BAVD.forward` on a
+    module): (the masked activations, h_bar, the `dropped_fractions`) of the stacked batch `h`, its
+    samples weighted by `weight` (0 on padding), masked under `reading` with `activation_map` (zeros
+    while there is none: every position kept)."""
+    keep = bavd_keep(h, activation_map, reading, top, rescale)
+    assert keep is not None  # a map is always given here
+    keep = keep.to(h.device)
+    return h * keep, batch_mean(h, weight), dropped_fractions(h, keep, weight)
 
 
 class BAVD(nn.Module):
@@ -188,7 +243,7 @@ class BAVD(nn.Module):
         if not self.training:
             return h
         t0 = time.perf_counter()
-        self.h_bar = h.detach().mean(0)
+        self.h_bar = batch_mean(h)
         keep = self.keep(h)
         out = h
         if keep is not None:
@@ -202,16 +257,10 @@ class BAVD(nn.Module):
 
     def keep(self, h: torch.Tensor) -> torch.Tensor | None:
         """The mask of this batch under the layer's reading; None (keep all) while a map-based
-        reading has no map yet."""
-        if self.reading == "sample-mean":
-            return sample_mean_mask(h, self.rescale)
-        if self.reading == "sample-topk":
-            return sample_topk_mask(h, self.top, self.rescale)
-        if self.map is None:
-            return None
-        if self.reading == "map-threshold":
-            return map_threshold_mask(h, self.map.to(h.device), self.rescale)
-        return self.mask()
+        reading has no map yet (`bavd_keep`; the batch-map mask by `mask`, which a reading may override)."""
+        if self.reading == "batch" and self.map is not None:
+            return self.mask()
+        return bavd_keep(h, self.map, self.reading, self.top, self.rescale)
 
     def mask(self) -> torch.Tensor:
         """The batch-map mask (reading "batch", Eq. 5): `bavd_mask` of the current map."""
@@ -268,6 +317,21 @@ def attach_bavd(model: nn.Module, make: Callable[[], BAVD] = BAVD, site: str = "
         target.register_forward_hook(hook)
         layers.append(layer)
     return layers
+
+
+@contextlib.contextmanager
+def bavd_hooks(model: nn.Module, site: str, apply: Callable[[int, torch.Tensor], torch.Tensor]) -> Iterator[None]:
+    """While open: the output of the j-th module BAVD hooks at `site` in `model` (`_bavd_targets`) is
+    `apply(j, output)` (the batched engine's BAVD, `bavd_pass`, on a network without layers of its own)."""
+    handles = [
+        target.register_forward_hook(lambda _m, _i, out, j=j: apply(j, out))
+        for j, target in enumerate(_bavd_targets(model, site))
+    ]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 def flat_maps(layers: Sequence[BAVD], shapes: Sequence[torch.Size] | None = None) -> torch.Tensor:
@@ -473,11 +537,17 @@ def finetune_classifier(
     return float(total) / steps
 
 
-def bavd_map_size(model: nn.Module, info: Any, site: str = "convs") -> int:
-    """Length of a client's flattened BAVD maps: the activations (channels x positions) of every
-    layer `attach_bavd` hooks at `site` in `model`, measured on one blank batch; 0 when it hooks none."""
+def bavd_shapes(model: nn.Module, info: Any, site: str = "convs") -> list[torch.Size]:
+    """The shapes of the BAVD maps of the layers `attach_bavd` hooks at `site` in `model` (the
+    activations' channels x positions), measured on one blank batch on the model's device and dtype."""
     model = copy.deepcopy(model).train()
     layers = attach_bavd(model, site=site)
+    first = next(model.parameters())
     with torch.no_grad():
-        model(torch.zeros(2, info.channels, info.size, info.size))
-    return sum(layer.h_bar.numel() for layer in layers)
+        model(torch.zeros(2, info.channels, info.size, info.size, device=first.device, dtype=first.dtype))
+    return [layer.h_bar.shape for layer in layers]
+
+
+def bavd_map_size(model: nn.Module, info: Any, site: str = "convs") -> int:
+    """Length of a client's flattened BAVD maps (`bavd_shapes`); 0 when BAVD hooks no layer at `site`."""
+    return sum(math.prod(shape) for shape in bavd_shapes(model, info, site))
