@@ -18,6 +18,7 @@ from fedskew.batched.executor import fitting_chunks, stacked_refusal
 from fedskew.batched.grid import BatchedGrid, run_batched
 from fedskew.batched.stacked import (
     GroupSettings,
+    Schedule,
     SGDSettings,
     StackedSGD,
     client_steps,
@@ -34,12 +35,13 @@ from fedskew.client_app.hpm import HPM_TENSORS
 from fedskew.client_app.scaffold import CLIENT_CONTROL
 from fedskew.config import validate
 from fedskew.data.augment import Augmentation
+from fedskew.losses.fedgen import build_generator
 from fedskew.losses.scaffold import correct_after_step
 from fedskew.models import build_model
 from fedskew.registry import get_method
 from fedskew.strategies.base import BaseStrategy
 from fedskew.training import clip_before_step, module_refusal, sgd, train_steps
-from fedskew.wire import CENTRAL_EVAL_METRICS, FEDDC_UPDATE
+from fedskew.wire import CENTRAL_EVAL_METRICS, FEDDC_UPDATE, FEDGEN_GENERATOR
 from tests.conftest import read_metrics
 from tests.harness import ROOT, app_defaults, run_in_process
 
@@ -50,6 +52,7 @@ STACKED += ["fedmmd", "moon"]  # theirs read frozen models' features of the batc
 STACKED += ["fedrod", "fedphp"]  # objectives reading more of the pass (`forward_loss`): a second head, a teacher
 STACKED += ["map"]  # a later phase with its own objective: CE + the transfer from the HPM (none in round 1)
 STACKED += ["mupfl"]  # BAVD's maps a state carried from step to step (PKCF and the gradients per client around it)
+STACKED += ["fedgen"]  # values drawn anew at every step (`step_extras`), a frozen generator run on them
 NODES = 40  # 4 of them sampled (fraction-train 0.1): ~1,200 examples each, different sizes (Dirichlet)
 ROUND = {"model": "mlp", "partition": "dirichlet", "fraction-train": 0.1, "local-epochs": 2, "batch-size": 32}
 # Uploads are compared in float64 (`compute-dtype`), on short clients: 400 nodes, 4 sampled (~100-200
@@ -68,6 +71,7 @@ WIRE_ROUNDING = {"rtol": 2.0**-23, "atol": 1e-9}
 MOVED = {"fedbabu": {"lr": 0.05}, "fedrep": {"lr": 0.05}, "map": {"lr": 0.05}}
 # metrics of what an objective reports beside its loss (`BaseTrainer.feature_loss`), summed by both engines
 REPORTED = ("proto-loss", "intra-loss", "inter-loss", "fedrod-bsm-loss", "fedrod-personal-loss")
+REPORTED += ("fedgen-teacher-loss", "fedgen-latent-loss")
 
 
 @pytest.fixture(autouse=True)
@@ -216,8 +220,6 @@ def test_which_methods_and_models_are_stacked() -> None:
     defaults = app_defaults()
     for method in STACKED:
         assert stacked_refusal({**defaults, "method": method}) is None, method
-    for method in ("fedgen",):  # it does not opt in
-        assert "does not express its local step" in stacked_refusal({**defaults, "method": method})
     subclass = type("Sub", (get_method("fedrs").trainer_class(),), {})  # an opt-in is never inherited
     assert "Sub does not express its local step" in subclass.stacked_refusal(defaults)
     assert "gradient shares" in stacked_refusal({**defaults, "method": "fedmr", "fedmr-grad-share-every": 5})
@@ -230,6 +232,32 @@ def test_which_methods_and_models_are_stacked() -> None:
 
 
 # ---------------------------------------------------------------------------------------- one round
+def with_generator(messages: list[Message], server_round: int = 2, seed: int = 0) -> list[Message]:
+    """`messages` as FedGen's server sends them from round 2 on: `server_round` in the config and a
+    generator G (seeded weights; BatchNorm statistics away from 0 and 1, which eval mode reads)."""
+    k, d = messages[0].content["arrays"].to_torch_state_dict()["classifier.weight"].shape
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        generator = build_generator(app_defaults(), k, d)
+        norm = generator.hidden[1]
+        norm.running_mean.normal_(0.0, 0.5)
+        norm.running_var.uniform_(0.5, 2.0)
+    records = {"config": ConfigRecord({"attempt": 0, "server-round": server_round})}
+    records[FEDGEN_GENERATOR] = ArrayRecord(generator.state_dict())
+    return [
+        Message(
+            RecordDict({**dict(m.content.items()), **records}),
+            dst_node_id=m.metadata.dst_node_id,
+            message_type=MessageType.TRAIN,
+        )
+        for m in messages
+    ]
+
+
+# a method's round-1 messages made those of a round its objective acts in (FedGen's G from round 2)
+LATER = {"fedgen": with_generator}
+
+
 def first_round(method: str, **overrides: Any) -> tuple[BatchedGrid, list[Message]]:
     """A batched grid of `num-partitions` nodes (`NODES` unless overridden) and the server's round-1
     train messages of `method`."""
@@ -280,12 +308,14 @@ def uploads(reply: Message) -> dict[str, torch.Tensor]:
     + [pytest.param("fedavg", {"augment": "crop-flip"}, id="fedavg-crop-flip")]
     + [pytest.param("fedphp", {"fedphp-transfer": "mmd"}, id="fedphp-mmd")]  # a batch statistic, masked
     + [pytest.param("map", {**MOVED["map"], "map-hpm-init": "initial", "map-transfer": "mmd"}, id="map-mmd-w0")]
+    + [pytest.param("fedgen", {"augment": "crop-flip"}, id="fedgen-crop-flip")]  # two streams of draws a step
     + [pytest.param("fedrs", {"batched-chunk": 1}, id="fedrs-chunks-of-1")]
     + [pytest.param("fedrs", {"personalized-central-eval": True}, id="fedrs-central-eval")]
     + [pytest.param("scaffold", {"grad-clip": 1.0}, id="scaffold-clipped")],  # binds on every step
 )
 def test_each_client_uploads_what_the_per_client_path_uploads(method: str, overrides: dict[str, Any]) -> None:
     grid, messages = first_round(method, **SHORT, **overrides)
+    messages = LATER.get(method, list)(messages)
     batched = list(grid.send_and_receive(messages))
     states = [RecordDict() for _ in messages]
     reference = per_client(grid, messages, states)
@@ -724,6 +754,120 @@ def test_mupfl_s_bavd_masks_the_stacked_step() -> None:
             assert max(gaps) <= 1e-6, gaps
 
 
+def test_fedgen_s_regulariser_reaches_the_stacked_gradient() -> None:
+    """Stacked FedGen in round 2 (with G) at alpha = beta = 0 uploads FedAvg's trained model from the
+    same start and batches (the draws leave the mini-batch stream alone); at alpha = beta = 1 every
+    client's upload differs from it and both terms are reported."""
+    fedavg_grid, fedavg_messages = first_round("fedavg", **SHORT)
+    fedavg_messages = next_round(fedavg_messages, fedavg_messages[0].content["arrays"], 2)
+    fedavg = [uploads(r) for r in fedavg_grid.send_and_receive(fedavg_messages)]
+    for weight in (0.0, 1.0):
+        grid, messages = first_round("fedgen", **SHORT, **{"fedgen-alpha": weight, "fedgen-beta": weight})
+        replies = list(grid.send_and_receive(with_generator(messages)))
+        gaps = [max(float((uploads(r)[k] - a[k]).abs().max()) for k in a) for r, a in zip(replies, fedavg, strict=True)]
+        assert max(gaps) <= 1e-9 if weight == 0.0 else min(gaps) > 1e-3, (weight, gaps)
+        assert all(r.content["metrics"]["fedgen-teacher-loss"] > 0 for r in replies)
+
+
+def test_fedgen_s_drawn_steps_are_the_per_client_draws() -> None:
+    """The values a FedGen client draws for all its steps before training (`step_extras`, as the
+    batched engine does: padded to the batch size) are, step by step, those its per-client loss
+    draws at the step (recorded while `local_train` runs) and those the loss drew before it was
+    written in hooks (`Generator.noise`, then the labels, then their noise), short batches included:
+    their b rows, zeros after."""
+    from fedskew.client_app.app import client_trainer
+    from fedskew.client_app.fedgen import NOISE, SAMPLED, SAMPLED_NOISE
+
+    grid, messages = first_round("fedgen", **SHORT)
+    msg = with_generator(messages)[0]
+    context = grid.contexts[msg.metadata.dst_node_id]
+    trainer = client_trainer(msg, context, set_threads=False)
+    trainer.begin(msg.content)
+    batch, n = trainer.cfg["batch-size"], len(trainer.data.y_train)
+    sizes = [len(idx) for idx, _ in client_steps(n, trainer.local_steps(), batch, trainer.ctx.generator, None)]
+    assert min(sizes) < batch and sizes.count(batch) > 1  # full batches and short ones (a pass's last)
+    start = trainer.noise_rng.get_state()
+    drawn = trainer.step_extras(sizes, batch)
+    assert drawn[NOISE].shape[:2] == (len(sizes), batch) and drawn[SAMPLED].shape[0] == len(sizes)
+
+    per_client = client_trainer(msg, context, set_threads=False)
+    started = per_client.begin(msg.content)
+    seen: list[dict[str, torch.Tensor]] = []
+    forward_loss = per_client.forward_loss
+
+    def spy(data: torch.Tensor, fwd: Any, y: torch.Tensor, weight: Any, extras: dict) -> Any:
+        seen.append({k: extras[k].clone() for k in (NOISE, SAMPLED, SAMPLED_NOISE)})
+        return forward_loss(data, fwd, y, weight, extras)
+
+    per_client.forward_loss = spy  # type: ignore[method-assign]
+    per_client.local_train(started.model, msg.content)
+    before = torch.Generator()
+    before.set_state(start)
+    generator, gen_batch = trainer.generator, trainer.cfg["fedgen-gen-batch-size"]
+    assert generator is not None and len(seen) == len(sizes)
+    for s, (b, step) in enumerate(zip(sizes, seen, strict=True)):
+        assert step[NOISE].shape[0] == b and torch.equal(step[NOISE], drawn[NOISE][s, :b])
+        assert not drawn[NOISE][s, b:].any()
+        assert all(torch.equal(step[k], drawn[k][s]) for k in (SAMPLED, SAMPLED_NOISE))
+        assert torch.equal(step[NOISE], generator.noise(b, before))
+        assert torch.equal(step[SAMPLED], torch.randint(generator.num_classes, (gen_batch,), generator=before))
+        assert torch.equal(step[SAMPLED_NOISE], generator.noise(gen_batch, before))
+
+
+def test_stack_schedules_stacks_each_step_s_values() -> None:
+    """Per-step values of clients of 3 and 1 steps: `[K, S, ...]`, zeros after a client's last step,
+    sliced per step for its active clients, cut with the schedule."""
+    steps = [[(torch.tensor([0]), None)] * 3, [(torch.tensor([0]), None)]]
+    values = [{"v": torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])}, {"v": torch.tensor([[7.0, 8.0]])}]
+    s = stack_schedules(steps, [0, 1], 1, values)
+    assert s.values["v"].tolist() == [[[1, 2], [3, 4], [5, 6]], [[7, 8], [0, 0], [0, 0]]]
+    assert s.step_values(0)["v"].tolist() == [[1, 2], [7, 8]] and s.step_values(2)["v"].tolist() == [[5, 6]]
+    assert isinstance(s.first(1), Schedule) and s.first(1).values["v"].shape == (2, 1, 2)
+
+
+def test_fedgen_runs_at_other_rounds_train_together_as_each_alone(monkeypatch) -> None:
+    """FedGen clients of three runs in one `StackedTrainer.train` (as `fedskew.batched.many` gathers
+    them): one in round 1 (no G: FedAvg's step), two in rounds 2 and 3 (other generators, other
+    alpha_t, beta_t: each client's extras). The round-1 clients stack apart (other extras), the
+    others together; each client's reply is the one its run gets alone (float64)."""
+    from fedskew.batched.executor import StackedTrainer
+
+    def runs() -> list[tuple[BatchedGrid, list[Message]]]:
+        out = []
+        for seed, server_round in enumerate((1, 2, 3)):
+            grid, messages = first_round("fedgen", **SHORT, seed=seed)
+            out.append((grid, with_generator(messages, server_round, seed) if server_round > 1 else messages))
+        return out
+
+    alone = [list(grid.send_and_receive(messages)) for grid, messages in runs()]
+    chunks: list[int] = []
+    train_chunk = StackedTrainer.train_chunk
+    monkeypatch.setattr(
+        StackedTrainer,
+        "train_chunk",
+        lambda self, chunk, probe=False: chunks.append(len(chunk)) or train_chunk(self, chunk, probe),
+    )
+    shared, clients = StackedTrainer(torch.device("cpu")), []
+    for run, (grid, messages) in enumerate(runs()):
+        done, prepared = grid.executor.prepare(messages, grid.contexts, run)
+        assert not done
+        clients += prepared
+    together = shared.train(clients)
+    assert sorted(chunks) == [4, 8]
+    for run, replies in enumerate(alone):
+        for i, want in enumerate(replies):
+            got = together[(run, i)]
+            a, b = reply_arrays(got), reply_arrays(want)
+            assert a.keys() == b.keys() and all(
+                torch.testing.assert_close(a[k], b[k], **WIRE_ROUNDING) is None for k in a
+            )
+            m, n = got.content["metrics"], want.content["metrics"]
+            assert m.keys() == n.keys() and ("fedgen-teacher-loss" in m) == (run > 0)
+            for key in ("train-loss", "fedgen-teacher-loss", "fedgen-latent-loss"):
+                if key in n:
+                    assert m[key] == pytest.approx(n[key], rel=1e-9), key
+
+
 def test_a_stacked_stage_moves_the_parameters_its_optimiser_holds_and_no_other(monkeypatch) -> None:
     """FedBABU (the body, then a head-only fine-tuning) and FedRep (the head, then the body) each train
     two stacked models a round, with momentum and weight decay on (a frozen part in the step would
@@ -839,8 +983,8 @@ def test_ditto_on_the_batched_engine_trains_two_stacked_models_and_lambda_pulls_
     assert all(a < 0.5 * b for a, b in zip(distances[50.0], distances[0.0], strict=True)), distances
 
 
-def test_a_method_that_does_not_opt_in_trains_per_client_with_its_own_trainer() -> None:
-    grid, messages = first_round("fedgen")
+def test_a_configuration_that_is_not_stacked_trains_per_client_with_its_own_trainer() -> None:
+    grid, messages = first_round("feddyn", **{"grad-clip": 1.0})
     for got, want in zip(grid.send_and_receive(messages), per_client(grid, messages), strict=True):
         a, b = uploads(got), uploads(want)
         assert all(torch.equal(a[k], b[k]) for k in b)
@@ -891,9 +1035,9 @@ def test_fedskew_run_engine_batched_says_which_path_the_method_takes(tmp_path: P
     out = capsys.readouterr().out
     assert "batched engine in one process on cpu" in out and "fedavg trains each round's clients as one stacked" in out
     assert (tmp_path / "r" / "summary.json").is_file()
-    config += ' method="fedgen" run-name="m"'
+    config += ' method="feddyn" grad-clip=1.0 run-name="m"'
     assert main(["run", "--engine", "batched", "-n", "20", "--run-config", config]) == 0
-    assert "fedgen trains its clients one by one" in capsys.readouterr().out
+    assert "feddyn trains its clients one by one" in capsys.readouterr().out
 
 
 FLOWER_FLAGS = [["--actors", "2"], ["--ray-address", "127.0.0.1:6379"], ["--federation-config", "x=1"]]
@@ -952,7 +1096,7 @@ partitions:
 # ---------------------------------------------------------------------------------------- many runs
 def test_runs_trained_together_write_what_each_writes_alone(tmp_path: Path) -> None:
     """Three runs in one process (`fedskew.batched.many`): two FedAvg runs of other seeds and splits,
-    whose clients train as one stacked model, and a FedGen run (per client); each writes the
+    whose clients train as one stacked model, and a FedDyn run with a clip (per client); each writes the
     metrics.jsonl it writes alone on the batched engine. In float64 (`compute-dtype`): a stack of
     other clients sums in another order, which float32 can show in the global model's last digits."""
     from fedskew.batched.executor import StackedTrainer
@@ -961,7 +1105,7 @@ def test_runs_trained_together_write_what_each_writes_alone(tmp_path: Path) -> N
     runs = {
         "a": {"method": "fedavg", "seed": 0},
         "b": {"method": "fedavg", "seed": 1, "partition": "classes-per-client"},
-        "c": {"method": "fedgen", "seed": 2},
+        "c": {"method": "feddyn", "seed": 2, "grad-clip": 1.0},
     }
     configs = [
         {**app_defaults(), **RUN, **over, "compute-dtype": "float64", "out-dir": str(tmp_path), "run-name": name}
@@ -974,7 +1118,7 @@ def test_runs_trained_together_write_what_each_writes_alone(tmp_path: Path) -> N
     train = engine.trainer.train
     engine.trainer.train = lambda clients: stacked.append(len(clients)) or train(clients)  # type: ignore[method-assign]
     assert engine.run() == [None, None, None]
-    assert [n for n in stacked if n] == [8, 8]  # the FedAvg runs' 4 + 4 clients a round; FedRoD's per client
+    assert [n for n in stacked if n] == [8, 8]  # the FedAvg runs' 4 + 4 clients a round; FedDyn's per client
     for name in runs:
         alone = (tmp_path / f"{name}-alone" / "metrics.jsonl").read_text()
         assert (tmp_path / name / "metrics.jsonl").read_text() == alone, name

@@ -128,7 +128,9 @@ def test_client_regulariser_equals_the_authors_terms() -> None:
     logits = torch.randn(8, 4, requires_grad=True)
     gen_y, gen_s, sampled = torch.randn(8, 6), torch.randn(5, 6), torch.randint(0, 4, (5,))
     alpha, beta, ratio = 9.8, 9.8, 5 / 8
-    total, _, _ = client_regulariser(clf, logits, gen_y, gen_s, sampled, alpha, beta, ratio)
+    total, teacher_term, latent_term = client_regulariser(
+        clf, logits, gen_y, gen_s, sampled, torch.tensor([ratio * alpha, beta])
+    )
     with torch.no_grad():
         target = F.softmax(clf(gen_y), dim=1).clone().detach()
         latent = beta * torch.nn.KLDivLoss(reduction="batchmean")(F.log_softmax(logits, dim=1), target)
@@ -136,6 +138,13 @@ def test_client_regulariser_equals_the_authors_terms() -> None:
     assert float(total.detach()) == pytest.approx(float(ratio * teacher + latent), rel=1e-6)
     total.backward()
     assert logits.grad is not None and clf.weight.grad is not None  # both terms train the model
+    # the batched engine's form: the batch's 8 rows weighted 1/8, 3 padding rows weighted 0
+    pad = torch.randn(3, 4), torch.randn(3, 6)
+    weight = torch.cat([torch.full((8,), 1 / 8), torch.zeros(3)])
+    _, teacher_w, latent_w = client_regulariser(
+        clf, torch.cat([logits, pad[0]]), torch.cat([gen_y, pad[1]]), gen_s, sampled, torch.ones(2), weight
+    )
+    assert float(teacher_w) == float(teacher_term) and float(latent_w) == pytest.approx(float(latent_term), rel=1e-6)
 
 
 def test_regulariser_weight_decays_from_round_two_to_its_floor() -> None:

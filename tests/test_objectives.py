@@ -26,6 +26,7 @@ from fedskew.losses import (
 )
 from fedskew.losses.feddc import penalty_target
 from fedskew.losses.feddyn import feddyn_penalty
+from fedskew.losses.fedgen import regulariser_weight
 from fedskew.losses.fedlc import calibrated_cross_entropy
 from fedskew.losses.fedmr import inter_class_loss, intra_class_loss
 from fedskew.losses.fedproc import prototypical_contrastive_loss
@@ -34,7 +35,7 @@ from fedskew.losses.fedrod import balanced_softmax_loss, personalized_risk
 from fedskew.losses.moon import model_contrastive_loss
 from fedskew.registry import METHODS
 from fedskew.training import Loss
-from tests.test_batched import FEATURE_TERMS, first_round, with_global_prototypes
+from tests.test_batched import FEATURE_TERMS, LATER, first_round, with_global_prototypes
 
 BATCHED = [name for name, spec in METHODS.items() if spec.trainer_class().__dict__.get("batched", False)]
 # float64 rounding: the two forms sum the b examples' losses in other orders (a few epsilons, 2.2e-16)
@@ -126,8 +127,25 @@ def fedphp_loss(t: Any, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor
     return personalization_loss(F.cross_entropy(logits, y), kd, t.cfg["fedphp-transfer-weight"])
 
 
+def fedgen_loss(t: Any, model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> Loss:
+    """Its draws from the trainer's own generator at the step: the batch's noise, the sampled labels,
+    their noise."""
+    logits = model(x)
+    loss = F.cross_entropy(logits, y)
+    gen_batch = t.cfg["fedgen-gen-batch-size"]
+    with torch.no_grad():
+        for_batch, _ = t.generator.generate(y, t.noise_rng)
+        sampled = torch.randint(model.num_classes, (gen_batch,), generator=t.noise_rng)
+        generated, _ = t.generator.generate(sampled, t.noise_rng)
+    alpha, beta = (regulariser_weight(t.cfg[f"fedgen-{k}"], t.ctx.server_round) for k in ("alpha", "beta"))
+    teacher = F.cross_entropy(model.classifier(generated), sampled)
+    target = F.softmax(model.classifier(for_batch), dim=1)
+    latent = F.kl_div(F.log_softmax(logits, dim=1), target, reduction="batchmean")
+    return loss + (gen_batch / t.cfg["batch-size"] * alpha * teacher + beta * latent)
+
+
 WRITTEN.update({"fedproto": fedproto_loss, "fedproc": fedproc_loss, "fedmr": fedmr_loss})
-WRITTEN.update({"fedrod": fedrod_loss, "fedphp": fedphp_loss})
+WRITTEN.update({"fedrod": fedrod_loss, "fedphp": fedphp_loss, "fedgen": fedgen_loss})
 
 
 def pair(loss: Loss | tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -142,6 +160,7 @@ def started_client(method: str) -> tuple[BaseTrainer, torch.nn.Module]:
     grid, messages = first_round(method, **{"compute-dtype": "float64"})
     if method in FEATURE_TERMS:  # global prototypes for all classes but the last (none in round 1)
         messages = with_global_prototypes(messages, FEATURE_TERMS[method][0])
+    messages = LATER.get(method, list)(messages)  # FedGen's generator (round 2)
     msg = messages[0]
     trainer = client_trainer(msg, grid.contexts[msg.metadata.dst_node_id], set_threads=False)
     model = trainer.begin(msg.content).model
@@ -163,6 +182,20 @@ def started_client(method: str) -> tuple[BaseTrainer, torch.nn.Module]:
     return trainer, model
 
 
+def rewinder(trainer: BaseTrainer) -> Callable[[], None]:
+    """What sets the trainer's own generator of per-step values (FedGen's `noise_rng`) back to where
+    it is now (nothing for a trainer without one)."""
+    rng = getattr(trainer, "noise_rng", None)
+    if rng is None:
+        return lambda: None
+    state = rng.get_state()
+
+    def rewind() -> None:
+        rng.set_state(state)
+
+    return rewind
+
+
 @pytest.mark.parametrize("method", BATCHED)
 def test_loss_and_functional_loss_are_one_objective(method: str, task_identity: None) -> None:
     trainer, model = started_client(method)
@@ -172,8 +205,12 @@ def test_loss_and_functional_loss_are_one_objective(method: str, task_identity: 
     assert x.dtype == torch.float64 and next(model.parameters()).dtype == torch.float64
     weight = torch.cat([torch.full((b,), 1.0 / b, dtype=torch.float64), torch.zeros(pad, dtype=torch.float64)])
     params, buffers = dict(model.named_parameters()), dict(model.named_buffers())
-    functional = trainer.functional_loss(model, params, buffers, x, y, weight, trainer.batch_extras())
+    rewind = rewinder(trainer)  # each form draws the same step's values (`step_extras`)
+    step = {k: t[0] for k, t in trainer.step_extras([b], b + pad).items()}
+    assert bool(step) == (method == "fedgen")
+    functional = trainer.functional_loss(model, params, buffers, x, y, weight, {**trainer.batch_extras(), **step})
     stacked = pair(functional)
+    rewind()
     per_client = pair(trainer.loss(model, x[:b], y[:b]))
     for got, want in zip(stacked, per_client, strict=True):
         assert got.dtype == want.dtype == torch.float64
@@ -183,6 +220,7 @@ def test_loss_and_functional_loss_are_one_objective(method: str, task_identity: 
     for name, value in reports.items():  # what `feature_loss` reports (FedProto's distance), nonzero here
         assert abs(float(value.detach())) > 1e-6, name
         torch.testing.assert_close(value.detach(), trainer.reported[name], **FLOAT64)
+    rewind()
     written = pair(WRITTEN.get(method, cross_entropy)(trainer, model, x[:b], y[:b]))
     assert all(torch.equal(a, w) for a, w in zip(per_client, written, strict=True)), method
     penalty = trainer.penalty(params, trainer.batch_extras())

@@ -8,7 +8,8 @@ server logs and counts it the same way. Other messages (`query.info`) go to the 
 
 For a method whose trainer opts in (`BaseTrainer.stacked_refusal` is None) each client runs its
 `begin` (records checked, model built, global model loaded and evaluated), draws its trainer's
-`local_steps` steps from its own generator (`fedskew.batched.stacked.client_steps`), and the
+`local_steps` steps from its own generator (`fedskew.batched.stacked.client_steps`) and the
+values its loss draws at each of them (`BaseTrainer.step_extras`: FedGen's noise), and the
 round's clients then train as stacked models (`train_stacked`) in chunks; each client's trained
 weights go back into its own model. A stage trains the parameters its optimiser holds, by group
 (`sgd_settings`): the rest of the model is frozen, in the forward pass as it is (FedBABU's head).
@@ -22,10 +23,10 @@ BAVD maps) ends in each client's trainer's `carried`, before `after_steps`. Any 
 
 Chunks: `batched-chunk` clients per stacked model, or (0) on a CPU every client of the round, on a
 GPU as many as fit: one step of two clients (their copies) is run first and its peak memory taken as
-what a client costs beside its data, and clients are added to a chunk while those costs stay within
-`MEMORY_SHARE` of the memory the device has free (`fitting_chunks`). A chunk (or a phase of it) that
-still runs out of memory is split in two and run again (nothing is written back before a stacked
-model ends).
+what a client costs beside its data and its drawn per-step values, and clients are added to a chunk
+while those costs stay within `MEMORY_SHARE` of the memory the device has free (`fitting_chunks`). A
+chunk (or a phase of it) that still runs out of memory is split in two and run again (nothing is
+written back before a stacked model ends).
 
 Data resident on the device: each partition's training tensors are copied to a GPU once and kept
 there across rounds (`ResidentData`, at most `RESIDENT_SHARE` of the GPU's memory, least recently
@@ -39,7 +40,7 @@ import functools
 import logging
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -134,7 +135,8 @@ class ResidentData:
 class Stage:
     """What a client trains in one stacked model: the parameters of `model` that its optimiser holds
     (`settings`: their groups; the others frozen) for its `steps`, on `loss`
-    (`BaseTrainer.functional_loss`'s form) reading its `extras`, `corrections` subtracted after
+    (`BaseTrainer.functional_loss`'s form) reading its `extras` and, at step s, its `step_extras`'
+    s-th values (the main steps' only: `BaseTrainer.step_extras`), `corrections` subtracted after
     each step where its optimiser applies them."""
 
     model: nn.Module
@@ -143,6 +145,7 @@ class Stage:
     loss: FunctionalLoss
     extras: dict[str, torch.Tensor]
     corrections: dict[str, torch.Tensor] | None = None
+    step_extras: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def stage(
@@ -187,6 +190,12 @@ class Client:
     def data_bytes(self) -> int:
         return self.trainer.data.x_train.nbytes + self.trainer.data.y_train.nbytes
 
+    @property
+    def drawn_bytes(self) -> int:
+        """Its stage's per-step values, on the device while its stacked model trains (the probe's one
+        step holds one step of them)."""
+        return sum(t.nbytes for t in self.stage.step_extras.values())
+
 
 # Run-config keys that do not enter a client's stacked local step (where and how long a run runs, its
 # data split, its server side): clients of runs that differ only in these train as one stacked model.
@@ -223,10 +232,13 @@ NOT_IN_LOCAL_STEP = frozenset(
 
 def stack_key(c: Client) -> tuple:
     """Clients that may train as one stacked model: the same trainer class, SGD settings and network,
-    and run configs equal but for `NOT_IN_LOCAL_STEP` (the per-client values travel as extras)."""
+    run configs equal but for `NOT_IN_LOCAL_STEP` (the per-client values travel as extras), and
+    the same extras and per-step values by name (runs at other rounds: FedGen's clients without a
+    generator in round 1 and with one later)."""
     cfg = c.trainer.cfg
     shared = tuple(sorted((k, repr(v)) for k, v in cfg.items() if k not in NOT_IN_LOCAL_STEP))
-    return (type(c.trainer), c.stage.settings, shared)
+    names = tuple(sorted(c.stage.extras)), tuple(sorted(c.stage.step_extras))
+    return (type(c.trainer), c.stage.settings, shared, names)
 
 
 class StackedTrainer:
@@ -327,7 +339,8 @@ class StackedTrainer:
             offsets.append(offsets[-1] + len(x_k))
         x, y = torch.cat([d[0] for d in data]), torch.cat([d[1] for d in data])
         first = chunk[0].trainer
-        schedule = stack_schedules([st.steps for st in stages], offsets, first.cfg["batch-size"])
+        drawn = [st.step_extras for st in stages]
+        schedule = stack_schedules([st.steps for st in stages], offsets, first.cfg["batch-size"], drawn)
         schedule = (schedule.first(1) if probe else schedule).to(self.device)
         template = copy.deepcopy(models[0]).to("meta").train()
         loss = functools.partial(stages[0].loss, template)
@@ -376,7 +389,8 @@ class StackedTrainer:
             )
         free, _ = torch.cuda.mem_get_info(self.device)
         free += torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
-        return fitting_chunks(self.step_bytes[key], [c.data_bytes for c in clients], MEMORY_SHARE * free)
+        resident = [c.data_bytes + c.drawn_bytes for c in clients]
+        return fitting_chunks(self.step_bytes[key], resident, MEMORY_SHARE * free)
 
     def measure_step(self, sample: list[Client]) -> float:
         """GPU bytes one client's stacked step takes beside its data: the peak of one step of
@@ -430,7 +444,8 @@ class BatchedExecutor:
 
     def client(self, i: int, msg: Message, trainer: BaseTrainer, started: Started, run: int) -> Client:
         """A started trainer as a `Client` whose stage is its main steps (`stage`: drawn from its own
-        generator; raises `NotStackable` when the trainer breaks what stacking needs)."""
+        generator, then the values its loss draws at each of them, `step_extras`, for those
+        batches' sizes; raises `NotStackable` when the trainer breaks what stacking needs)."""
         model = started.model
         if type(trainer).local_train is not BaseTrainer.local_train:
             raise NotStackable(f"{type(trainer).__name__} overrides local_train")
@@ -444,4 +459,5 @@ class BatchedExecutor:
             trainer.batch_extras(),
             trainer.step_corrections(model),
         )
+        main.step_extras = trainer.step_extras([len(idx) for idx, _ in main.steps], trainer.cfg["batch-size"])
         return Client(i, msg, trainer, started, (id(self), trainer.ctx.partition_id), main, run)

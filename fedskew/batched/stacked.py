@@ -42,9 +42,10 @@ Each client's step is exactly the step of the per-client path (`fedskew.training
   the first a_s of the stack: a step computes and updates that prefix only (views, no copy), and a
   client that is done is left as it is (masked) without costing compute.
 
-The loop holds no host synchronisation: the schedule (`Schedule`: rows, weights, augmentation draws)
-is built on the host and moved to the device once, the number of active clients per step is known
-in advance, and the losses are summed on the device.
+The loop holds no host synchronisation: the schedule (`Schedule`: rows, weights, augmentation draws,
+the values a trainer draws for each step, `BaseTrainer.step_extras`) is built on the host and moved
+to the device once, the number of active clients per step is known in advance, and the losses are
+summed on the device.
 
 A network whose training step is not a pure function of its parameters, buffers and batch cannot be
 stacked this way (`fedskew.training.module_refusal`): BatchNorm updates running statistics and normalises over the
@@ -55,7 +56,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -218,23 +219,30 @@ def client_steps(
 class Schedule:
     """The stacked steps of K clients, ordered by decreasing number of steps: at step s the first
     `active[s]` clients train on rows `rows[:a, s]` of the stacked data, with weights
-    `weight[:a, s]` (1/b on the b real examples, 0 on padding; float64) and, with augmentation, flips
-    `[K, S, B]` and offsets `[K, S, 2, B]`."""
+    `weight[:a, s]` (1/b on the b real examples, 0 on padding; float64), with augmentation, flips
+    `[K, S, B]` and offsets `[K, S, 2, B]`, and the values their loss reads at that step beside their
+    extras (`values`, name -> `[K, S, ...]`: `BaseTrainer.step_extras`)."""
 
     rows: torch.Tensor
     weight: torch.Tensor
     flip: torch.Tensor | None
     shift: torch.Tensor | None
     active: list[int]
+    values: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def to(self, device: torch.device) -> Schedule:
         move = (None if t is None else t.to(device) for t in (self.rows, self.weight, self.flip, self.shift))
-        return Schedule(*move, self.active)
+        return Schedule(*move, self.active, {k: t.to(device) for k, t in self.values.items()})
 
     def first(self, steps: int) -> Schedule:
         """The schedule cut after `steps` steps (the memory probe's)."""
         cut = (None if t is None else t[:, :steps] for t in (self.rows, self.weight, self.flip, self.shift))
-        return Schedule(*cut, self.active[:steps])
+        return Schedule(*cut, self.active[:steps], {k: t[:, :steps] for k, t in self.values.items()})
+
+    def step_values(self, s: int) -> dict[str, torch.Tensor]:
+        """Step `s`'s values of its active clients, `[a_s, ...]`."""
+        a = self.active[s]
+        return {k: t[:a, s] for k, t in self.values.items()}
 
     def draw(self, s: int) -> Draw | None:
         """Step `s`'s augmentation draws of its active clients, as one batch of a_s * B images."""
@@ -246,10 +254,13 @@ class Schedule:
         return Draw(flip, shift)
 
 
-def stack_schedules(clients: list[list[Step]], offsets: list[int], batch_size: int) -> Schedule:
+def stack_schedules(
+    clients: list[list[Step]], offsets: list[int], batch_size: int, values: list[dict[str, torch.Tensor]] | None = None
+) -> Schedule:
     """The `Schedule` of clients whose steps are `clients` (ordered by decreasing number of steps),
     client k's examples being rows offsets[k] + i of the stacked data; padding repeats the client's
-    first row."""
+    first row. `values[k]`: client k's per-step values (name -> `[S_k, ...]`, the same names and
+    shapes for every client), zeros after its last step."""
     lengths = [len(c) for c in clients]
     if lengths != sorted(lengths, reverse=True):
         raise ValueError("clients must come in decreasing number of steps")
@@ -270,7 +281,12 @@ def stack_schedules(clients: list[list[Step]], offsets: list[int], batch_size: i
             if draw is not None and draw.shift is not None and shift is not None:
                 shift[i, j, :, :b] = draw.shift
     active = [sum(n > j for n in lengths) for j in range(s)]
-    return Schedule(rows, weight, flip, shift, active)
+    stacked: dict[str, torch.Tensor] = {}
+    for name, t in values[0].items() if values else ():
+        stacked[name] = t.new_zeros(k, s, *t.shape[1:])
+        for i, own in enumerate(values or []):
+            stacked[name][i, : len(own[name])] = own[name]
+    return Schedule(rows, weight, flip, shift, active, stacked)
 
 
 def train_stacked(
@@ -290,11 +306,12 @@ def train_stacked(
     """Run `schedule` (on the device of `x`) on the stacked `params` `[K, ...]`, the ones
     `settings` trains updated in place, the others (frozen) passed to `loss` as they are, without a
     gradient; `buffers`, `extras` and the step `corrections` are stacked `[K, ...]` too, `x`, `y` the
-    clients' data stacked by rows. Returns each client's sum of its reported batch losses `[K]`, on
-    the device, summed in float32 as `fedskew.training.train_steps` sums them; `reports` receives each
-    client's sum of every named scalar the loss reports beside them (`[K]`, in the scalar's dtype),
-    `carried` each client's last values of the extras the loss carries (`[K, ...]`: the ones it
-    returns next values of, written into `extras` after each step)."""
+    clients' data stacked by rows; the loss reads each step's `Schedule.values` beside `extras`.
+    Returns each client's sum of its reported batch losses `[K]`, on the device, summed in float32 as
+    `fedskew.training.train_steps` sums them; `reports` receives each client's sum of every named
+    scalar the loss reports beside them (`[K]`, in the scalar's dtype), `carried` each client's last
+    values of the extras the loss carries (`[K, ...]`: the ones it returns next values of, written
+    into `extras` after each step)."""
     optimizer = StackedSGD(params, settings)
     trained = settings.trained
 
@@ -325,7 +342,7 @@ def train_stacked(
             xb,
             y[rows],
             weights[:a, s],
-            {name: t[:a] for name, t in extras.items()},
+            {**{name: t[:a] for name, t in extras.items()}, **schedule.step_values(s)},
         )
         optimizer.step(grads, a, corrections)
         totals[:a] += reported

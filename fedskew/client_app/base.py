@@ -22,9 +22,13 @@ overrides only the hooks that differ (FL-bench style); its records are its regis
                      submodule's output: FedRoD's P-head; frozen models run on the input: MOON's,
                      FedMMD's and FedPHP's, `frozen_features`; default: `feature_loss`)
     penalty          a term on the trainable parameters added to it (FedProx's, FedDyn's; default: none)
+    step_extras      values the objective reads that are drawn anew at every local step, from the
+                     trainer's own generator (FedGen's noise and sampled labels; default: none): the
+                     per-client `loss` draws one step's at each step, the batched engine all of the
+                     main steps' before training, in the same order
     loss             the local objective on one mini-batch; by default derived from the hooks above
                      (a method whose objective is not a loss of the logits, the features and the
-                     parameters overrides `loss` itself and runs per client on the batched engine)
+                     parameters overrides `loss` itself, and `functional_loss` to be stacked: MuPFL)
     optimizer        the local optimiser (default: `sgd` from the run config, fresh each round); a
                      parameter it does not hold is frozen (FedBABU's head: `train_only`)
     local_train      the whole local procedure (default: `local_steps` steps of `run_steps` on
@@ -324,8 +328,10 @@ class BaseTrainer:
     def loss(self, model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> Loss:
         """The local objective on one mini-batch, derived from what the method writes: its
         `example_losses` of `model(x)` as their batch mean (reduction "mean", the kernel's own) plus its
-        `penalty` on the model's parameters (`objective`), both reading `batch_extras`."""
-        return self.loss_of(self.penalty, self.batch_extras())(model, x, y)
+        `penalty` on the model's parameters (`objective`), both reading `batch_extras` and this step's
+        `step_extras` (drawn now, for this batch of len(y) examples)."""
+        step = {k: t[0].to(self.device) for k, t in self.step_extras([len(y)], len(y)).items()}
+        return self.loss_of(self.penalty, {**self.batch_extras(), **step})(model, x, y)
 
     def optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         return sgd(model.parameters(), self.cfg)
@@ -387,6 +393,17 @@ class BaseTrainer:
 
     def batch_extras(self) -> dict[str, torch.Tensor]:
         """This client's own tensors that `functional_loss` reads, on the device (default: none)."""
+        return {}
+
+    def step_extras(self, sizes: list[int], width: int) -> dict[str, torch.Tensor]:
+        """The values the objective reads at each of the next len(sizes) local steps beside
+        `batch_extras`, step s's batch holding sizes[s] real examples: name -> `[len(sizes), ...]` on
+        the host (the CPU), a value per example padded (with zeros) to `width` rows. Drawn in step
+        order from the trainer's own generator, never the mini-batch stream (the two paths interleave
+        them differently): `loss` draws one step at a time (`[b]`, width b) and moves it to the device,
+        the batched engine the main steps' all before training (width: the batch size; the padding
+        weighs 0) and moves a stacked model's to the device with its schedule, so both read the same
+        values. Default: none."""
         return {}
 
     def step_corrections(self, model: nn.Module) -> dict[str, torch.Tensor] | None:

@@ -61,12 +61,14 @@ Deviations from the code, each with its reason:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from fedskew.losses.map import distillation_loss
 
 GENERATOR_LR_DECAY = 0.98  # ExponentialLR(gamma=0.98), stepped once a round (serverpFedGen.py)
 REGULARISER_DECAY = 0.98  # userpFedGen.py: exp_lr_scheduler(glob_iter, decay=0.98, ...)
@@ -85,19 +87,26 @@ class Generator(nn.Module):
         self.representation = nn.Linear(hidden_dim, feature_dim)
 
     def forward(self, labels: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
-        onehot = F.one_hot(labels, self.num_classes).to(noise.dtype)
+        # F.one_hot's values by comparison: F.one_hot checks the labels' range on the host, which
+        # torch.func's grad transform cannot run (the batched engine runs G under it)
+        onehot = (labels.unsqueeze(-1) == torch.arange(self.num_classes, device=labels.device)).to(noise.dtype)
         return self.representation(self.hidden(torch.cat([noise, onehot], dim=1)))
 
     def noise(self, n: int, generator: torch.Generator) -> torch.Tensor:
-        """eps ~ U[0, 1)^noise_dim, drawn on the CPU in float32 (the same draws on every device and in
-        every compute dtype), in the generator's device and dtype."""
+        """eps ~ U[0, 1)^noise_dim (`uniform_noise`), in the generator's device and dtype."""
         weight = self.representation.weight
-        return torch.rand(n, self.noise_dim, generator=generator).to(weight.device, weight.dtype)
+        return uniform_noise(n, self.noise_dim, generator).to(weight.device, weight.dtype)
 
     def generate(self, labels: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """(G(eps, labels), eps) with fresh noise."""
         eps = self.noise(len(labels), generator)
         return self(labels, eps), eps
+
+
+def uniform_noise(n: int, noise_dim: int, generator: torch.Generator) -> torch.Tensor:
+    """n draws of eps ~ U[0, 1)^noise_dim on the CPU in float32: the same draws on every device and
+    in every compute dtype."""
+    return torch.rand(n, noise_dim, generator=generator)
 
 
 def build_generator(cfg: Mapping[str, Any], num_classes: int, feature_dim: int) -> Generator:
@@ -175,24 +184,25 @@ def regulariser_weight(base: float, server_round: int) -> float:
 
 
 def client_regulariser(
-    classifier: nn.Module,
+    classifier: Callable[[torch.Tensor], torch.Tensor],
     logits: torch.Tensor,
     generated_for_batch: torch.Tensor,
     generated: torch.Tensor,
     sampled_labels: torch.Tensor,
-    alpha: float,
-    beta: float,
-    ratio: float,
+    weights: torch.Tensor,
+    weight: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(total, teacher, latent) of the client's generator terms for one mini-batch:
 
         teacher = CE(W G(eps, y_hat), y_hat)                         (generated, sampled_labels)
-        latent  = KL(softmax(W G(eps', y)) || softmax(logits))       (generated_for_batch, batchmean)
-        total   = ratio * alpha * teacher + beta * latent
+        latent  = KL(softmax(W G(eps', y)) || softmax(logits))       (generated_for_batch)
+        total   = weights[0] * teacher + weights[1] * latent         (weights = (ratio alpha, beta))
 
-    `logits` are the model's on the real batch; the KL target is detached (the code's
-    `.clone().detach()`); the generated features carry no gradient."""
+    `logits` are the model's on the real batch, `classifier` is W; the KL target is detached (the
+    code's `.clone().detach()`); the generated features carry no gradient. The KL term is
+    `distillation_loss` at temperature 1: the batch mean with `weight` None, else sum_i weight_i KL_i
+    over the batch's rows (the batched engine's weights: 1/b on its b examples, 0 on padding); the
+    teacher term is the mean over the sampled labels either way (none of them is padding)."""
     teacher = F.cross_entropy(classifier(generated.detach()), sampled_labels)
-    target = F.softmax(classifier(generated_for_batch.detach()), dim=1).detach()
-    latent = F.kl_div(F.log_softmax(logits, dim=1), target, reduction="batchmean")
-    return ratio * alpha * teacher + beta * latent, teacher, latent
+    latent = distillation_loss(logits, classifier(generated_for_batch.detach()), 1.0, False, weight)
+    return weights[0] * teacher + weights[1] * latent, teacher, latent
