@@ -26,6 +26,12 @@ clients of unequal sizes, crop and flip, momentum, weight decay and a clip) unde
 `torch.cuda.set_sync_debug_mode("error")`, which raises at any operation that makes the host wait
 for the GPU; prints whether the loop ran without one.
 
+`step`: where a stacked step's time goes on this device. One SGD step (LeNet, batch 64, momentum,
+the leaderboard's 5 clients a round, `--clients`) of K clients as one stacked model
+(`train_stacked`) against K steps of the per-client loop (`fedskew.training.train_steps`), one
+thread, interleaved, best of `--repeats`; then the ops that take the most of each (torch.profiler's
+self CPU milliseconds a step), which names what bounds the stacked step.
+
 `accuracy`: FedAvg, LeNet, 20 clients (2 classes each), 10 a round, `--rounds` rounds, the seeds of
 `--seeds` on `batched` and `per-client`: each run's final and last-5 global accuracy, and whether
 the engines differ by less than the seeds' spread; the same of the last-5 personalized accuracy (the
@@ -35,6 +41,7 @@ sampled clients' personalized models on their local test splits: Ditto's v_k) wh
         [--rounds 4] [--device auto] [--quick]
     .venv/bin/python benchmarks/batched.py accuracy [--seeds 0,1,2] [--rounds 20]
     python3 benchmarks/batched.py sync --device cuda
+    .venv/bin/python benchmarks/batched.py step [--clients 5] [--repeats 20]
 """
 
 from __future__ import annotations
@@ -292,9 +299,79 @@ def sync(args: argparse.Namespace) -> None:
     print(f"sync: {len(sizes)} clients, {len(schedule.active)} steps on {device}: {ok}; finite losses {finite}")
 
 
+def step(args: argparse.Namespace) -> None:
+    import torch
+    import torch.nn.functional as F
+    from torch.func import stack_module_state
+    from torch.profiler import ProfilerActivity, profile
+
+    from fedskew.batched.stacked import GroupSettings, SGDSettings, Tensors, stack_schedules, train_stacked
+    from fedskew.models import build_model
+    from fedskew.training import functional_forward, pick_device, sgd, train_steps, weighted_sum
+
+    torch.set_num_threads(1)
+    device = pick_device(args.device)
+    k, batch, steps = args.clients, 64, 4
+    models = [build_model("lenet", "fashion-mnist").to(device) for _ in range(k)]
+    x = torch.randn(k * batch * steps, 1, 28, 28, device=device)
+    y = torch.randint(0, 10, (k * batch * steps,), device=device)
+    cfg = {"lr": 0.01, "momentum": 0.9, "weight-decay": 1e-4, "grad-clip": 0.0}
+    template = build_model("lenet", "fashion-mnist").to("meta")
+
+    def loss(p: Tensors, b: Tensors, xb: torch.Tensor, yb: torch.Tensor, w: torch.Tensor, e: Tensors) -> torch.Tensor:
+        return weighted_sum(F.cross_entropy(functional_forward(template, p, b, xb), yb, reduction="none"), w)
+
+    rows = [[(torch.arange(batch) + j * batch, None) for j in range(steps)] for _ in range(k)]
+    schedule = stack_schedules(rows, [i * batch * steps for i in range(k)], batch).to(device)
+    settings = SGDSettings((GroupSettings(tuple(n for n, _ in models[0].named_parameters()), 0.01, 0.9, 1e-4),), ())
+
+    def stacked() -> None:
+        params, buffers = ({n: t.detach() for n, t in part.items()} for part in stack_module_state(models))
+        train_stacked(loss, params, buffers, {}, x, y, schedule, settings)
+
+    def per_client() -> None:
+        for i, model in enumerate(models):
+            part = slice(i * batch * steps, (i + 1) * batch * steps)
+            generator = torch.Generator().manual_seed(i)
+            train_steps(
+                model,
+                x[part],
+                y[part],
+                lambda m, a, b: F.cross_entropy(m(a), b),
+                sgd(model.parameters(), cfg),
+                steps,
+                batch,
+                generator,
+                device,
+                None,
+            )
+
+    times: dict[str, list[float]] = {"stacked": [], "per-client": []}
+    for _ in range(2):  # warm-up
+        stacked(), per_client()
+    for _ in range(args.repeats):
+        for name, fn in (("stacked", stacked), ("per-client", per_client)):
+            t0 = time.perf_counter()
+            fn()
+            times[name].append((time.perf_counter() - t0) / steps)
+    best = {name: min(t) for name, t in times.items()}
+    print(f"step: {k} clients, LeNet, batch {batch}, 1 thread on {device}, best of {args.repeats}")
+    for name, t in best.items():
+        print(
+            f"  {name:10s} {1000 * t:7.2f} ms a step of the {k} clients, "
+            f"ratio to per-client {t / best['per-client']:.2f}"
+        )
+    for name, fn in (("stacked", stacked), ("per-client", per_client)):
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            fn()
+        events = sorted(prof.key_averages(), key=lambda e: -e.self_cpu_time_total)
+        top = ", ".join(f"{e.key} {e.self_cpu_time_total / 1000 / steps:.1f}" for e in events[:6])
+        print(f"  {name}: self CPU ms a step by op: {top}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("what", nargs="?", choices=("speed", "accuracy", "sync"), default="speed")
+    ap.add_argument("what", nargs="?", choices=("speed", "accuracy", "sync", "step"), default="speed")
     ap.add_argument("--scenarios", default="lenet-10,lenet-50,pfl", help=f"of {', '.join(SCENARIOS)}")
     ap.add_argument("--engines", default="batched,per-client", help="batched, batched:1, per-client, flower:N|default")
     ap.add_argument("--rounds", type=int, default=4)
@@ -303,11 +380,13 @@ def main() -> None:
     ap.add_argument("--methods", default="fedavg", help="accuracy: the methods (A,B), each on both engines")
     ap.add_argument("--dtype", default="float32", help="accuracy: the clients' compute-dtype (float32, float64)")
     ap.add_argument("--quick", action="store_true", help="tiny: an MLP, 20 clients, 4 a round, 2 rounds")
+    ap.add_argument("--clients", type=int, default=5, help="step: the clients stacked")
+    ap.add_argument("--repeats", type=int, default=20, help="step: timed repeats of each")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.one:
         return run_one(args.one)
-    {"speed": speed, "accuracy": accuracy, "sync": sync}[args.what](args)
+    {"speed": speed, "accuracy": accuracy, "sync": sync, "step": step}[args.what](args)
 
 
 if __name__ == "__main__":
