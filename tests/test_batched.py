@@ -301,6 +301,13 @@ def uploads(reply: Message) -> dict[str, torch.Tensor]:
     return reply.content["arrays"].to_torch_state_dict()
 
 
+def assert_same_arrays(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    """The same names and, to the wire's float32 rounding, the same arrays."""
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], **WIRE_ROUNDING)
+
+
 @pytest.mark.parametrize(
     "method, overrides",
     [pytest.param(m, MOVED.get(m, {}), id=m) for m in STACKED]
@@ -357,10 +364,8 @@ def assert_replies_match(
     (float32 on the wire) within one rounding, the same records and metric names, the same counts and
     the training loss (and what the objective reports, e.g. `proto-loss`) to 1e-5."""
     for got, want in zip(batched, reference, strict=True):
-        a, b = reply_arrays(got), reply_arrays(want)
-        assert a.keys() == b.keys() and got.content.keys() == want.content.keys()
-        for k in a:
-            torch.testing.assert_close(a[k], b[k], **WIRE_ROUNDING)
+        assert got.content.keys() == want.content.keys()
+        assert_same_arrays(reply_arrays(got), reply_arrays(want))
         m, n = got.content["metrics"], want.content["metrics"]
         assert m.keys() == n.keys()
         for key in ("num-examples", "partition-id", "train-steps", "participations", "observed-classes"):
@@ -511,10 +516,7 @@ def assert_two_rounds_as_per_client(method: str, kept: str, metrics: tuple[str, 
         batched = list(grid.send_and_receive(messages))
         reference = per_client(grid, messages, states)
         for got, want in zip(batched, reference, strict=True):
-            a, b = uploads(got), uploads(want)
-            assert a.keys() == b.keys() and all(
-                torch.testing.assert_close(a[k], b[k], **WIRE_ROUNDING) is None for k in a
-            )
+            assert_same_arrays(uploads(got), uploads(want))
             m, n = got.content["metrics"], want.content["metrics"]
             assert m.keys() == n.keys()
             assert m["train-steps"] == n["train-steps"] and m["participations"] == n["participations"] == server_round
@@ -631,10 +633,7 @@ def test_map_s_stages_and_hpms_are_the_per_client_path_s_with_and_without_a_teac
         nodes = [m.metadata.dst_node_id for m in messages]
         reference = per_client(grid, messages, [states[n] for n in nodes])
         for got, want in zip(batched, reference, strict=True):
-            a, b = uploads(got), uploads(want)
-            assert a.keys() == b.keys() and all(
-                torch.testing.assert_close(a[k], b[k], **WIRE_ROUNDING) is None for k in a
-            )
+            assert_same_arrays(uploads(got), uploads(want))
             m, n = got.content["metrics"], want.content["metrics"]
             assert m.keys() == n.keys()
             for key in ("train-steps", "participations", "personal-accuracy", *MAP_METRICS[1:]):
@@ -857,10 +856,7 @@ def test_fedgen_runs_at_other_rounds_train_together_as_each_alone(monkeypatch) -
     for run, replies in enumerate(alone):
         for i, want in enumerate(replies):
             got = together[(run, i)]
-            a, b = reply_arrays(got), reply_arrays(want)
-            assert a.keys() == b.keys() and all(
-                torch.testing.assert_close(a[k], b[k], **WIRE_ROUNDING) is None for k in a
-            )
+            assert_same_arrays(reply_arrays(got), reply_arrays(want))
             m, n = got.content["metrics"], want.content["metrics"]
             assert m.keys() == n.keys() and ("fedgen-teacher-loss" in m) == (run > 0)
             for key in ("train-loss", "fedgen-teacher-loss", "fedgen-latent-loss"):
@@ -927,10 +923,7 @@ def test_feddc_s_uploads_drift_and_control_are_the_per_client_path_s_over_two_ro
         reference = per_client(grid, messages, states)
         for got, want in zip(batched, reference, strict=True):
             for record in ("arrays", FEDDC_UPDATE):
-                a, b = (r.content[record].to_torch_state_dict() for r in (got, want))
-                assert a.keys() == b.keys() and all(
-                    torch.testing.assert_close(a[k], b[k], **WIRE_ROUNDING) is None for k in a
-                )
+                assert_same_arrays(*(r.content[record].to_torch_state_dict() for r in (got, want)))
             m, n = got.content["metrics"], want.content["metrics"]
             assert m.keys() == n.keys() and m["participations"] == n["participations"] == server_round
             for key in ("train-loss", "correction-norm", "feddc-drift-norm", "personal-loss"):

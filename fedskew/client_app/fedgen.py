@@ -60,7 +60,8 @@ class FedGenTrainer(BaseTrainer):
             generator.load_state_dict(self.received[FEDGEN_GENERATOR])
             self.generator = generator.to(self.device, self.dtype).eval().requires_grad_(False)
             ratio = self.cfg["fedgen-gen-batch-size"] / self.cfg["batch-size"]
-            alpha, beta = (regulariser_weight(self.cfg[f"fedgen-{k}"], r) for k in ("alpha", "beta"))
+            alpha = regulariser_weight(self.cfg["fedgen-alpha"], r)
+            beta = regulariser_weight(self.cfg["fedgen-beta"], r)
             weights = torch.tensor([ratio * alpha, beta], dtype=self.dtype, device=self.device)
             self.generator_extras = {**frozen_extras(GENERATOR, self.generator), WEIGHTS: weights}
         seed = np.random.SeedSequence([self.cfg["seed"], pid, r, 2]).generate_state(1)[0]
