@@ -301,6 +301,20 @@ def uploads(reply: Message) -> dict[str, torch.Tensor]:
     return reply.content["arrays"].to_torch_state_dict()
 
 
+def chunk_sizes_seen(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The list that will receive the size of every chunk `StackedTrainer.train_chunk` trains."""
+    from fedskew.batched.executor import StackedTrainer
+
+    sizes: list[int] = []
+    train_chunk = StackedTrainer.train_chunk
+    monkeypatch.setattr(
+        StackedTrainer,
+        "train_chunk",
+        lambda self, chunk, probe=False: sizes.append(len(chunk)) or train_chunk(self, chunk, probe),
+    )
+    return sizes
+
+
 def assert_same_arrays(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
     """The same names and, to the wire's float32 rounding, the same arrays."""
     assert a.keys() == b.keys()
@@ -839,13 +853,7 @@ def test_fedgen_runs_at_other_rounds_train_together_as_each_alone(monkeypatch) -
         return out
 
     alone = [list(grid.send_and_receive(messages)) for grid, messages in runs()]
-    chunks: list[int] = []
-    train_chunk = StackedTrainer.train_chunk
-    monkeypatch.setattr(
-        StackedTrainer,
-        "train_chunk",
-        lambda self, chunk, probe=False: chunks.append(len(chunk)) or train_chunk(self, chunk, probe),
-    )
+    chunks = chunk_sizes_seen(monkeypatch)
     shared, clients = StackedTrainer(torch.device("cpu")), []
     for run, (grid, messages) in enumerate(runs()):
         done, prepared = grid.executor.prepare(messages, grid.contexts, run)
@@ -944,18 +952,12 @@ def test_ditto_on_the_batched_engine_trains_two_stacked_models_and_lambda_pulls_
     personal models) and no client alone; each kept v_k is not its upload, and `ditto-distance` is
     its distance to the w^t received: at lambda 50 (plain SGD, lr lambda 0.5: a contraction) a
     fraction of what it is at lambda 0."""
-    from fedskew.batched.executor import StackedTrainer, describe_engine
+    from fedskew.batched.executor import describe_engine
 
     assert "ditto trains each round's clients as one stacked model" in describe_engine(
         {**app_defaults(), "method": "ditto"}
     )
-    chunks: list[int] = []
-    train_chunk = StackedTrainer.train_chunk
-    monkeypatch.setattr(
-        StackedTrainer,
-        "train_chunk",
-        lambda self, chunk, probe=False: chunks.append(len(chunk)) or train_chunk(self, chunk, probe),
-    )
+    chunks = chunk_sizes_seen(monkeypatch)
     distances = {}
     for lam in (0.0, 50.0):
         grid, messages = first_round("ditto", **SHORT, momentum=0.0, **{"ditto-lambda": lam})
