@@ -32,12 +32,12 @@ import torch
 from _common import TimedGrid, config, in_process_setup, median, private_cache, run_config
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
+from fedskew.methods.fedmr import FEDMR_PROTOTYPES as PROTO_RECORD
+from fedskew.methods.mupfl import MUPFL_GRADS as GRADS
+from fedskew.methods.mupfl import MUPFL_MAPS as MAPS
 from fedskew.registry import get_method
 from fedskew.strategies.base import arrays_to_numpy
 from fedskew.strategies.fedavg import FedAvgStrategy
-from fedskew.wire import FEDMR_PROTOTYPES as PROTO_RECORD
-from fedskew.wire import MUPFL_GRADS as GRADS
-from fedskew.wire import MUPFL_MAPS as MAPS
 
 Template = tuple[dict[str, Any], ArrayRecord, RecordDict]  # (run config, global arrays, real reply content)
 

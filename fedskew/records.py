@@ -1,9 +1,9 @@
 """The records that cross the network: their declared form, and the one checker both sides use.
 
 A client's reply and a server message are `RecordDict`s of named `ArrayRecord`s, `MetricRecord`s
-and `ConfigRecord`s. Each method declares their form once, in `fedskew.wire` (`ArraysSpec`,
-`MetricsSpec`, `ConfigSpec`); the server's base strategy screens every reply and the client's base
-trainer every server message with `check_content`, so no method reads an unchecked payload.
+and `ConfigRecord`s. Each method declares their form once (`ArraysSpec`, `MetricsSpec`,
+`ConfigSpec`), on its card (`fedskew/methods/<name>.py`); the server's base strategy screens every
+reply and the client's base trainer every server message with `check_content`, so no method reads an unchecked payload.
 
 An array is decoded from its bytes and the decoded array is what is checked: its dtype and shape
 (which must also equal what the array declares), finite values and value range. A floating array

@@ -13,7 +13,6 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 
-from fedskew import wire
 from fedskew.batched.executor import fitting_chunks, stacked_refusal
 from fedskew.batched.grid import BatchedGrid, run_batched
 from fedskew.batched.stacked import (
@@ -37,11 +36,17 @@ from fedskew.config import validate
 from fedskew.data.augment import Augmentation
 from fedskew.losses.fedgen import build_generator
 from fedskew.losses.scaffold import correct_after_step
+from fedskew.methods.feddc import FEDDC_UPDATE
+from fedskew.methods.fedgen import FEDGEN_GENERATOR
+from fedskew.methods.fedmr import FEDMR_PROTOTYPES
+from fedskew.methods.fedproc import FEDPROC_PROTOTYPES
+from fedskew.methods.fedproto import FEDPROTO_PROTOTYPES
+from fedskew.methods.mupfl import MUPFL_FEATURES, MUPFL_TIMES
 from fedskew.models import build_model
 from fedskew.registry import get_method
 from fedskew.strategies.base import BaseStrategy
 from fedskew.training import clip_before_step, module_refusal, sgd, train_steps
-from fedskew.wire import CENTRAL_EVAL_METRICS, FEDDC_UPDATE, FEDGEN_GENERATOR
+from fedskew.wire import CENTRAL_EVAL_METRICS
 from tests.conftest import read_metrics
 from tests.harness import ROOT, app_defaults, run_in_process
 
@@ -399,13 +404,13 @@ def assert_replies_match(
 # of near-zero variance make it ill-conditioned, so its paper-scale mu1 (0.01: the replies then agree
 # to 2e-13, float64 roundings) and not 0.1 (which grows them to 5e-8 in 10 steps, on both paths alike).
 FEATURE_TERMS = {
-    "fedproto": (wire.FEDPROTO_PROTOTYPES, {"fedproto-lambda": 0.0}, {"fedproto-lambda": 1.0}),
+    "fedproto": (FEDPROTO_PROTOTYPES, {"fedproto-lambda": 0.0}, {"fedproto-lambda": 1.0}),
     "fedproc": (
-        wire.FEDPROC_PROTOTYPES,
+        FEDPROC_PROTOTYPES,
         {"fedproc-schedule": "constant", "fedproc-alpha": 0.0},
         {"fedproc-schedule": "constant", "fedproc-alpha": 0.5},
     ),
-    "fedmr": (wire.FEDMR_PROTOTYPES, {"fedmr-mu1": 0.0, "fedmr-mu2": 0.0}, {"fedmr-mu1": 0.01, "fedmr-mu2": 1.0}),
+    "fedmr": (FEDMR_PROTOTYPES, {"fedmr-mu1": 0.0, "fedmr-mu2": 0.0}, {"fedmr-mu1": 0.01, "fedmr-mu2": 1.0}),
 }
 
 
@@ -730,7 +735,7 @@ def test_mupfl_s_replies_states_and_metrics_are_the_per_client_path_s_over_two_r
     for server_round in (1, 2):
         if server_round == 2:
             messages = mupfl_next_round(strategy, grid, messages, batched, server_round)
-            assert wire.MUPFL_FEATURES in messages[0].content
+            assert MUPFL_FEATURES in messages[0].content
         batched = list(grid.send_and_receive(messages))
         reference = per_client(grid, messages, states)
         assert_replies_match(grid, messages, batched, reference, states)
@@ -741,8 +746,8 @@ def test_mupfl_s_replies_states_and_metrics_are_the_per_client_path_s_over_two_r
             assert m["bavd-seconds"] == 0.0  # inside the stacked step
             for key in ("finetune-loss", "pkcf-accuracy"):  # per client before the steps, on both paths
                 assert (key in m) == (key in n) == (server_round == 2) and m.get(key) == n.get(key), key
-            real_norm = got.content[wire.MUPFL_TIMES]["real-norm"]
-            assert real_norm == pytest.approx(want.content[wire.MUPFL_TIMES]["real-norm"], rel=1e-9)
+            real_norm = got.content[MUPFL_TIMES]["real-norm"]
+            assert real_norm == pytest.approx(want.content[MUPFL_TIMES]["real-norm"], rel=1e-9)
     kept = [k for msg in messages for k in state_arrays(grid.contexts[msg.metadata.dst_node_id].state)]
     assert any(k.startswith("tensors.mupfl-maps/") for k in kept) == (overrides.get("mupfl-bavd-reset") == "never")
 

@@ -43,12 +43,12 @@ def test_benchmark_prints_its_ratios(script: str, expected: list[str]) -> None:
         assert text in res.stdout, res.stdout[-3000:]
 
 
-
 def test_batched_step_names_what_a_stacked_step_spends_its_time_on() -> None:
     res = run_benchmark("batched.py", "step", "--device", "cpu", "--clients", "2", "--repeats", "1")
     assert res.returncode == 0, res.stderr[-3000:]
     for text in ("stacked", "ratio to per-client 1.00", "self CPU ms a step by op: aten::"):
         assert text in res.stdout, res.stdout[-3000:]
+
 
 def test_fedgela_etf_reads_a_cell_run_without_fedrs_traces_worst_classes_and_runs_ga_side_alone() -> None:
     ok = run_benchmark("fedgela_etf.py", "--quick", "--methods", "fedavg", "fedgela", "fedge")

@@ -15,9 +15,9 @@ from flwr.app import ArrayRecord, Error, Message
 from fedskew.client_app.creff import CReFFTrainer
 from fedskew.losses.creff import fresh_classifier, retrain_classifier
 from fedskew.losses.mupfl import class_gradients, finetune_classifier, synthesize_features
+from fedskew.methods.creff import CREFF_CLASSIFIER, CREFF_GRADS
 from fedskew.models import build_model
 from fedskew.training import torch_threads
-from fedskew.wire import CREFF_CLASSIFIER, CREFF_GRADS
 from tests.harness import app_defaults, run_in_process
 from tests.test_trainers import global_content, make_data, make_trainer
 

@@ -424,7 +424,7 @@ def test_only_the_keys_a_method_reads_make_its_run_one_of_another_config() -> No
     """A FedRoD run saved when MAP's aggregation default was another is the same computation; MAP's
     own key changes a MAP run, and FedRS's keys change a MAP run too (MAP's trainer is FedRS's)."""
     from fedskew.config import validate
-    from fedskew.registry import METHODS
+    from fedskew.registry import METHODS, config_keys
     from fedskew.server_app.results import config_changes, saved_config
     from tests.harness import app_defaults
 
@@ -435,5 +435,5 @@ def test_only_the_keys_a_method_reads_make_its_run_one_of_another_config() -> No
     assert config_changes(saved_config({**mapcfg, "map-uniform-aggregation": False}), mapcfg) == [
         "map-uniform-aggregation"
     ]
-    assert "fedrs-alpha" in METHODS["map"].config_keys() and "fedrs-alpha" not in METHODS["fedrod"].config_keys()
+    assert "fedrs-alpha" in config_keys(METHODS["map"]) and "fedrs-alpha" not in config_keys(METHODS["fedrod"])
     assert config_changes(saved_config({**mapcfg, "fedrs-alpha": 0.1}), mapcfg) == ["fedrs-alpha"]

@@ -18,11 +18,11 @@ from fedskew.client_app.state import ClientState
 from fedskew.config import validate
 from fedskew.losses import proximal_term
 from fedskew.losses.feddc import drift_update, penalty_target
+from fedskew.methods.feddc import FEDDC_UPDATE
 from fedskew.models import build_model
 from fedskew.strategies.aggregate import scaffold_control_deltas, scaffold_control_update, weighted_average
 from fedskew.strategies.base import arrays_to_numpy, numpy_to_arrays
 from fedskew.strategies.feddc import FedDCStrategy
-from fedskew.wire import FEDDC_UPDATE
 from tests.harness import cut_and_resume, mean_node_state, run_in_process
 from tests.test_trainers import global_content, make_data, make_trainer
 

@@ -25,9 +25,9 @@ from fedskew.losses.fedgen import (
     teacher_loss,
     train_generator,
 )
+from fedskew.methods.fedgen import FEDGEN_COUNTS, FEDGEN_GENERATOR
 from fedskew.strategies.fedgen import FedGenStrategy
 from fedskew.training import torch_threads
-from fedskew.wire import FEDGEN_COUNTS, FEDGEN_GENERATOR
 from tests.harness import app_defaults, run_in_process
 from tests.test_trainers import global_content, make_data, make_trainer
 

@@ -17,10 +17,10 @@ from fedskew.client_app.fedproto import MODEL_TENSORS, FedProtoTrainer, Prototyp
 from fedskew.config import validate
 from fedskew.data.clients import ClientData
 from fedskew.losses.fedproto import global_prototypes, prototype_distance_loss, prototype_logits
+from fedskew.methods.fedproto import FEDPROTO_PROTOTYPES as PROTOS
 from fedskew.records import Rejected, check_content
 from fedskew.strategies.fedavg import FedAvgStrategy
 from fedskew.strategies.fedproto import FedProtoStrategy
-from fedskew.wire import FEDPROTO_PROTOTYPES as PROTOS
 from tests.harness import cut_and_resume, labelled_images, trainer_context
 
 

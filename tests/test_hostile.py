@@ -21,15 +21,17 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 
 from fedskew.client_app.app import PARTICIPATION
 from fedskew.config import validate
+from fedskew.methods.creff import CREFF_CLASSIFIER, CREFF_GRADS
+from fedskew.methods.feddc import FEDDC_UPDATE as UPDATE
+from fedskew.methods.fedgen import FEDGEN_COUNTS, FEDGEN_GENERATOR
+from fedskew.methods.fedmr import FEDMR_PROTOTYPES as PROTO_RECORD
+from fedskew.methods.fedproc import FEDPROC_PROTOTYPES as FEDPROC
+from fedskew.methods.fedproto import FEDPROTO_PROTOTYPES as FEDPROTO
+from fedskew.methods.mupfl import MUPFL_GRADS as GRADS
+from fedskew.methods.mupfl import MUPFL_MAPS as MAPS
+from fedskew.methods.mupfl import MUPFL_TIMES as TIMES
+from fedskew.methods.scaffold import CONTROL
 from fedskew.registry import get_method
-from fedskew.wire import CONTROL, CREFF_CLASSIFIER, CREFF_GRADS, FEDGEN_COUNTS, FEDGEN_GENERATOR
-from fedskew.wire import FEDDC_UPDATE as UPDATE
-from fedskew.wire import FEDMR_PROTOTYPES as PROTO_RECORD
-from fedskew.wire import FEDPROC_PROTOTYPES as FEDPROC
-from fedskew.wire import FEDPROTO_PROTOTYPES as FEDPROTO
-from fedskew.wire import MUPFL_GRADS as GRADS
-from fedskew.wire import MUPFL_MAPS as MAPS
-from fedskew.wire import MUPFL_TIMES as TIMES
 from tests.harness import InProcessGrid, app_defaults, run_in_process
 
 NODES, PARTITIONS = 4, 50

@@ -1,5 +1,5 @@
-"""Every run-config key a method's code reads is one it declares (its registry entry, the entries
-its classes inherit from, `MethodSpec.config_keys`) or a common key (`fedskew.config.COMMON`).
+"""Every run-config key a method's code reads is one it declares (its card, the cards of the classes
+it inherits from, `fedskew.registry.config_keys`) or a common key (`fedskew.config.COMMON`).
 
 A read of an undeclared key would fail at run time only on the branch that reads it, and the result
 hash (`fedskew.reports.resultfile.config_sha256`) keeps only the running method's keys: a key of another
@@ -25,7 +25,8 @@ from typing import Any
 import pytest
 
 from fedskew.config import COMMON
-from fedskew.registry import METHODS, MethodSpec
+from fedskew.methods.card import MethodSpec
+from fedskew.registry import METHODS, config_keys
 
 Unresolved = object()  # a key expression this reader cannot evaluate
 
@@ -167,7 +168,7 @@ def reads(spec: MethodSpec) -> list[tuple[str | object, str]]:
     plain = _Reader(None)
     for name, module in sorted(modules.items()):
         out += plain.keys(_module_level(module), name)
-    wire, seen = spec.wire_spec(), set[int]()
+    wire, seen = spec.wire, set[int]()
     for fn in [f for records in (wire.uplink, wire.downlink) for f in _functions(records, seen)]:
         out += plain.keys(_parsed(fn), f"{fn.__module__}.{fn.__qualname__}")
     return out
@@ -176,7 +177,7 @@ def reads(spec: MethodSpec) -> list[tuple[str | object, str]]:
 @pytest.mark.parametrize("name", sorted(METHODS))
 def test_every_key_a_method_reads_is_declared(name: str) -> None:
     spec = METHODS[name]
-    declared = set(COMMON) | spec.config_keys()
+    declared = set(COMMON) | config_keys(spec)
     found = reads(spec)
     unresolved = sorted(where for key, where in found if not isinstance(key, str))
     assert not unresolved, f"{name}: run-config keys this test cannot resolve at {unresolved}"
@@ -202,14 +203,14 @@ def test_the_reader_sees_built_keys() -> None:
     tree = ast.parse(textwrap.dedent(inspect.getsource(Probe)))
     keys = [k for k, _ in _Reader(Probe).keys(tree, "probe")]
     assert sorted(keys) == ["fedrs-alpha", "fedrs-made-up", "fedrs-tau", "lr"]
-    assert "fedrs-made-up" not in set(COMMON) | METHODS["fedrs"].config_keys()
+    assert "fedrs-made-up" not in set(COMMON) | config_keys(METHODS["fedrs"])
 
 
 def test_a_class_several_methods_use_as_is_reads_none_of_their_keys() -> None:
     """FedAvgM and FedAwS run FedAvg's trainer as is, FedLC its strategy: their keys are not FedAvg's,
     so registering such a method leaves FedAvg's config hash, and its recorded seeds, alone. MAP's
     trainer subclasses FedRS's, so the fedrs- keys are MAP's."""
-    assert METHODS["fedavg"].config_keys() == set()
-    assert METHODS["fedavgm"].config_keys() == set(METHODS["fedavgm"].params)
-    assert set(METHODS["fedrs"].params) <= METHODS["map"].config_keys()
-    assert set(METHODS["scaffold"].params) <= METHODS["feddc"].config_keys()
+    assert config_keys(METHODS["fedavg"]) == set()
+    assert config_keys(METHODS["fedavgm"]) == set(METHODS["fedavgm"].params)
+    assert set(METHODS["fedrs"].params) <= config_keys(METHODS["map"])
+    assert set(METHODS["scaffold"].params) <= config_keys(METHODS["feddc"])

@@ -37,6 +37,8 @@ from fedskew.losses.mupfl import (
     sample_topk_mask,
     synthesize_features,
 )
+from fedskew.methods.mupfl import MUPFL_CLASSIFIER as CLASSIFIER
+from fedskew.methods.mupfl import MUPFL_GLOBAL as GLOBAL
 from fedskew.models import build_model
 from fedskew.server_app.results import read_jsonl
 from fedskew.strategies.base import arrays_to_numpy
@@ -51,8 +53,6 @@ from fedskew.strategies.clustering import (
     similarity_matrix,
 )
 from fedskew.strategies.mupfl import MuPFLStrategy
-from fedskew.wire import MUPFL_CLASSIFIER as CLASSIFIER
-from fedskew.wire import MUPFL_GLOBAL as GLOBAL
 from tests.conftest import read_metrics
 from tests.harness import app_defaults, cut_and_resume, run_in_process
 from tests.test_strategy import FakeGrid, make_reply

@@ -18,6 +18,8 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
 from fedskew.config import ConfigError, validate
+from fedskew.methods.feddc import FEDDC_UPDATE
+from fedskew.methods.fedproto import FEDPROTO_PROTOTYPES
 from fedskew.strategies.aggregate import (
     class_robust_mean,
     clip_update,
@@ -32,7 +34,6 @@ from fedskew.strategies.aggregate import (
     weighted_average,
 )
 from fedskew.strategies.fedavg import FedAvgStrategy
-from fedskew.wire import FEDDC_UPDATE, FEDPROTO_PROTOTYPES
 from tests.harness import run_in_process
 from tests.test_strategy import FakeGrid, make_reply
 
@@ -398,10 +399,11 @@ def test_class_counts_are_the_servers_numbers_where_it_knows_the_partitions(task
     prototype method's may not exceed it: a client cannot claim a class to steer them."""
     from flwr.app import MetricRecord
 
+    from fedskew.methods.fedgen import FEDGEN_COUNTS
+    from fedskew.methods.fedproc import FEDPROC_PROTOTYPES
     from fedskew.records import Rejected
     from fedskew.registry import get_method
     from fedskew.strategies.base import numpy_to_arrays
-    from fedskew.wire import FEDGEN_COUNTS, FEDPROC_PROTOTYPES
 
     s = get_method(method).strategy_class()(validate({"method": method, "model": "mlp", "partition": "iid"}))
     s.sent_arrays, s.num_partitions = s.initial_arrays(), 20

@@ -1,13 +1,13 @@
 """The base of every fedskew trainer (client side): one `train` message per round.
 
 Check every record the server sent (`receive`: the round config and the method's declared downlink
-records, `fedskew.wire`; the model arrays in `load_global`), evaluate the global model on the local
+records, its card's wire; the model arrays in `load_global`), evaluate the global model on the local
 test split (`client-global-accuracy`: MuPFL's Table II "average client test accuracy", FedGELA's PA),
 train locally, evaluate the personalized model on the same split (`personal-accuracy`; with
 `personalized-central-eval` also on the central test set, split into the classes the client holds
 and those it lacks, as FedGELA §5 and FedRoD report for P-FL methods), and reply with the upload, the
 sample count, the metrics and the method's uplink records. A method subclasses `BaseTrainer` and
-overrides only the hooks that differ (FL-bench style); its records are its registry entry's `wire`:
+overrides only the hooks that differ (FL-bench style); its records are its card's `wire`:
 
     build_model      the network (default: `model` from the run config)
     receive          checks the server's records before anything else; a method reads its extras
@@ -270,9 +270,9 @@ class TrainerContext:
 
 class BaseTrainer:
     """A fedskew method's client side; subclasses override the hooks that differ; its
-    records (`wire`) are its registry entry's."""
+    records (`wire`) are its card's (`fedskew/methods/<name>.py`)."""
 
-    wire = DeclaredWire()  # the method's records beyond the model (`fedskew.wire`), `MethodSpec.wire`
+    wire = DeclaredWire()  # the method's records beyond the model: its card's `MethodSpec.wire`
     batched: ClassVar[bool] = False  # read from the class's own body only (`stacked_refusal`)
     # the client reports its data loss alone as `train-loss`, not with its `penalty` (FedDyn's can be < 0)
     reports_data_loss: ClassVar[bool] = False

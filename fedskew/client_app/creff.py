@@ -27,8 +27,8 @@ from torch import nn
 
 from fedskew.client_app.base import BaseTrainer
 from fedskew.losses.mupfl import class_gradients
+from fedskew.methods.creff import CREFF_CLASSIFIER, CREFF_GRADS
 from fedskew.models import SplitNet
-from fedskew.wire import CREFF_CLASSIFIER, CREFF_GRADS
 
 
 class CReFFTrainer(BaseTrainer):

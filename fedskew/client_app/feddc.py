@@ -55,8 +55,8 @@ from fedskew.client_app.scaffold import ScaffoldTrainer
 from fedskew.losses import proximal_term
 from fedskew.losses.feddc import drift_update, penalty_target
 from fedskew.losses.scaffold import correct_after_step
+from fedskew.methods.feddc import FEDDC_UPDATE
 from fedskew.training import sgd
-from fedskew.wire import FEDDC_UPDATE
 
 DRIFT = "feddc-drift"
 

@@ -25,9 +25,9 @@ import torch
 from flwr.app import ConfigRecord, RecordDict
 from torch import nn
 
-from fedskew import wire
 from fedskew.client_app.base import BaseTrainer
 from fedskew.losses.fedgela import ETFNet, etf_checksum, feature_head, gela_model, is_simplex_etf, local_phi
+from fedskew.methods.fedgela import FEDGELA_ETF, FEDGELA_ETF_INFO
 from fedskew.records import Rejected
 from fedskew.training import clip_before_step, module_refusal
 
@@ -56,7 +56,7 @@ class FedGELATrainer(BaseTrainer):
 
     def receive(self, content: RecordDict) -> dict[str, Any]:
         received = super().receive(content)
-        self.etf = verified_etf(received[wire.FEDGELA_ETF]["etf"], received[wire.FEDGELA_ETF_INFO])
+        self.etf = verified_etf(received[FEDGELA_ETF]["etf"], received[FEDGELA_ETF_INFO])
         self.phi = local_phi(self.data.train_counts) if self.cfg["fedgela-adapt"] else None
         return received
 

@@ -37,7 +37,7 @@ from torch.func import functional_call
 
 from fedskew.client_app.base import BaseTrainer, Forward, Tensors, frozen_extras, frozen_state
 from fedskew.losses.fedgen import Generator, build_generator, client_regulariser, regulariser_weight, uniform_noise
-from fedskew.wire import FEDGEN_COUNTS, FEDGEN_GENERATOR
+from fedskew.methods.fedgen import FEDGEN_COUNTS, FEDGEN_GENERATOR
 
 GENERATOR = "fedgen-generator."  # G's tensors among the extras
 WEIGHTS = "fedgen-weights"  # ((B_g / B) alpha_t, beta_t)

@@ -43,8 +43,8 @@ from torch import nn
 from fedskew.client_app.base import Tensors
 from fedskew.client_app.prototypes import PrototypeTrainer
 from fedskew.losses.fedmr import gradient_share, inter_class_loss, intra_class_loss
+from fedskew.methods.fedmr import FEDMR_CONFIG, FEDMR_PROTOTYPES
 from fedskew.schema import parse_class_list
-from fedskew.wire import FEDMR_CONFIG, FEDMR_PROTOTYPES
 
 
 class FedMRTrainer(PrototypeTrainer):

@@ -27,7 +27,7 @@ from torch import nn
 from fedskew.client_app.base import Tensors
 from fedskew.client_app.prototypes import PrototypeTrainer
 from fedskew.losses.fedproc import prototype_weight, prototypical_contrastive_loss
-from fedskew.wire import FEDPROC_PROTOTYPES
+from fedskew.methods.fedproc import FEDPROC_PROTOTYPES
 
 
 class FedProcTrainer(PrototypeTrainer):

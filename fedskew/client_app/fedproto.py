@@ -54,11 +54,11 @@ import torch
 from flwr.app import ArrayRecord, RecordDict
 from torch import nn
 
-from fedskew import wire
 from fedskew.client_app.base import Tensors, checked_arrays
 from fedskew.client_app.prototypes import PrototypeTrainer
 from fedskew.client_app.state import matches
 from fedskew.losses.fedproto import prototype_distance_loss, prototype_logits
+from fedskew.methods.fedproto import FEDPROTO_PROTOTYPES
 from fedskew.training import built_with_seed
 
 log = logging.getLogger("fedskew.client")
@@ -83,7 +83,7 @@ class FedProtoTrainer(PrototypeTrainer):
     """The client's own model, trained with CE + lambda x distance to the global prototypes."""
 
     batched = True
-    prototype_record = wire.FEDPROTO_PROTOTYPES
+    prototype_record = FEDPROTO_PROTOTYPES
     keeps_state = "the personal model"
     kept_arrays = ("model",)
 

@@ -65,15 +65,15 @@ from fedskew.losses.mupfl import (
     flat_maps,
     loss_change,
 )
+from fedskew.methods.mupfl import MUPFL_CLASSIFIER as CLASSIFIER
+from fedskew.methods.mupfl import MUPFL_FEATURES as FEATURES
+from fedskew.methods.mupfl import MUPFL_GLOBAL as GLOBAL
+from fedskew.methods.mupfl import MUPFL_GRADS as GRADS
+from fedskew.methods.mupfl import MUPFL_MAPS as MAPS
+from fedskew.methods.mupfl import MUPFL_TIMES as TIMES
 from fedskew.models import SplitNet, build_model
 from fedskew.records import Rejected
 from fedskew.training import cross_entropy_loss
-from fedskew.wire import MUPFL_CLASSIFIER as CLASSIFIER
-from fedskew.wire import MUPFL_FEATURES as FEATURES
-from fedskew.wire import MUPFL_GLOBAL as GLOBAL
-from fedskew.wire import MUPFL_GRADS as GRADS
-from fedskew.wire import MUPFL_MAPS as MAPS
-from fedskew.wire import MUPFL_TIMES as TIMES
 
 CARRIED = "mupfl-bavd-"  # the prefix of the BAVD state the batched engine carries among the extras
 

@@ -41,8 +41,8 @@ from torch import nn
 
 from fedskew.client_app.base import BaseTrainer
 from fedskew.losses.scaffold import correct_after_step
+from fedskew.methods.scaffold import CONTROL
 from fedskew.strategies.aggregate import scaffold_control_deltas
-from fedskew.wire import CONTROL
 
 CLIENT_CONTROL = "control"  # the name of c_i in the client state
 

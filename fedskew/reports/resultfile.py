@@ -54,7 +54,7 @@ import yaml
 
 from fedskew.config import ConfigError, all_params, validate
 from fedskew.files import locked, write_text
-from fedskew.registry import METHODS, get_method
+from fedskew.registry import METHODS, config_keys, get_method
 
 # metric -> the `round_statistics` name of its accuracy (`<stat>_<name>`)
 METRICS = {
@@ -346,7 +346,7 @@ def dump_results(results: ResultSet, path: str | Path) -> None:
 
 def config_sha256(saved: dict[str, Any], revision: int | None = None) -> str:
     """The hash of what a run's saved config decides about its numbers: without where it ran and
-    its seed (`UNHASHED`), without the keys of other methods than its own (`MethodSpec.config_keys`:
+    its seed (`UNHASHED`), without the keys of other methods than its own (`fedskew.registry.config_keys`:
     a default of MuPFL's changes no FedAvg run) and without a `neutral` key at its default (one added
     later that changes nothing at that value), with the method's `revision` (its arithmetic fixed
     under the same config: the run's, from its summary, else the code's). Equal for every seed of a
@@ -354,7 +354,7 @@ def config_sha256(saved: dict[str, Any], revision: int | None = None) -> str:
     seeds recorded under one hash are one population."""
     params = all_params()
     method = METHODS.get(str(saved.get("method")))
-    others = set().union(*(m.params for m in METHODS.values())) - (method.config_keys() if method else set())
+    others = set().union(*(m.params for m in METHODS.values())) - (config_keys(method) if method else set())
     what = {
         k: v
         for k, v in saved.items()

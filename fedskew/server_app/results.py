@@ -49,7 +49,7 @@ from fedskew.config import COMMON, ConfigError, all_params
 from fedskew.data import dataset_slug
 from fedskew.diagnostics import last_rounds_per_class, worst_class
 from fedskew.files import atomic_write, check_folder
-from fedskew.registry import METHODS, get_method
+from fedskew.registry import METHODS, config_keys, get_method
 
 log = logging.getLogger("flwr.fedskew")
 
@@ -267,13 +267,13 @@ def saved_changes(run_dir: Path, cfg: dict[str, Any]) -> str:
 
 
 def foreign_keys(method: Any) -> set[str]:
-    """Other methods' keys, which a run of `method` never reads (`MethodSpec.config_keys`): a changed
+    """Other methods' keys, which a run of `method` never reads (`fedskew.registry.config_keys`): a changed
     default of MAP's does not make a FedRoD run one computed under another config. None for a method
     that is not registered."""
     spec = METHODS.get(method) if isinstance(method, str) else None
     if spec is None:
         return set()
-    return set(all_params()) - set(COMMON) - spec.config_keys()
+    return set(all_params()) - set(COMMON) - config_keys(spec)
 
 
 def _results(run_dir: Path) -> list[str]:

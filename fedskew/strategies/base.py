@@ -14,8 +14,9 @@ What the base does for every method:
   serves nothing, and a partition two nodes claim is served by neither while contested; refusals
   are logged, counted with the next round's failures, and asked again at the next discovery;
 - reply screening before any method sees a reply (`screen`): every record is checked against the
-  method's declared wire records (`wire`, the `fedskew.wire.Wire` its registry entry names: arrays
-  decoded from their bytes and checked, metrics typed and in range, no undeclared record), then
+  method's declared wire records (`wire`, the `fedskew.wire.Wire` on its card,
+  `fedskew/methods/<name>.py`: arrays decoded from their bytes and checked, metrics typed and in
+  range, no undeclared record), then
   `check_reply` ties the reply to its node's partition, bounds `num-examples` by that partition's
   size and the update's norm by `max-update-ratio` times the norm of the model sent (a finite but
   extreme model never enters the average). A reply that fails is dropped, logged with node,
@@ -121,9 +122,9 @@ class RoundState:
 
 class BaseStrategy(Strategy):
     """A fedskew method's server side; subclasses override the hooks that differ; its
-    records (`wire`) are its registry entry's."""
+    records (`wire`) are its card's (`fedskew/methods/<name>.py`)."""
 
-    wire = DeclaredWire()  # the method's records beyond the model (`fedskew.wire`), `MethodSpec.wire`
+    wire = DeclaredWire()  # the method's records beyond the model: its card's `MethodSpec.wire`
 
     def __init__(self, cfg: dict[str, Any], device: torch.device | None = None) -> None:
         self.cfg = cfg

@@ -37,10 +37,10 @@ from torch import nn
 
 from fedskew.losses.creff import fresh_classifier, retrain_classifier
 from fedskew.losses.mupfl import synthesize_features
+from fedskew.methods.creff import CREFF_CLASSIFIER, CREFF_GRADS
 from fedskew.strategies.base import BaseStrategy
 from fedskew.strategies.mupfl import class_targets
 from fedskew.training import torch_threads
-from fedskew.wire import CREFF_CLASSIFIER, CREFF_GRADS
 
 
 def seeded(*parts: int) -> torch.Generator:

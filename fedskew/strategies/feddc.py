@@ -44,11 +44,11 @@ import torch
 from flwr.app import ArrayRecord, Message, RecordDict
 from torch import nn
 
+from fedskew.methods.feddc import FEDDC_UPDATE
 from fedskew.records import Rejected
 from fedskew.strategies.aggregate import l2_norm, update_ratio
 from fedskew.strategies.base import RoundState, arrays_to_numpy, numpy_to_arrays
 from fedskew.strategies.scaffold import ScaffoldStrategy
-from fedskew.wire import FEDDC_UPDATE
 
 
 class FedDCStrategy(ScaffoldStrategy):

@@ -18,8 +18,8 @@ from typing import Any
 import torch
 from flwr.app import ArrayRecord, ConfigRecord
 
-from fedskew import wire
 from fedskew.losses.fedgela import ETFNet, etf_checksum, gela_model, make_etf
+from fedskew.methods.fedgela import FEDGELA_ETF, FEDGELA_ETF_INFO
 from fedskew.strategies.base import BaseStrategy
 
 BACKBONE = "features."
@@ -50,6 +50,6 @@ class FedGELAStrategy(BaseStrategy):
 
     def broadcast(self, server_round: int) -> dict[str, Any]:
         return {
-            wire.FEDGELA_ETF: ArrayRecord({"etf": self.etf}),
-            wire.FEDGELA_ETF_INFO: ConfigRecord({"sha256": self.etf_sha256, "seed": self.cfg["fedgela-etf-seed"]}),
+            FEDGELA_ETF: ArrayRecord({"etf": self.etf}),
+            FEDGELA_ETF_INFO: ConfigRecord({"sha256": self.etf_sha256, "seed": self.cfg["fedgela-etf-seed"]}),
         }

@@ -29,10 +29,10 @@ import torch
 from flwr.app import ArrayRecord, Message, RecordDict
 
 from fedskew.losses.fedgen import GENERATOR_LR_DECAY, build_generator, train_generator
+from fedskew.methods.fedgen import FEDGEN_COUNTS, FEDGEN_GENERATOR
 from fedskew.records import Rejected
 from fedskew.strategies.base import BaseStrategy
 from fedskew.training import torch_threads
-from fedskew.wire import FEDGEN_COUNTS, FEDGEN_GENERATOR
 
 GENERATOR, ADAM = "generator.", "adam."
 

@@ -29,10 +29,10 @@ import torch
 from flwr.app import ConfigRecord, RecordDict
 
 from fedskew.losses.fedmr import sharing_partitions
+from fedskew.methods.fedmr import FEDMR_CONFIG, FEDMR_PROTOTYPES
 from fedskew.records import Rejected
 from fedskew.schema import parse_class_list
 from fedskew.strategies.prototypes import PrototypeStrategy
-from fedskew.wire import FEDMR_CONFIG, FEDMR_PROTOTYPES
 
 
 class FedMRStrategy(PrototypeStrategy):

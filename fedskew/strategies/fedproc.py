@@ -5,8 +5,8 @@ class j this round (`fedskew/strategies/prototypes.py`, shared with FedMR; recor
 round's metrics add the client means of `proto-loss` and `proto-alpha`.
 """
 
+from fedskew.methods.fedproc import FEDPROC_PROTOTYPES
 from fedskew.strategies.prototypes import PrototypeStrategy
-from fedskew.wire import FEDPROC_PROTOTYPES
 
 
 class FedProcStrategy(PrototypeStrategy):

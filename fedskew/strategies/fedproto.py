@@ -36,9 +36,9 @@ from flwr.app import ArrayRecord, Message, RecordDict
 from torch import nn
 
 from fedskew.losses.fedproto import global_prototypes
+from fedskew.methods.fedproto import FEDPROTO_PROTOTYPES
 from fedskew.records import Rejected
 from fedskew.strategies.prototypes import PrototypeStrategy
-from fedskew.wire import FEDPROTO_PROTOTYPES
 
 
 class FedProtoStrategy(PrototypeStrategy):

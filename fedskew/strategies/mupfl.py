@@ -50,16 +50,16 @@ from flwr.serverapp import Grid
 
 from fedskew.data import dataset_info
 from fedskew.losses.mupfl import aggregate_class_gradients, feature_norm, initial_features, synthesize_features
+from fedskew.methods.mupfl import MUPFL_CLASSIFIER as CLASSIFIER
+from fedskew.methods.mupfl import MUPFL_FEATURES as FEATURES
+from fedskew.methods.mupfl import MUPFL_GLOBAL as GLOBAL
+from fedskew.methods.mupfl import MUPFL_GRADS as GRADS
+from fedskew.methods.mupfl import MUPFL_MAPS as MAPS
+from fedskew.methods.mupfl import MUPFL_TIMES as TIMES
 from fedskew.strategies.aggregate import class_robust_mean
 from fedskew.strategies.base import BaseStrategy, arrays_to_numpy, numpy_to_arrays
 from fedskew.strategies.clustering import cluster_update, select_clusters
 from fedskew.training import torch_threads
-from fedskew.wire import MUPFL_CLASSIFIER as CLASSIFIER
-from fedskew.wire import MUPFL_FEATURES as FEATURES
-from fedskew.wire import MUPFL_GLOBAL as GLOBAL
-from fedskew.wire import MUPFL_GRADS as GRADS
-from fedskew.wire import MUPFL_MAPS as MAPS
-from fedskew.wire import MUPFL_TIMES as TIMES
 
 log = logging.getLogger("fedskew.server")
 
