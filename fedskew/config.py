@@ -1,11 +1,11 @@
 """Run-config schema and validation, shared by the CLI, the ServerApp and the ClientApp.
 
-Every key a user can set lives here (common keys) or in the method's registry line
-(`fedskew.registry`, keys prefixed by the method name). Validation turns the raw
+Every key a user can set lives here (common keys) or on the method's card
+(`fedskew/methods/<name>.py`, keys prefixed by the method name). Validation turns the raw
 `context.run_config` (TOML types) into a plain dict of checked, typed values, or raises
 `ConfigError` with one line naming the key, the value and what is allowed.
 The types, `Param` and `ConfigError`, are `fedskew.schema`'s (a module that imports nothing of
-fedskew, below the registry); `ConfigError` is importable from here too, beside `validate`.
+fedskew, below the cards); `ConfigError` is importable from here too, beside `validate`.
 
 Keys whose value sets how much is allocated or how long a loop runs have an upper bound where a
 larger value can only be a mistake (an 8 TB allocation or a client that never ends its round,

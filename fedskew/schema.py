@@ -2,7 +2,7 @@
 a run that does not complete raises (`RunFailed`), the integer range a run config carries (`INT64`),
 and the parsers of values that several layers read (class lists, partition bindings). It imports
 nothing of fedskew, so every module may import it: the config (`fedskew.config`: the common keys and
-`validate`), the method registry (`fedskew.registry`: each method's keys) and the modules below them.
+`validate`), the methods' cards (`fedskew/methods/<name>.py`: each method's keys) and the modules below them.
 """
 
 from __future__ import annotations
