@@ -4,52 +4,42 @@ The K clients of a round train the same network, each from its own weights on it
 parameters are stacked along a new first dimension (`torch.func.stack_module_state`) and one step of
 all of them is one call of `vmap(grad_and_value(loss))`, the loss running the network through
 `torch.func.functional_call` on client k's slice: the kernels of K small models become the kernels
-of one K times wider model (a grouped convolution, a batched matrix product).
+of one K times wider model (a grouped convolution, a batched matrix product). Each point below in
+full, with its reason: docs/notes/batched-engine.md.
 
 Each client's step is exactly the step of the per-client path (`fedskew.training.train_steps` with
 `fedskew.training.sgd`):
 
 - its mini-batches are the ones it would draw (`client_steps`): a permutation of its examples from
   its own generator, cut into batches of B, a fresh permutation once one is used up, each batch's
-  augmentation drawn from the same generator right after (`fedskew.data.augment.Augmentation.draw`),
-  all drawn before training;
+  augmentation drawn from the same generator right after, all drawn before training;
 - the last, smaller batch of a permutation (b < B examples) is padded to B with weight 0, the b real
-  examples weighted 1/b (in the parameters' dtype: a float32 1/b would part float64 clients from
-  their per-client mean by float32 roundings): sum_i w_i loss_i is then the batch mean that the
-  per-client loss takes;
+  examples weighted 1/b in the parameters' dtype: sum_i w_i loss_i is the per-client batch mean;
 - torch.optim.SGD's update (dampening 0, no Nesterov), per client and per parameter group
   (`StackedSGD`; lr, momentum mu and weight decay wd of the parameter's group), on the parameters the
-  optimiser holds only: the others are frozen (differentiated not at all, never moved) and enter the
-  forward pass as they are (FedBABU's head, FedRep's body during its head epochs):
+  optimiser holds only, the others frozen in the forward pass (FedBABU's head, FedRep's body during
+  its head epochs):
 
       g_k <- g_k * min(1, c / (||g_k|| + 1e-6))        for each clip norm c, in order (clip_grad_norm_)
       d_k = g_k + wd theta_k,   b_k <- mu b_k + d_k,   theta_k <- theta_k - lr b_k
       theta_k <- theta_k - lr r_k                       with a step correction r_k (SCAFFOLD's c - c_i)
 
-  with the momentum buffer b_k starting at zero (SGD's first step sets b = d: the same value), and
-  r_k the trainer's `step_corrections` where its optimiser applies them after each step
-  (`fedskew.losses.scaffold.correct_after_step`, outside momentum); where that optimiser also clips
-  the gradient and the correction together (FedDC's `grad-clip`), after the clips above,
+  with b_k starting at zero and r_k the trainer's `step_corrections`, outside momentum
+  (`fedskew.losses.scaffold.correct_after_step`); where the optimiser clips the gradient and the
+  correction together (FedDC's `grad-clip`), after the clips above,
 
       s_k = min(1, c / (||g_k + r_k|| + 1e-6)),   g_k <- s_k g_k,   r_k <- s_k r_k   (this step only)
-- a loss may also return what the client reports as its training loss (FedDyn: the cross-entropy
-  without its regulariser), summed apart, and named scalars beside it (FedProto's prototype
-  distance: `BaseTrainer.feature_loss`), each summed apart too;
-- and the next values of some of its extras: a state the client carries from step to step (MuPFL's
-  BAVD maps, folded from each step's loss and activations), which replace those extras of the
-  clients that took the step, on the device, and which the next step reads;
-- clients are ordered by decreasing number of steps, so the clients still training at step s are
-  the first a_s of the stack: a step computes and updates that prefix only (views, no copy), and a
-  client that is done is left as it is (masked) without costing compute.
+- a loss may also return the training loss the client reports (FedDyn's cross-entropy without its
+  regulariser) and named scalars (FedProto's prototype distance), each summed apart;
+- and the next values of a state carried from step to step (MuPFL's BAVD maps), which replace those
+  extras of the clients that took the step, on the device;
+- clients are ordered by decreasing number of steps: a step updates the prefix still training
+  (views, no copy), and a client that is done is masked at no cost.
 
-The loop holds no host synchronisation: the schedule (`Schedule`: rows, weights, augmentation draws,
-the values a trainer draws for each step, `BaseTrainer.step_extras`) is built on the host and moved
-to the device once, the number of active clients per step is known in advance, and the losses are
-summed on the device.
-
-A network whose training step is not a pure function of its parameters, buffers and batch cannot be
-stacked this way (`fedskew.training.module_refusal`): BatchNorm updates running statistics and normalises over the
-batch (padding would enter its statistics), dropout draws from the global random stream.
+The loop holds no host synchronisation: the schedule (`Schedule`, with `BaseTrainer.step_extras`'s
+draws) is built on the host and moved to the device once. A network whose training step is not a
+pure function of its parameters, buffers and batch (BatchNorm, dropout) is refused
+(`fedskew.training.module_refusal`).
 """
 
 from __future__ import annotations

@@ -7,63 +7,41 @@ train locally, evaluate the personalized model on the same split (`personal-accu
 `personalized-central-eval` also on the central test set, split into the classes the client holds
 and those it lacks, as FedGELA §5 and FedRoD report for P-FL methods), and reply with the upload, the
 sample count, the metrics and the method's uplink records. A method subclasses `BaseTrainer` and
-overrides only the hooks that differ (FL-bench style); its records are its card's `wire`:
+overrides only the hooks that differ (FL-bench style); its records are its card's `wire`. The hooks
+in full, each with its default and the methods that override it: docs/notes/trainer.md.
 
     build_model      the network (default: `model` from the run config)
-    receive          checks the server's records before anything else; a method reads its extras
-                     from `self.received`, never unchecked
+    receive          checks the server's records first; a method reads its extras from `self.received`
     load_global      how the downloaded arrays enter the model (checked by `checked_arrays`)
-    example_losses   the data loss of a batch's logits, per example or as the batch mean (`reduction`;
-                     default: cross-entropy)
-    feature_loss     that data loss with terms of the batch's features z = `features(x)` (the
-                     classifier's input) and the named values it reports (FedProto's distance to the
-                     global prototypes; default, not overridden: the network runs whole, no features)
-    forward_loss     the same with the rest of the batch's pass (`Forward`: input, logits, another
-                     submodule's output: FedRoD's P-head; frozen models run on the input: MOON's,
-                     FedMMD's and FedPHP's, `frozen_features`; default: `feature_loss`)
-    penalty          a term on the trainable parameters added to it (FedProx's, FedDyn's; default: none)
-    step_extras      values the objective reads that are drawn anew at every local step, from the
-                     trainer's own generator (FedGen's noise and sampled labels; default: none): the
-                     per-client `loss` draws one step's at each step, the batched engine all of the
-                     main steps' before training, in the same order
-    loss             the local objective on one mini-batch; by default derived from the hooks above
-                     (a method whose objective is not a loss of the logits, the features and the
-                     parameters overrides `loss` itself, and `functional_loss` to be stacked: MuPFL)
-    optimizer        the local optimiser (default: `sgd` from the run config, fresh each round); a
-                     parameter it does not hold is frozen (FedBABU's head: `train_only`)
-    local_train      the whole local procedure (default: `local_steps` steps of `run_steps` on
-                     `loss`, i.e. `local-epochs` passes, batches through `self.augment`, the
-                     configured augmentation, then `after_steps`, then `later_phases`)
-    after_steps      what follows the steps: a client state's update from the trained model
-                     (SCAFFOLD's c_i, FedDyn's g_k) and its metrics (default: nothing)
-    later_phases     further stages of the local training after `after_steps`, each a `Phase`: SGD
-                     steps of a model (Ditto's personal v_k; default: none), run by both engines
-    received_global_model  the global model as received, for `client-global-accuracy` (default: the
-                       model right after `load_global`; None: no global model reaches the client)
+    example_losses   the data loss of a batch's logits, per example or the batch mean (default: CE)
+    feature_loss     that loss with terms of the features z = `features(x)`, and named reports (FedProto)
+    forward_loss     the same with the rest of the pass, a `Forward` (FedRoD's P-head, `frozen_features`)
+    penalty          a term on the trainable parameters (FedProx's, FedDyn's; default: none)
+    step_extras      values drawn anew at every local step from the trainer's generator (FedGen's)
+    loss             the local objective on one mini-batch, derived from the hooks above (MuPFL: its own)
+    optimizer        the local optimiser (default: `sgd`, fresh each round); what it does not hold is frozen
+    local_train      the whole local procedure (default: `run_steps` on `loss`, then `after_steps`,
+                     then `later_phases`)
+    after_steps      a client state's update from the trained model (SCAFFOLD's c_i, FedDyn's g_k)
+    later_phases     further stages of SGD, each a `Phase` (Ditto's v_k), run by both engines
+    received_global_model  the global model for `client-global-accuracy` (default: after `load_global`)
     personalized_model  what "personalized accuracy" measures (default: the trained model)
     upload           the ArrayRecord sent back (default: the whole state dict)
     extra_records    the method's uplink records (prototypes, counts, gradients ...)
-    train_metrics    metrics of the local training beside the loop's loss and steps (FedRS's observed
-                     classes), after `local_train`
+    train_metrics    metrics of the local training beside loss and steps (FedRS's observed classes)
 
-The batched engine (`fedskew.batched`) trains a round's clients as one stacked model when the
-trainer class sets `batched = True` in its own body (never inherited) and writes its objective once
-in the hooks above: the base derives `loss` and the engine's `functional_loss` from them. The
-contract, hook by hook: docs/methods.md ("The batched engine's contract"); `tests/test_objectives.py`
+The batched engine (`fedskew.batched`) stacks a trainer class that sets `batched = True` in its own
+body (never inherited) and writes its objective in the hooks above: the base derives `loss` and the
+engine's `functional_loss` from them (the contract: docs/methods.md, "The batched engine's contract";
+a state carried from step to step, MuPFL's maps: docs/notes/trainer.md). `tests/test_objectives.py`
 holds the two forms to one value in float64, `tests/test_batched.py` the stacked clients to the
-per-client path's uploads. A state the local step carries from step to step (MuPFL's BAVD maps,
-folded from each batch's loss and activations) travels among the extras: `batch_extras` gives its
-start, `functional_loss` returns its next values as a fourth element (loss, reported, named reports,
-carried), the engine passes them to the client's next step on the device and leaves the last ones
-in `carried` for `after_steps`, where the per-client path has kept them in its own objects.
+per-client path's uploads.
 
 `parameter_state` / `save_parameter_state` keep a client state shaped like the trainable parameters
-(control variates, gradient state, drift) across rounds, zeros where the client has none.
-
-Other helpers: `run_epochs` / `run_steps` (mini-batch SGD on the local training split with any
-optimiser and loss, for whole passes or a number of steps), `initial_model` (the run's seeded w^0,
-where a paper starts a personal part from it) and `restore` / `keep` (a module's weights in the
-client's persistent state, `self.ctx.state`).
+(control variates, gradient state, drift) across rounds, zeros where the client has none. Other
+helpers: `run_epochs` / `run_steps` (mini-batch SGD, whole passes or a number of steps),
+`initial_model` (the run's seeded w^0) and `restore` / `keep` (a module's weights in
+`self.ctx.state`).
 """
 
 from __future__ import annotations

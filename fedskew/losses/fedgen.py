@@ -2,17 +2,16 @@
 Learning", ICML 2021), pure torch. Server: `fedskew/strategies/fedgen.py`; client:
 `fedskew/client_app/fedgen.py`. Read in the authors' code, zhuangdizhu/FedGen at commit
 dd5807c5625404e99035d97e2ef8c712c2e007a6 (`FLAlgorithms/trainmodel/generator.py`,
-`servers/serverpFedGen.py`, `users/userpFedGen.py`, `utils/model_config.py`).
+`servers/serverpFedGen.py`, `users/userpFedGen.py`, `utils/model_config.py`). The reasons in full
+and the runs: docs/notes/fedgen.md.
 
 The generator G(z | y) maps noise and a label to the feature space of the shared network (the
 input of its classifier: the authors' `latent_layer_idx = -1`):
 
     G(eps, y) = W_2 ReLU(BN(W_1 [eps, onehot(y)] + b_1)) + b_2,    eps ~ U[0, 1)^noise_dim
 
-(`Generator`; hidden width 256 and noise dimension 32 are the authors' MNIST/EMNIST configuration,
-`GENERATORCONFIGS["mnist"]`; their output width is their network's latent width, here the feature
-dimension d of the configured network. The code draws eps with `torch.rand`, uniform, although its
-comment says Gaussian: uniform here.)
+(`Generator`; hidden width 256, noise dimension 32: `GENERATORCONFIGS["mnist"]`; output width the
+feature dimension d of the configured network; eps uniform, as the code's `torch.rand` draws it.)
 
 Server, each round, after the clients answered (knowledge extraction): with n_k^y the label counts
 client k uploaded, the per-class client weights are
@@ -24,39 +23,28 @@ holds ("qualified labels") and fresh noise,
 
     L_G = 1/B sum_i sum_k a_{y_i,k} CE(W_k G(eps_i, y_i), y_i)  +  eta * L_div      (`teacher_loss`)
 
-where W_k is client k's uploaded classifier (the ensemble of the clients' heads) and L_div the
-diversity loss of the authors' `DiversityLoss(metric="l1")`:
+where W_k is client k's uploaded classifier and L_div the authors' `DiversityLoss(metric="l1")`:
 
     L_div = exp(-mean_{i,j} ||eps_i - eps_j||^2_mean * |G_i - G_j|_mean)          (`diversity_loss`)
 
-(means over the coordinates). Adam (lr 3e-4, weight decay 1e-2: `RUNCONFIGS["mnist"]`), 50 steps a
-round (`ensemble_epochs // n_teacher_iters` = 50 // 5 epochs of 5 steps), batch = the local batch
-size (the code passes `self.batch_size`), lr x 0.98 after every round (`ExponentialLR(0.98)`).
-The adversarial student term has weight `ensemble_beta = 0` in every configuration of the code and
-is not implemented.
+(means over the coordinates). Adam, lr 3e-4, weight decay 1e-2 (`RUNCONFIGS["mnist"]`), 50 steps a
+round (`ensemble_epochs // n_teacher_iters`), batch = the local batch size, lr x 0.98 a round
+(`ExponentialLR(0.98)`); the student term (`ensemble_beta = 0` in the code) is not implemented.
 
-Client, from round 2 on (the code regularises when `glob_iter > 0`), every mini-batch (x, y) adds
+Client, from round 2 on (the code's `glob_iter > 0`), every mini-batch (x, y) adds
 
     (B_g / B) alpha_t CE(W G(eps, y_hat), y_hat)  +  beta_t KL(softmax(W G(eps', y)) || softmax(f(x)))
 
-(`client_regulariser`) to its cross-entropy, with y_hat ~ U(all classes) (B_g = 32 labels, the
-code's `gen_batch_size`), the target of the KL term detached, and alpha_t = max(1e-4, alpha 0.98^(t-1)),
-beta_t likewise (`regulariser_weight`; the code's `exp_lr_scheduler(glob_iter)`, alpha = beta = 10
-for MNIST). The first term is the paper's regulariser; the second ("latent loss") is the code's.
+(`client_regulariser`) to its cross-entropy: y_hat ~ U(all classes), B_g = 32 (`gen_batch_size`), the
+KL target detached, alpha_t = max(1e-4, alpha 0.98^(t-1)), beta_t likewise (`regulariser_weight`;
+`exp_lr_scheduler(glob_iter)`, alpha = beta = 10 for MNIST). The first term is the paper's
+regulariser, the second ("latent loss") the code's. The code's clients take plain SGD steps; with
+momentum 0.9 these defaults can diverge (docs/notes/fedgen.md).
 
-The code trains the clients with plain SGD (`pFedIBOptimizer`: p -= lr grad). With fedskew's
-default momentum 0.9 the defaults alpha = beta = 10 can diverge; momentum 0 or alpha = beta = 1
-does not (the runs: `docs/notes/fedgen.md`).
-
-Deviations from the code, each with its reason:
-- The teacher loss weights each sample by a_{y_i,k}. The code multiplies a (B,) loss by a (B, 1)
-  weight array, which broadcasts to (B, B) and averages to mean(CE) * mean(a): each client's term is
-  weighted by its batch-mean weight. The two agree when a batch holds one label (tested).
-- Label counts are the client's training-set histogram. The code counts the labels of the batches it
-  trained on (local_epochs x K batches) from 1 per label; with its weights normalised per label the
-  difference is the +1 smoothing, which gives a client without label y a weight 1 / (n^y + N).
-- `early_stop = 20` (stop the regulariser after 20 local epochs) never acts in the authors' runs
-  (20 local epochs) and is not implemented.
+Deviations from the code:
+- the teacher loss weights each sample by a_{y_i,k} (the code's broadcast gives mean(CE) * mean(a));
+- label counts are the client's training-set histogram (the code's: its batches' labels, from 1);
+- `early_stop = 20` never acts in the authors' runs (20 local epochs) and is not implemented.
 """
 
 from __future__ import annotations

@@ -17,9 +17,9 @@ import torch.nn.functional as F
 def fedrs_scale(counts: np.ndarray | torch.Tensor, alpha: float, tau: int = 1, mode: str = "binary") -> torch.Tensor:
     """Per-class logit scale `[C]` from the client's whole-dataset label counts.
 
-    - `binary` (paper, V1/V2): 1 for observed classes (count >= tau), alpha for missing ones.
-    - `count` (authors' later code, V3): alpha + (1 - alpha) n_c / max_j n_j; classes below tau
-      get alpha.
+    - `binary` (the paper): 1 for observed classes (count >= tau), alpha for missing ones.
+    - `count` (the authors' later code, `lxcnju/FedRepo` `algorithms/fedrs.py` `update_local`):
+      alpha + (1 - alpha) n_c / max_j n_j; classes below tau get alpha.
     - `fraction` (MAP's authors' code, `lxcnju/MAP` `algorithms/fedap.py` `update_local`): the rule
       applied to the class *fractions* n_c / n, 1 where n_c / n >= tau, else alpha. With their
       `min_samples` = 1 (tau here) only a single-class client has a class at 1: for every other

@@ -18,36 +18,29 @@ Suite file::
       p5c2: {partition: classes-per-client, classes-per-client: 2, num-supernodes: 5}
 
 The name and every label are single folder names. Before anything runs, every chosen cell is
-checked as its run would check it (`plan_cells`; `--dry-run` stops there) and given its action:
+checked as its run would check it (`plan_cells`; `--dry-run` stops there) and given its action
+(each in full: docs/notes/suites.md):
 
-- done: its `summary.json` exists and its saved `config.json` is the cell's config: skipped;
-- changed: finished under another config (the suite was edited since) or another revision of its
-  method (`MethodSpec.revision`: its arithmetic fixed since): kept and named in a warning;
-  `--rerun-changed` runs it again (rerun), its earlier files set aside in its `aside-<time>-*/`;
-- resume: stopped part-way with the cell's config: continues from its `checkpoint.pt`, so an
-  interrupted suite resumes where it stopped (within `checkpoint-every` rounds);
-- afresh: stopped part-way under another config, without a checkpoint, with a damaged file, or of a
-  method whose clients keep state across rounds (`MethodSpec.resume_note`: the resumed run's
-  clients would start without it, so it would not equal the uninterrupted run): runs again, its
-  earlier files set aside (never deleted);
-- recorded: nothing there, but the suite's result file (`results/<name>.yaml`) holds this seed of
-  this cell under the same config (`fedskew.reports.resultfile.config_sha256`): skipped, so a long suite
-  resumes on another machine or in another session from its committed numbers (an `--export`
-  then adds the new seeds to the recorded ones: `fedskew.reports.resultfile.merge_seeds`);
+- done: finished (`summary.json`) under the cell's config (`config.json`): skipped;
+- changed: finished under another config or another revision of its method
+  (`MethodSpec.revision`): kept and named in a warning; `--rerun-changed` runs it again, its
+  earlier files set aside in `aside-<time>-*/`;
+- resume: stopped part-way with the cell's config: continues from its `checkpoint.pt`;
+- afresh: stopped part-way otherwise, or of a method whose clients keep state across rounds
+  (`MethodSpec.resume_note`): runs again, its earlier files set aside (never deleted);
+- recorded: nothing there, but this seed of this cell is in `results/<name>.yaml` under the same
+  config (`fedskew.reports.resultfile.config_sha256`): skipped;
 - run: nothing there yet.
 
 `--methods`, `--partitions` and `--seeds` run only the cells with those labels (`select`). A cell
 whose config sets `engine: batched` runs in this process (`fedskew.batched.grid.run_batched`); the
 others share one private SuperLink (and Ray head), started only if there are any. At the end (and
-with `--report`) the suite folder gets `results.md`, `results.csv`, and per partition
-`accuracy-<partition>.png` and `per-class-<partition>.png`, over every finished cell, each written
-whole or not at all, the labels escaped for Markdown (`fedskew.reports.markdown.md`).
+with `--report`) the suite folder gets `results.md`, `results.csv`, `accuracy-<partition>.png` and
+`per-class-<partition>.png`, each written whole or not at all (`fedskew.reports.markdown.md`).
 
 A suite run holds the lock of every chosen cell's run folder from before it plans them to its end
-(`fedskew.files.locked`), as `benchmarks/suite_in_process.py` does: a second writer of one of them
-(another `fedskew experiment`, `--into-suite`, a `fedskew run` into that folder) is refused in one
-line naming the holder, instead of both appending rounds to one `metrics.jsonl`. A run folder whose
-rounds are not 1..R in order is refused by the report and the export (`resultfile.read_rounds`).
+(`fedskew.files.locked`): a second writer is refused in one line naming the holder. A run folder
+whose rounds are not 1..R in order is refused by the report and the export (`resultfile.read_rounds`).
 """
 
 from __future__ import annotations
