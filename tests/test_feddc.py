@@ -18,9 +18,10 @@ from fedskew.client_app.state import ClientState
 from fedskew.config import validate
 from fedskew.losses import proximal_term
 from fedskew.losses.feddc import drift_update, penalty_target
+from fedskew.losses.scaffold import scaffold_control_deltas
 from fedskew.methods.feddc import FEDDC_UPDATE
 from fedskew.models import build_model
-from fedskew.strategies.aggregate import scaffold_control_deltas, scaffold_control_update, weighted_average
+from fedskew.strategies.aggregate import scaffold_control_update, weighted_average
 from fedskew.strategies.base import arrays_to_numpy, numpy_to_arrays
 from fedskew.strategies.feddc import FedDCStrategy
 from tests.harness import cut_and_resume, mean_node_state, run_in_process

@@ -20,10 +20,10 @@ from fedskew.client_app.state import ClientState
 from fedskew.config import validate
 from fedskew.data.clients import client_indices
 from fedskew.losses import fedrs_scale
-from fedskew.losses.scaffold import correct_after_step
+from fedskew.losses.scaffold import correct_after_step, scaffold_control_deltas
 from fedskew.models import build_model
 from fedskew.registry import get_method
-from fedskew.strategies.aggregate import scaffold_control_deltas, scaffold_control_update, server_step
+from fedskew.strategies.aggregate import scaffold_control_update, server_step
 from fedskew.strategies.scaffold import ScaffoldStrategy
 from tests.harness import cut_and_resume, mean_node_state
 from tests.test_trainers import global_content, make_data, make_trainer

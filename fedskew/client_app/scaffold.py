@@ -24,7 +24,7 @@ then y is uploaded. Decisions:
   with its round). A client without one (its first participation, or a state lost or written by an
   attempt the server discarded) starts from c_i = 0, the paper's initialisation, and logs it.
 - The client does not send Delta c_i: the server computes it from what it has (x, y, c, K_i, eta_l)
-  with the same function (`fedskew.strategies.aggregate.scaffold_control_deltas`), so it cannot be
+  with the same function (`fedskew.losses.scaffold.scaffold_control_deltas`), so it cannot be
   forged apart from the model; the client applies it to its own c_i.
 Personalized model: the locally trained y.
 """
@@ -40,9 +40,8 @@ from flwr.app import RecordDict
 from torch import nn
 
 from fedskew.client_app.base import BaseTrainer
-from fedskew.losses.scaffold import correct_after_step
+from fedskew.losses.scaffold import correct_after_step, scaffold_control_deltas
 from fedskew.methods.scaffold import CONTROL
-from fedskew.strategies.aggregate import scaffold_control_deltas
 
 CLIENT_CONTROL = "control"  # the name of c_i in the client state
 

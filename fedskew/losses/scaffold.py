@@ -3,15 +3,16 @@ for Federated Learning", ICML'20, Alg. 1 line 10), also FedDC's gradient correct
 
     y <- y - eta_l (g_i(y) - c_i + c)
 
-The control variates' updates are numpy maths shared with the server
-(`fedskew.strategies.aggregate.scaffold_control_deltas`, option II).
+Each client's control-variate update (option II, `scaffold_control_deltas`) is numpy maths that the
+client and the server both compute; the server's own c update is `fedskew.strategies.aggregate`'s.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 
 from fedskew.training import CORRECTION_CLIP, STEP_CORRECTION
@@ -70,3 +71,19 @@ def correct_after_step(
         setattr(optimizer, CORRECTION_CLIP, (max_norm, optimizer.register_step_pre_hook(clip).id))
     setattr(optimizer, STEP_CORRECTION, True)  # the stacked step applies both the same way
     optimizer.register_step_post_hook(hook)
+
+
+def scaffold_control_deltas(
+    control: Mapping[str, np.ndarray],
+    x: Mapping[str, np.ndarray],
+    models: Sequence[Mapping[str, np.ndarray]],
+    steps: Sequence[int],
+    lr: float,
+) -> list[dict[str, np.ndarray]]:
+    """SCAFFOLD option II (Alg. 1 line 12), each client's Delta c_i = c_i^+ - c_i
+    = (x - y_i) / (K_i eta_l) - c, over the arrays of `control` (the trainable parameters); float64."""
+    out = []
+    for y, k in zip(models, steps, strict=True):
+        scale = 1.0 / (k * lr)
+        out.append({n: (np.asarray(x[n], np.float64) - y[n]) * scale - c for n, c in control.items()})
+    return out

@@ -102,18 +102,6 @@ def server_momentum_step(
     return _cast(out, average), {k: a.astype(np.float32) for k, a in v.items()}
 
 
-def scaffold_control_deltas(
-    control: Arrays, x: Arrays, models: Sequence[Arrays], steps: Sequence[int], lr: float
-) -> list[dict[str, np.ndarray]]:
-    """SCAFFOLD option II (Alg. 1 line 12), each client's Delta c_i = c_i^+ - c_i
-    = (x - y_i) / (K_i eta_l) - c, over the arrays of `control` (the trainable parameters); float64."""
-    out = []
-    for y, k in zip(models, steps, strict=True):
-        scale = 1.0 / (k * lr)
-        out.append({n: (np.asarray(x[n], np.float64) - y[n]) * scale - c for n, c in control.items()})
-    return out
-
-
 def scaffold_control_update(control: Arrays, deltas: Sequence[Arrays], num_clients: int) -> dict[str, np.ndarray]:
     """SCAFFOLD's server control variate (Alg. 1 lines 16-17): c + |S|/N * mean_{i in S} Delta c_i
     = c + (1/N) sum_{i in S} Delta c_i, so that c stays the mean of all N clients' c_i."""

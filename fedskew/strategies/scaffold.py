@@ -38,8 +38,9 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, Message
 
+from fedskew.losses.scaffold import scaffold_control_deltas
 from fedskew.methods.scaffold import CONTROL
-from fedskew.strategies.aggregate import l2_norm, scaffold_control_deltas, scaffold_control_update, server_step
+from fedskew.strategies.aggregate import l2_norm, scaffold_control_update, server_step
 from fedskew.strategies.base import BaseStrategy, RoundState, arrays_to_numpy, numpy_to_arrays
 from fedskew.training import round_lr
 
