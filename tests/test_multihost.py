@@ -32,6 +32,7 @@ import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -304,25 +305,35 @@ def test_deployment_across_namespaces(tmp_path: Path, method: str) -> None:
         runs = _flwr_json(lab, ["ls", "op"], cli_env, tmp_path, host="operator")
         assert [r["run-id"] for r in runs.get("runs", [])] == [str(run_id)], runs  # nor is a run of its
 
-        # 5. kill node2 once round 1 is logged; wait for the end of the run
-        killed_at = None
+        # 5. kill node2 once round 1 is logged (a thread watching every 0.1 s, so that the CLI's
+        # seconds below never let node2 answer round 2 first on a loaded machine); wait for the end
+        killed, done = threading.Event(), threading.Event()
+
+        def kill_after_round_1() -> None:
+            while not done.wait(0.1):
+                if read_jsonl(run_dir / "metrics.jsonl"):
+                    lab.kill(nodes[KILLED])
+                    killed.set()
+                    return
+
+        killer = threading.Thread(target=kill_after_round_1, daemon=True)
+        killer.start()
         status, last_ls = "", 0.0
         while not status.startswith("finished"):
             assert time.monotonic() - t_start < 290, (
                 f"multi-host run {run_id} too slow (status {status!r})\nSuperLink log:\n{_tail(sl_log)}"
             )
-            if killed_at is None and read_jsonl(run_dir / "metrics.jsonl"):
-                lab.kill(nodes[KILLED])
-                killed_at = time.monotonic()
             # the CLI costs a Python start: ask only every 15 s, or once the results are complete
             if (run_dir / "summary.json").is_file() or time.monotonic() - last_ls > 15:
                 info = _flwr_json(lab, ["ls", "op", "--run-id", str(run_id)], cli_env, tmp_path)
                 status, last_ls = (info.get("runs") or [{}])[0].get("status", ""), time.monotonic()
             time.sleep(0.5)
+        done.set()
+        killer.join(5)
         log = lab.run("operator", [str(BIN / "flwr"), "log", str(run_id), "op", "--show"], cli_env, tmp_path)
         (logs / "run.log").write_text(log.stdout + log.stderr)
         assert status == "finished:completed", f"{status}\n{_tail(logs / 'run.log', 6000)}"
-        assert killed_at is not None, "round 1 was never logged"
+        assert killed.is_set(), "round 1 was never logged"
 
         # the results: 3 nodes in round 1, then the two survivors; the lost reply is logged
         rows = read_jsonl(run_dir / "metrics.jsonl")
