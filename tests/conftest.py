@@ -49,7 +49,8 @@ def task_identity() -> None:
     TaskIdentity.run_id = TaskIdentity.node_id = TaskIdentity.task_id = 1
 
 
-# A small, fast federated job on real Fashion-MNIST: few clients, few rounds, capped local data.
+# A small, fast federated job on real Fashion-MNIST: few clients, few rounds (the `flwr run` jobs
+# below add `data-root` of `small_data`: a quarter of each class).
 SMALL_JOB: dict[str, Any] = {
     "num-server-rounds": 2,
     "fraction-train": 1.0,
@@ -57,6 +58,41 @@ SMALL_JOB: dict[str, Any] = {
     "classes-per-client": 2,
     "local-epochs": 1,
 }
+
+
+SMALL_DATA_SHARE = 4  # `small_data` keeps the first 1/4 of each class of each split
+
+
+def write_idx(path: Path, array: Any) -> None:
+    """`array` (uint8) as an IDX file: magic 0x0000 0x08 ndim, big-endian dims, the bytes."""
+    import numpy as np
+
+    head = bytes([0, 0, 0x08, array.ndim]) + np.asarray(array.shape, dtype=">u4").tobytes()
+    path.write_bytes(head + np.ascontiguousarray(array, dtype=np.uint8).tobytes())
+
+
+@pytest.fixture(scope="session")
+def small_data(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A `data-root` holding real Fashion-MNIST cut to the first quarter of every class, in both
+    splits (15,000 training and 2,500 test images, in file order), so that a test's `flwr run` job
+    spends its seconds on the mechanism it checks rather than on training; skips without the data."""
+    import numpy as np
+
+    from fedskew.data import load_dataset
+    from fedskew.data.readers import IDX_FILES
+
+    try:
+        x_tr, y_tr, x_te, y_te = load_dataset("fashion-mnist", "")
+    except FileNotFoundError as e:
+        pytest.skip(f"Fashion-MNIST is needed: {e}")
+    root = tmp_path_factory.mktemp("small-data")
+    (root / "fashion-mnist").mkdir()
+    for split, x, y in (("train", x_tr, y_tr), ("test", x_te, y_te)):
+        firsts = [np.flatnonzero(y == c)[: (y == c).sum() // SMALL_DATA_SHARE] for c in range(10)]
+        keep = np.sort(np.concatenate(firsts))
+        write_idx(root / "fashion-mnist" / IDX_FILES[f"{split}-x"], x[keep, 0])
+        write_idx(root / "fashion-mnist" / IDX_FILES[f"{split}-y"], y[keep].astype(np.uint8))
+    return str(root)
 
 
 @pytest.fixture(scope="session")
@@ -79,15 +115,16 @@ def _sim_link() -> Iterator[Callable[[Any], Any]]:
 
 
 @pytest.fixture
-def flwr_job(tmp_path: Path, _sim_link: Callable[[Any], Any]):
-    """Run a real simulation through `flwr run` on a private SuperLink; return (summary, run_dir)."""
+def flwr_job(tmp_path: Path, _sim_link: Callable[[Any], Any], small_data: str):
+    """Run a real simulation through `flwr run` on a private SuperLink, on `small_data` unless the
+    job names its own `data-root`; return (summary, run_dir)."""
     from fedskew.run.launcher import prepare_config, resources_for, run_simulation
 
     def run(
         overrides: dict[str, Any], num_supernodes: int = 5, name: str = "job", actors: int | None = None
     ) -> tuple[dict, Path]:
         """`actors`: clients trained at once (default: every core busy)."""
-        merged = {**SMALL_JOB, **overrides, "out-dir": str(tmp_path / "out"), "run-name": name}
+        merged = {**SMALL_JOB, "data-root": small_data, **overrides, "out-dir": str(tmp_path / "out"), "run-name": name}
         cfg, subm = prepare_config(ROOT, merged, num_supernodes)
         resources = resources_for(cfg, actors)
         link = _sim_link(resources)

@@ -142,11 +142,14 @@ def test_suite_in_process_stops_every_cell_within_one_grace(monkeypatch) -> None
     assert ("SIGKILL", 1) in events and ("SIGKILL", 2) in events and all(e[1] != 4 for e in events)
 
 
-def test_suite_in_process_runs_the_chosen_cells_at_once_and_stops_them_at_the_deadline(tmp_path: Path) -> None:
+def test_suite_in_process_runs_the_chosen_cells_at_once_and_stops_them_at_the_deadline(
+    tmp_path: Path, small_data: str
+) -> None:
     suite = tmp_path / "s.yaml"
     suite.write_text(
         f"name: s\nnum-supernodes: 5\nseeds: [0, 1]\nout-dir: {tmp_path}\n"
-        "base: {num-server-rounds: 2, partition: classes-per-client, classes-per-client: 2}\n"
+        "base: {num-server-rounds: 2, partition: classes-per-client, classes-per-client: 2,"
+        f" data-root: {small_data}}}\n"
         "methods: {fedavg: {}, fedrs-0.5: {method: fedrs, fedrs-alpha: 0.5}}\n"
     )
     ok = run_benchmark("suite_in_process.py", str(suite), "--seeds", "0", "--jobs", "2", "--set", "local-epochs=1")
@@ -171,7 +174,9 @@ def test_suite_in_process_runs_the_chosen_cells_at_once_and_stops_them_at_the_de
     assert bad.returncode != 0 and "no method 'fedprox'" in bad.stderr, bad.stderr
 
 
-def test_suite_in_process_into_suite_fills_the_suite_s_own_folder_as_fedskew_experiment_would(tmp_path: Path) -> None:
+def test_suite_in_process_into_suite_fills_the_suite_s_own_folder_as_fedskew_experiment_would(
+    tmp_path: Path, small_data: str
+) -> None:
     """`--into-suite`: the cells land in the suite's folder, where `plan_cells` (what `fedskew
     experiment` runs and exports) counts them done; a second call skips them; --set is refused."""
     from fedskew.run.experiments import load_suite, plan_cells
@@ -180,7 +185,8 @@ def test_suite_in_process_into_suite_fills_the_suite_s_own_folder_as_fedskew_exp
     suite = tmp_path / "s.yaml"
     suite.write_text(
         f"name: s\nnum-supernodes: 5\nseeds: [0]\nout-dir: {tmp_path}\n"
-        "base: {num-server-rounds: 2, local-epochs: 1, partition: classes-per-client, classes-per-client: 2}\n"
+        "base: {num-server-rounds: 2, local-epochs: 1, partition: classes-per-client, classes-per-client: 2,"
+        f" data-root: {small_data}}}\n"
         "methods: {fedavg: {}, fedrs-0.5: {method: fedrs, fedrs-alpha: 0.5}}\n"
     )
     ok = run_benchmark("suite_in_process.py", str(suite), "--into-suite", "--jobs", "2")
@@ -282,7 +288,7 @@ def test_suite_in_process_refuses_options_that_would_loop_run_nothing_or_mislabe
     assert [p.name for p in tmp_path.iterdir()] == ["s.yaml"]
 
 
-def test_suite_in_process_runs_cells_together_as_each_runs_alone(tmp_path: Path) -> None:
+def test_suite_in_process_runs_cells_together_as_each_runs_alone(tmp_path: Path, small_data: str) -> None:
     """`--set engine=batched`: a cell's child runs the batched engine; `--together 2`: two batched
     cells of other seeds in one process, their clients stacked across cells (`fedskew.batched.many`),
     write what each writes in a process of its own (float64); without engine=batched the option is
@@ -290,7 +296,8 @@ def test_suite_in_process_runs_cells_together_as_each_runs_alone(tmp_path: Path)
     suite = tmp_path / "s.yaml"
     suite.write_text(
         f"name: s\nnum-supernodes: 10\nseeds: [0, 1]\nout-dir: {tmp_path}\n"
-        "base: {num-server-rounds: 2, model: mlp, fraction-train: 0.3, compute-dtype: float64}\n"
+        "base: {num-server-rounds: 2, model: mlp, fraction-train: 0.3, compute-dtype: float64,"
+        f" data-root: {small_data}}}\n"
         "methods: {fedavg: {}}\n"
     )
     common = ("--set", "engine=batched", "local-epochs=1")

@@ -154,12 +154,12 @@ def test_warm_supernode_runs_every_message_in_a_fork(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_simulations_run_in_forks_of_the_warm_executor(tmp_path: Path) -> None:
+def test_simulations_run_in_forks_of_the_warm_executor(tmp_path: Path, small_data: str) -> None:
     """Two runs on one simulation SuperLink (a suite's cells): each ServerApp in a fork of the one
     warm process, none in a fresh `flwr-simulation`; a dead executor fails the next run at once."""
     env = {**flower_env(ROOT), "FLWR_HOME": str(tmp_path / "flwr-home")}
     env.pop("FEDSKEW_WARM_EXEC", None)
-    job = {**SMALL_JOB, "num-server-rounds": 1, "fraction-train": 0.4, "checkpoint-every": 0}
+    job = {**SMALL_JOB, "num-server-rounds": 1, "fraction-train": 0.4, "checkpoint-every": 0, "data-root": small_data}
     with PrivateSuperLink(tmp_path / "flwr-home", env) as link:
         assert link.exec_proc is not None and link.warm_exec
         for name in ("one", "two"):

@@ -28,7 +28,9 @@ def test_fedrs_learns_and_writes_results(flwr_job) -> None:
     assert held > 0.8 > 0.2 > missing
 
 
-def test_same_seed_gives_identical_metrics_sequential_parallel_or_in_process(flwr_job, monkeypatch, tmp_path) -> None:
+def test_same_seed_gives_identical_metrics_sequential_parallel_or_in_process(
+    flwr_job, small_data, monkeypatch, tmp_path
+) -> None:
     """One client at a time, or the 3 sampled clients of a round trained at once (3 Ray actors, in
     whatever order they finish): the same metrics, to the last digit. The first run's ServerApp
     runs in a fork of fedskew's warm executor, the second's in Flower's own fresh `flwr-simulation`.
@@ -47,5 +49,5 @@ def test_same_seed_gives_identical_metrics_sequential_parallel_or_in_process(flw
     assert "personalized-held-accuracy" not in read_metrics(a)[-1]  # only with personalized-central-eval
     TaskIdentity.run_id = TaskIdentity.node_id = TaskIdentity.task_id = 1  # messages built in this process
     out = tmp_path / "in-process"
-    run_in_process({**SMALL_JOB, **job, "out-dir": str(out), "run-name": "r"}, 5)
+    run_in_process({**SMALL_JOB, **job, "data-root": small_data, "out-dir": str(out), "run-name": "r"}, 5)
     assert (out / "r" / "metrics.jsonl").read_text() == (a / "metrics.jsonl").read_text()

@@ -44,13 +44,14 @@ def rows(path: Path) -> int:
 
 @pytest.mark.skipif(not Path("/proc/self/environ").is_file(), reason="needs Linux /proc")
 @pytest.mark.parametrize("how", ["SIGTERM", "Ctrl-C"])
-def test_interrupt_stops_the_whole_job(tmp_path: Path, how: str) -> None:
+def test_interrupt_stops_the_whole_job(tmp_path: Path, small_data: str, how: str) -> None:
     home = tmp_path / "flwr-home"  # every process of the job inherits it: how we find them
     marker = f"FLWR_HOME={home}"
     run_dir = tmp_path / "out" / "job"
     cmd = [sys.executable, "-m", "fedskew.cli", "run", "-n", "5", "-c"]
     cmd.append(
-        f'num-server-rounds=100 fraction-train=1.0 checkpoint-every=0 out-dir="{tmp_path / "out"}" run-name="job"'
+        f'num-server-rounds=100 fraction-train=1.0 checkpoint-every=0 out-dir="{tmp_path / "out"}" run-name="job" '
+        f'data-root="{small_data}"'
     )
     try:
         with open(tmp_path / "fedskew.log", "w") as log:
