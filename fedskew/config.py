@@ -158,6 +158,12 @@ COMMON: dict[str, Param] = {
         "classes it holds and on those it lacks (one test-set pass per client and round)",
     ),
     "tensorboard": Param(bool, True, "write TensorBoard event files (metrics, per-class heatmap) in the run folder"),
+    "plots": Param(
+        bool,
+        True,
+        "draw accuracy.png, per-class.png and partition.png in the run folder, and the per-class heatmap in "
+        "TensorBoard (false: none of them; about a second less a run)",
+    ),
     "wandb-project": Param(str, "", "also log to this Weights & Biases project when wandb is installed ('' = off)"),
     "device": Param(str, "auto", "'auto' (cuda when present), 'cpu', 'cuda' or 'cuda:N'"),
     "compute-dtype": Param(

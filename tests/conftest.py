@@ -41,6 +41,17 @@ def _one_thread_a_worker() -> None:
         torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def _in_process_runs_draw_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ServerApp runs of `tests.harness` (hundreds of them) start from the app's defaults with
+    `plots` and `tensorboard` off, unless a test's config turns them on: the pictures and event files
+    cost about a second a run, and the `flwr run` tests (tests/test_end_to_end.py) check them."""
+    from tests import harness
+
+    defaults = {**harness.app_defaults(), "plots": False, "tensorboard": False}
+    monkeypatch.setattr(harness, "app_defaults", lambda: dict(defaults))
+
+
 @pytest.fixture
 def task_identity() -> None:
     """Lets tests build `Message`s without a running Flower runtime (internal API)."""

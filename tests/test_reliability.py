@@ -172,7 +172,7 @@ def test_central_evaluation_runs_beside_the_next_rounds_training(job, monkeypatc
 
     monkeypatch.setattr(server, "confusion", slow_confusion)
     monkeypatch.setattr(server, "train_round", timed_train_round)
-    run_dir = job(**{"run-name": "overlap", "num-server-rounds": 3, "checkpoint-every": 1})
+    run_dir = job(**{"run-name": "overlap", "num-server-rounds": 3, "checkpoint-every": 1, "plots": True})
     assert seen_before_next_round_ended == [True, True]
     ev, tr = spans["eval"], spans["train"]
     for r in (1, 2):  # round r's evaluation while round r + 1 trains (lists are 0-based)
@@ -202,7 +202,7 @@ def test_the_partition_picture_is_drawn_beside_round_one_and_its_failure_is_only
         raise OSError("disk full")
 
     monkeypatch.setattr(server, "plot_counts", plot)
-    run_dir = job(**{"run-name": "picture", "num-server-rounds": 1})
+    run_dir = job(**{"run-name": "picture", "num-server-rounds": 1, "plots": True})
     assert drawn == [False]  # in the background thread
     assert (run_dir / "summary.json").is_file() and (run_dir / "partition.json").is_file()
     assert "partition.png not written: disk full" in caplog.text
@@ -214,7 +214,13 @@ def test_a_resumed_run_s_event_files_show_each_round_once(job) -> None:
     round once, with the values of metrics.jsonl."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    over = {"num-server-rounds": 4, "checkpoint-every": 2, "round-retries": 0, "fraction-train": 1.0}
+    over = {
+        "num-server-rounds": 4,
+        "checkpoint-every": 2,
+        "round-retries": 0,
+        "fraction-train": 1.0,
+        "tensorboard": True,
+    }
     crash = {(p, 4): raise_error for p in range(10)}
     with pytest.raises(RuntimeError):
         job(crash, **over)

@@ -71,6 +71,24 @@ def test_a_run_records_client_global_accuracy_and_last_rounds_means(tmp_path, ta
     assert {k: summary[k] for k in round_statistics(rows)} == round_statistics(rows)
 
 
+def test_plots_and_tensorboard_false_write_no_picture_and_no_event_file_and_the_same_metrics(
+    tmp_path, task_identity
+) -> None:
+    """`plots` draws accuracy.png, per-class.png and partition.png, `tensorboard` the event files;
+    off, none of them is written and every other file of the run holds the same numbers."""
+    from tests.harness import run_in_process
+
+    over = {"model": "mlp", "num-server-rounds": 2, "partition": "iid", "out-dir": str(tmp_path)}
+    pictures = {"accuracy.png", "per-class.png", "partition.png"}
+    run_in_process({**over, "run-name": "on", "plots": True, "tensorboard": True}, 3)
+    run_in_process({**over, "run-name": "off", "plots": False, "tensorboard": False}, 3)
+    on, off = ({p.name for p in (tmp_path / name).iterdir()} for name in ("on", "off"))
+    assert pictures <= on and any(n.startswith("events.out.tfevents.") for n in on)
+    assert on - off == pictures | {n for n in on if n.startswith("events.out.tfevents.")}
+    assert off <= on
+    assert (tmp_path / "on" / "metrics.jsonl").read_text() == (tmp_path / "off" / "metrics.jsonl").read_text()
+
+
 def test_accuracy_plot_shows_client_global_accuracy_on_integer_rounds(tmp_path, monkeypatch) -> None:
     import matplotlib.pyplot as plt
 

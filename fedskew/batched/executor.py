@@ -216,6 +216,7 @@ NOT_IN_LOCAL_STEP = frozenset(
         "personalized-central-eval",
         "tensorboard",
         "wandb-project",
+        "plots",
         "device",
         "torch-threads",
         "batched-chunk",

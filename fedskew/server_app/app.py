@@ -311,7 +311,9 @@ def main(grid: Grid, context: Context) -> None:
     t_partition = time.perf_counter()
     partition = save_partition(cfg, num_partitions, out)
     title = f"{cfg['partition']}: {num_partitions} clients"
-    picture = background.submit(plot_counts, partition.train, out.dir / "partition.png", title)
+    picture = None
+    if cfg["plots"]:
+        picture = background.submit(plot_counts, partition.train, out.dir / "partition.png", title)
     background.shutdown(wait=False)  # its thread ends after the picture
     start_seconds = {  # where the ServerApp's own start goes (the rest of a run's start is Flower's)
         "config": t_nodes - t_start,
@@ -339,7 +341,7 @@ def main(grid: Grid, context: Context) -> None:
         known = partition if strategy.num_partitions else None  # nodes with their own data: unknown
         central = CentralEvaluation(x_test, y_test, cfg, device, out, trackers, known)
         arrays, last_metrics = run_rounds(strategy, grid, cfg, arrays, start, last_metrics, central)
-        if (error := picture.exception()) is not None:  # a picture is not worth the run
+        if picture is not None and (error := picture.exception()) is not None:  # a picture is not worth the run
             log.warning("fedskew: %s not written: %s", out.dir / "partition.png", error)
 
         final_model = strategy.global_model(arrays)
@@ -366,7 +368,7 @@ def main(grid: Grid, context: Context) -> None:
         labels = class_labels(
             dataset_info(cfg).num_classes, known.skew if known else None, known.groups if known else None
         )
-        figure = out.finish(summary, None if final_model is None else final_model.state_dict(), labels)
+        figure = out.finish(summary, None if final_model is None else final_model.state_dict(), labels, cfg["plots"])
         if figure is not None:
             trackers.log_figure("per-class-accuracy", figure, rounds)
     finally:

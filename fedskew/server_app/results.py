@@ -63,7 +63,7 @@ RUN_FILES += ("per-class.png",)
 RESUME_FIXED = ("method", "model", "dataset", "engine")
 START_KEYS = ("resume", "overwrite")  # how a run starts, not what it computes: saved as false
 PLACE_KEYS = ("out-dir", "run-name", "data-root")  # where things are: moving a folder changes no result
-OUTPUT_KEYS = ("tensorboard", "wandb-project")  # where a copy of the metrics also goes: no result depends on them
+OUTPUT_KEYS = ("tensorboard", "wandb-project", "plots")  # copies and pictures of the metrics: no result depends on them
 EVENT_FILES = "events.out.tfevents.*"  # TensorBoard's (`fedskew.server_app.tracking`)
 AFRESH = "or start afresh with `fedskew run --overwrite` (run config overwrite=true), which keeps its files aside"
 
@@ -512,15 +512,22 @@ class RunOutput:
             append_jsonl(self.dir / "failures.jsonl", {"round": server_round, **f})
 
     def finish(
-        self, summary: dict[str, Any], state_dict: dict[str, torch.Tensor] | None, class_labels: list[str] | None = None
+        self,
+        summary: dict[str, Any],
+        state_dict: dict[str, torch.Tensor] | None,
+        class_labels: list[str] | None = None,
+        plots: bool = True,
     ) -> Any:
-        """Write `model.pt` (not for a method without a global model: `state_dict` None), the accuracy
-        plot and `per-class.png` (with `class_labels` on its class axis); return the per-class figure
-        (None without per-class records), for the trackers. `write_summary` comes after the trackers
-        have closed: a run is complete once its summary is there, every other file written."""
+        """Write `model.pt` (not for a method without a global model: `state_dict` None) and, with
+        `plots`, the accuracy plot and `per-class.png` (with `class_labels` on its class axis); return
+        the per-class figure (None without per-class records or plots), for the trackers.
+        `write_summary` comes after the trackers have closed: a run is complete once its summary is
+        there, every other file written."""
         if state_dict is not None:
             model = {k: v.cpu() for k, v in state_dict.items()}
             atomic_write(self.dir / "model.pt", lambda f: torch.save(model, f))
+        if not plots:
+            return None
         rows = read_jsonl(self.dir / "metrics.jsonl")
         plot_accuracy(rows, self.dir / "accuracy.png", summary.get("method", ""))
         figure = per_class_figure(rows, f"{summary.get('method', '')}: global model, accuracy per class", class_labels)
