@@ -341,7 +341,9 @@ def test_authors_code_mode_stage_two_step_equals_their_update() -> None:
 def test_flwr_map_mmd_end_to_end_keeps_every_client_s_state(flwr_job) -> None:
     """A real `flwr run` of MAP with the MMD transfer: every client's HPM counter survives the
     rounds in context.state, and the personalized models learn their two classes."""
-    job = {"method": "map", "num-server-rounds": 3, "fraction-train": 1.0, "map-transfer": "mmd"}
+    # the whole data set, not the tests' quarter: on it MAP's global model reaches 0.40 by round 3, on
+    # the quarter only 0.23, too close to this test's 0.2 for another CPU's rounding
+    job = {"method": "map", "num-server-rounds": 3, "fraction-train": 1.0, "map-transfer": "mmd", "data-root": ""}
     summary, run_dir = flwr_job(job, 5, "map-mmd")
     assert summary["method"] == "map" and summary["rounds"] == 3
     assert summary["final_personalized_accuracy"] > 0.8  # 2 classes per client
