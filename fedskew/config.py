@@ -60,6 +60,11 @@ def off_or_at_least_one_rule(value: float, cfg: dict[str, Any]) -> None:
         raise ValueError("must be 0 (off) or at least 1")
 
 
+# Keys that change no number of a run (a run's saved config is compared and hashed without them):
+START_KEYS = ("resume", "overwrite")  # how a run starts, not what it computes: saved as false
+PLACE_KEYS = ("out-dir", "run-name", "data-root")  # where things are: moving a folder changes no result
+OUTPUT_KEYS = ("tensorboard", "wandb-project", "plots")  # copies and pictures of the metrics
+
 COMMON: dict[str, Param] = {
     "method": Param(str, "fedavg", "the federated method (strategy + client trainer)"),
     "dataset": Param(

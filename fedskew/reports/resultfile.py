@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from fedskew.config import ConfigError, all_params, validate
+from fedskew.config import OUTPUT_KEYS, PLACE_KEYS, START_KEYS, ConfigError, all_params, validate
 from fedskew.files import locked, write_text
 from fedskew.registry import METHODS, config_keys, get_method
 
@@ -85,7 +85,7 @@ CELL_KEYS = {
 MAX_WALL_SECONDS = 365 * 86400.0  # a run's wall time in a result file: a year at most
 STAT_KEYS = {"mean", "std", "per-seed", "seeds"}
 # where and how, not what (the trackers only copy the metrics)
-UNHASHED = ("seed", "out-dir", "run-name", "data-root", "resume", "overwrite", "tensorboard", "wandb-project", "plots")
+UNHASHED = ("seed", *PLACE_KEYS, *START_KEYS, *OUTPUT_KEYS)
 PERCENT = (0.0, 100.0)  # every statistic is an accuracy or its std, in percent
 RESULT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")  # a result file's stem: results/<name>.yaml
 

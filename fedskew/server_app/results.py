@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from fedskew.config import COMMON, ConfigError, all_params
+from fedskew.config import COMMON, OUTPUT_KEYS, PLACE_KEYS, START_KEYS, ConfigError, all_params
 from fedskew.data import dataset_slug
 from fedskew.diagnostics import last_rounds_per_class, worst_class
 from fedskew.files import atomic_write, check_folder
@@ -61,9 +61,6 @@ RUN_FILES += ("per-class.png",)
 # engine's stacked float32 kernels round differently from the per-client ones (equal in float64), so a
 # run resumed on the other engine would equal neither engine's uninterrupted run
 RESUME_FIXED = ("method", "model", "dataset", "engine")
-START_KEYS = ("resume", "overwrite")  # how a run starts, not what it computes: saved as false
-PLACE_KEYS = ("out-dir", "run-name", "data-root")  # where things are: moving a folder changes no result
-OUTPUT_KEYS = ("tensorboard", "wandb-project", "plots")  # copies and pictures of the metrics: no result depends on them
 EVENT_FILES = "events.out.tfevents.*"  # TensorBoard's (`fedskew.server_app.tracking`)
 AFRESH = "or start afresh with `fedskew run --overwrite` (run config overwrite=true), which keeps its files aside"
 
