@@ -74,12 +74,19 @@ SMALL_JOB: dict[str, Any] = {
 SMALL_DATA_SHARE = 4  # `small_data` keeps the first 1/4 of each class of each split
 
 
-def write_idx(path: Path, array: Any) -> None:
-    """`array` (uint8) as an IDX file: magic 0x0000 0x08 ndim, big-endian dims, the bytes."""
+def write_idx(path: Path, array: Any, gz: bool = False) -> None:
+    """`array` as an unsigned-byte IDX file: magic 0x0000 0x08 ndim, big-endian dims, the bytes
+    (with `gz`, gzipped at `path` + ".gz")."""
+    import gzip
+
     import numpy as np
 
-    head = bytes([0, 0, 0x08, array.ndim]) + np.asarray(array.shape, dtype=">u4").tobytes()
-    path.write_bytes(head + np.ascontiguousarray(array, dtype=np.uint8).tobytes())
+    data = bytes([0, 0, 0x08, array.ndim]) + np.asarray(array.shape, dtype=">u4").tobytes()
+    data += np.ascontiguousarray(array, dtype=np.uint8).tobytes()
+    if gz:
+        path.with_name(path.name + ".gz").write_bytes(gzip.compress(data))
+    else:
+        path.write_bytes(data)
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import gzip
 import pickle
 import re
 import struct
@@ -15,18 +14,9 @@ import torch
 from fedskew.data import DATASET_INFO, DataMissingError
 from fedskew.data.clients import load_client_data, to_float
 from fedskew.data.readers import load_dataset, read_cifar_batch, read_idx
+from tests.conftest import write_idx
 
 RNG = np.random.default_rng(0)
-
-
-def write_idx(path: Path, array: np.ndarray, gz: bool) -> None:
-    header = bytes([0, 0, 0x08, array.ndim]) + struct.pack(f">{array.ndim}I", *array.shape)
-    data = header + array.astype(np.uint8).tobytes()
-    if gz:
-        path = path.with_name(path.name + ".gz")
-        path.write_bytes(gzip.compress(data))
-    else:
-        path.write_bytes(data)
 
 
 def write_mnist(folder: Path, n_train: int = 50, n_test: int = 20, gz: bool = True) -> tuple[np.ndarray, ...]:
