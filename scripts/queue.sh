@@ -7,15 +7,15 @@
 # same config and method revision ('recorded') and adds its own seeds to them on export. So the queue
 # resumes across sessions from the committed result files: commit them before a session ends.
 #   bash scripts/queue.sh                      # everything, in order
-#   QUEUE="leaderboard:0-9" bash scripts/queue.sh
-# Order: the leaderboard's 10 seeds at 40 rounds; the rounds its leading methods need to converge
+#   QUEUE="leaderboard:0-12" bash scripts/queue.sh
+# Order: the leaderboard's 13 seeds at 40 rounds; the rounds its leading methods need to converge
 # (`suites/leaderboard-long.yaml`, read by `benchmarks/convergence.py`); the peers' protocols
 # (niid_bench, PFLlib); the leaderboard at a converged budget (`suites/leaderboard-converged.yaml`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python} FEDSKEW=${FEDSKEW:-.venv/bin/fedskew}
 JOBS=${JOBS:-2}
-QUEUE=${QUEUE:-"leaderboard:0-9 leaderboard-long:0-0 peer-niid-bench:0-2 peer-pfllib:0-2 leaderboard-converged:0-4"}
+QUEUE=${QUEUE:-"leaderboard:0-12 leaderboard-long:0-0 peer-niid-bench:0-2 peer-pfllib:0-2 leaderboard-converged:0-4"}
 for item in $QUEUE; do
     suite=${item%%:*} range=${item#*:}
     for seed in $(seq "${range%-*}" "${range#*-}"); do

@@ -399,6 +399,9 @@ def test_leaderboard_pages_give_paired_gains_with_intervals_and_the_seed_counts(
     md = leaderboard_md(Path("suites/leaderboard.yaml"), board, ROOT)
     assert "| fedrs | - | - | **+2.0 [+1.7, +2.3]** | " in md and "c2 (4 seeds)" in md
     assert "| fedavg | c2 | 4 | 61.25 ± 7.40 | n/a | n/a | 90.00 ± 0.50 |" in md
+    # the seeds section: paired sds 0 (FedLC, FedProx), 0.18 (FedRS), 4.1 (MOON): median 0.09
+    assert "| c2 | 4 | 0.09 | 0.15 | 2 | 2 |" in md  # t(3) 3.18 x 0.091 / 2
+    assert f"The suite runs {len(suite['seeds'])} seeds (its `seeds:`)" in md
     verdict = leaderboard_verdict(board)
     assert verdict.startswith("**c2** (4 seeds): 2 of 4 methods above FedAvg (fedprox, fedrs), 1 below")
     chance = board.top_chance("c2")
@@ -428,7 +431,8 @@ def test_the_leaderboard_suite_runs_every_registered_method_on_three_settings() 
     suite = load_suite(ROOT / "suites" / "leaderboard.yaml", app_defaults())
     assert set(suite.method_labels) == set(METHODS)
     assert suite.partition_labels == ["dir01", "c2", "lt10"]
-    assert sorted({c.seed for c in suite.cells}) == list(range(10))
+    seeds = sorted({c.seed for c in suite.cells})
+    assert seeds == list(range(len(seeds))) and len(seeds) >= 10  # at least 10 seeds at the short budget
 
 
 def test_readme_is_short_and_reaches_every_doc() -> None:

@@ -651,7 +651,8 @@ def seeds_section(board: Board) -> list[str]:
             f"| {md(p)} | {_seed_count(board, p)} | {sd:.2f} | {width:.2f} | {seeds_needed(sd, 2.0)} | "
             f"{seeds_needed(sd, 1.0)} |"
         )
-    return [*lines, ""]
+    planned = len(board.suite.get("seeds") or [])
+    return [*lines, "", f"The suite runs {planned} seeds (its `seeds:`), chosen from the column for +-2.", ""]
 
 
 def budget_section(board: Board, long: Board | None) -> list[str]:
