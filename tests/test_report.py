@@ -402,6 +402,9 @@ def test_leaderboard_pages_give_paired_gains_with_intervals_and_the_seed_counts(
     # the seeds section: paired sds 0 (FedLC, FedProx), 0.18 (FedRS), 4.1 (MOON): median 0.09
     assert "| c2 | 4 | 0.09 | 0.15 | 2 | 2 |" in md  # t(3) 3.18 x 0.091 / 2
     assert f"The suite runs {len(suite['seeds'])} seeds (its `seeds:`)" in md
+    assert "that covers the most the column for +-2 asks at today's spread (2, c2)." in md
+    short = leaderboard_md(Path("suites/leaderboard.yaml"), Board({**suite, "seeds": [0]}, board.results), ROOT)
+    assert "runs 1 seeds (its `seeds:`); that falls short of the most" in short
     verdict = leaderboard_verdict(board)
     assert verdict.startswith("**c2** (4 seeds): 2 of 4 methods above FedAvg (fedprox, fedrs), 1 below")
     chance = board.top_chance("c2")

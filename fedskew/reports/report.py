@@ -641,18 +641,24 @@ def seeds_section(board: Board) -> list[str]:
         "| setting | seeds | median sd of a paired gain | half-width now | seeds for +-2 | seeds for +-1 |",
         "|---|---|---|---|---|---|",
     ]
+    need: dict[str, int] = {}
     for p in board.partitions:
         sds, n = board.gain_sds(p), len(board.seeds(p))
         if not sds or n < 2:
             continue
         sd = float(np.median(sds))
         width = t_quantile(n) * sd / math.sqrt(n)
+        need[p] = seeds_needed(sd, 2.0)
         lines.append(
-            f"| {md(p)} | {_seed_count(board, p)} | {sd:.2f} | {width:.2f} | {seeds_needed(sd, 2.0)} | "
-            f"{seeds_needed(sd, 1.0)} |"
+            f"| {md(p)} | {_seed_count(board, p)} | {sd:.2f} | {width:.2f} | {need[p]} | {seeds_needed(sd, 1.0)} |"
         )
     planned = len(board.suite.get("seeds") or [])
-    return [*lines, "", f"The suite runs {planned} seeds (its `seeds:`), chosen from the column for +-2.", ""]
+    said = f"The suite runs {planned} seeds (its `seeds:`)"
+    if need:
+        most = max(need, key=need.__getitem__)
+        verb = "covers" if planned >= need[most] else "falls short of"
+        said += f"; that {verb} the most the column for +-2 asks at today's spread ({need[most]}, {md(most)})"
+    return [*lines, "", said + ".", ""]
 
 
 def budget_section(board: Board, long: Board | None) -> list[str]:
