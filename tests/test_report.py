@@ -46,15 +46,17 @@ from fedskew.run.experiments import load_suite, select, stale_cells
 from fedskew.server_app.results import resumed_rounds, saved_config
 from tests.harness import ROOT, app_defaults
 
-GENERATED = ("docs/results.md", "docs/leaderboard.md", "README.md")
+GENERATED = ("docs/results.md", "docs/leaderboard.md", "README.md", "docs/notes/peers.md")
 
 
 def copy_inputs(tmp_path: Path) -> Path:
-    """What `fedskew report` reads, copied: results/, the leaderboard suite, README.md."""
+    """What `fedskew report` reads, copied: results/, the leaderboard suite, README.md, the peers' page."""
     shutil.copytree(ROOT / "results", tmp_path / "results")
     (tmp_path / "suites").mkdir()
     shutil.copy(ROOT / "suites" / "leaderboard.yaml", tmp_path / "suites")
     shutil.copy(ROOT / "README.md", tmp_path / "README.md")
+    (tmp_path / "docs" / "notes").mkdir(parents=True)
+    shutil.copy(ROOT / "docs" / "notes" / "peers.md", tmp_path / "docs" / "notes")
     return tmp_path
 
 
@@ -514,8 +516,10 @@ def test_absurd_means_in_a_result_file_never_reach_a_table(tmp_path: Path) -> No
     root = copy_inputs(tmp_path)
     path = root / "results" / "paper-fedrs.yaml"
     path.write_text(path.read_text().replace("global.last50: {mean: 85.28,", "global.last50: {mean: 1.0e+308,", 1))
+    peers = (root / "docs" / "notes" / "peers.md").read_text()
     assert main(["--root", str(root)]) == 2
-    assert not [p for p in root.glob("docs/**/*") if p.is_file()]
+    assert [p for p in root.glob("docs/**/*") if p.is_file()] == [root / "docs" / "notes" / "peers.md"]
+    assert (root / "docs" / "notes" / "peers.md").read_text() == peers
 
 
 HOSTILE = "a | b\n| c |\n<script>alert(1)</script> [x](javascript:alert(1)) &#60;img&#62;"
@@ -523,9 +527,9 @@ HOSTILE = "a | b\n| c |\n<script>alert(1)</script> [x](javascript:alert(1)) &#60
 
 def test_text_from_files_is_shown_as_text_in_every_markdown_table(tmp_path: Path) -> None:
     """A claim, a row label, a reason, a paper note, a table's title and setting, a paper's title and
-    notes link, and the leaderboard's labels holding `|`, line breaks, HTML and a `javascript:` link:
-    each table keeps its columns and rows, no HTML tag or javascript link is left, and code spans and
-    ordinary links are kept."""
+    notes link, the leaderboard's labels and a peer's setting and gap reason holding `|`, line breaks,
+    HTML and a `javascript:` link: each table keeps its columns and rows, no HTML tag or javascript
+    link is left, and code spans and ordinary links are kept."""
     root = copy_inputs(tmp_path)
     claims = yaml.safe_load((root / "results" / "claims.yaml").read_text())
     paper = claims["papers"][0]
@@ -540,7 +544,13 @@ def test_text_from_files_is_shown_as_text_in_every_markdown_table(tmp_path: Path
     (root / "suites" / "leaderboard.yaml").write_text(
         "# a header line with ``` that would close its code block\n# <script>x</script>\n" + yaml.safe_dump(board)
     )
+    published = yaml.safe_load((root / "results" / "peers" / "published.yaml").read_text())
+    published["peers"]["niid-bench"]["settings"]["c2"] = HOSTILE
+    published["peers"]["niid-bench"]["gaps"] = {"fedavg": {"c2": HOSTILE}}
+    (root / "results" / "peers" / "published.yaml").write_text(yaml.safe_dump(published))
     files = generate(root, figures=False)
+    assert HOSTILE.splitlines()[0] not in files[root / "docs" / "notes" / "peers.md"]  # escaped, not dropped:
+    assert "a \\| b \\| c \\| &lt;script&gt;" in files[root / "docs" / "notes" / "peers.md"]
     for text in files.values():
         text = re.sub(r"\n(`{3,})text\n.*?\n\1\n", "\n", text, flags=re.S)  # a code block shows its text as it is
         assert "<script" not in text and "](javascript:" not in text and "&#60;" not in text

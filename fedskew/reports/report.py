@@ -8,7 +8,8 @@ claims file `results/claims.yaml`. Outputs:
   section per paper, its rows one by one (the paper's number, ours, the verdict and its reason);
 - `docs/leaderboard.md` and `docs/img/leaderboard-gain.png` from `results/leaderboard.yaml` and the
   suite `suites/leaderboard.yaml` (every method on the standard label-skew settings);
-- README.md's generated blocks, between `<!-- report:<name> begin -->` and `<!-- report:<name> end -->`.
+- README.md's generated blocks, between `<!-- report:<name> begin -->` and `<!-- report:<name> end -->`;
+- `docs/notes/peers.md`'s block `peers`: the peers' published numbers beside ours (`fedskew.reports.peers`).
 
 `--check` writes nothing and exits 1 naming each text file that differs from what the committed
 data give (the figures are redrawn by a plain `fedskew report`).
@@ -63,6 +64,8 @@ import yaml
 from fedskew.config import ConfigError
 from fedskew.files import atomic_write, locked, write_text
 from fedskew.reports.markdown import md, md_code_block, md_link
+from fedskew.reports.peers import BLOCK as PEERS_BLOCK
+from fedskew.reports.peers import load_rows, peers_table
 from fedskew.reports.resultfile import STAT_NAME, CellResult, ResultSet, Stat, describe_stat, load_all, per_seed_values
 from fedskew.reports.stats import (
     LEVEL,
@@ -941,10 +944,17 @@ CONVERGED_SUITE = Path("suites/leaderboard-converged.yaml")  # the same methods 
 def generated_paths(root: Path) -> list[Path]:
     """Every file `fedskew report` writes (its text files and figures)."""
     docs = root / "docs"
-    return [docs / "results.md", docs / "leaderboard.md", root / "README.md", *(docs / "img" / f for f in FIGURES)]
+    return [
+        docs / "results.md",
+        docs / "leaderboard.md",
+        root / "README.md",
+        root / PEERS_PAGE,
+        *(docs / "img" / f for f in FIGURES),
+    ]
 
 
 FIGURES = ("claims.png", "leaderboard-gain.png")
+PEERS_PAGE = Path("docs/notes/peers.md")
 
 
 def generate(root: Path, figures: bool = True) -> dict[Path, str]:
@@ -963,6 +973,9 @@ def generate(root: Path, figures: bool = True) -> dict[Path, str]:
         root / "docs" / "results.md": results_md(claims, ev),
         root / "docs" / "leaderboard.md": leaderboard_md(LEADERBOARD_SUITE, board, root, long),
         root / "README.md": readme((root / "README.md").read_text(), points, board),
+        root / PEERS_PAGE: replace_block(
+            (root / PEERS_PAGE).read_text(), PEERS_BLOCK, peers_table(load_rows(root, ev.sets)), PEERS_PAGE.as_posix()
+        ),
     }
     if figures:
         (root / "docs" / "img").mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,124 @@
+"""The peers' published numbers beside ours: the generated table of `docs/notes/peers.md`.
+
+`results/peers/published.yaml` holds each peer's numbers as printed in its repository (file and
+commit), the fedskew suite that runs its protocol and, per method, the statistic of ours that
+compares (`ours`). A row's gap is ours - theirs with Welch's 95 % interval
+(`fedskew.reports.stats.welch_interval`): unpaired, since their runs and our seeds share nothing; their
+std is taken as the sample std of `runs` runs (the count a peer states, or the one its numbers
+imply), ours as the population std over our seeds. A row whose interval excludes 0 lies outside the
+seeds' spread and needs its reason under `gaps` (fedskew's reading, not the peer's); the table says
+so where none is written yet.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from fedskew.config import ConfigError
+from fedskew.reports.markdown import md
+from fedskew.reports.resultfile import ResultSet, Stat
+from fedskew.reports.stats import Interval, welch_interval
+
+PUBLISHED = Path("results/peers/published.yaml")
+BLOCK = "peers"  # docs/notes/peers.md's `<!-- report:peers begin -->` block
+
+
+@dataclass(frozen=True)
+class PeerRow:
+    peer: str
+    setting: str  # the peer's name for it
+    method: str
+    theirs: tuple[float, float, int]  # mean, sample std, runs
+    stat: str  # ours: `<metric>.<stat>`
+    ours: Stat | None  # None: our suite has not run the cell
+    seeds: int
+    reason: str
+
+    @property
+    def gap(self) -> Interval | None:
+        """ours - theirs with Welch's interval (None before our cell has 2 seeds)."""
+        if self.ours is None or self.ours.std is None:
+            return None
+        mean, sample_std, runs = self.theirs
+        pop = sample_std * math.sqrt((runs - 1) / runs)
+        return welch_interval((self.ours.mean, self.ours.std, self.seeds), (mean, pop, runs))
+
+
+def _need(raw: Any, key: str, kind: type, where: str) -> Any:
+    value = raw.get(key) if isinstance(raw, dict) else None
+    if not isinstance(value, kind):
+        raise ConfigError(f"{where}: `{key}` must be a {kind.__name__} (got {value!r})")
+    return value
+
+
+def load_rows(root: Path, sets: dict[str, ResultSet]) -> list[PeerRow]:
+    """Every (peer, setting, method) of the published file, with our cell from `sets` where it ran."""
+    path = root / PUBLISHED
+    raw = yaml.safe_load(path.read_text())
+    if _need(raw, "format", int, str(path)) != 1:
+        raise ConfigError(f"{path}: format {raw['format']!r} (this reader knows 1)")
+    rows = []
+    for key, peer in _need(raw, "peers", dict, str(path)).items():
+        where = f"{path}: peers.{key}"
+        suite = Path(_need(peer, "suite", str, where)).stem
+        settings = _need(peer, "settings", dict, where)
+        ours = _need(peer, "ours", dict, where)
+        runs = _need(peer, "runs", int, where)
+        gaps = peer.get("gaps") or {}
+        results = sets.get(suite)
+        published = _need(peer, "rows", dict, where)
+        for method, by_setting in published.items():
+            if method not in ours:
+                raise ConfigError(f"{where}: method {method!r} has no statistic under `ours`")
+            if unknown := set(by_setting) - set(settings):
+                raise ConfigError(f"{where}: rows.{method}: settings {sorted(unknown)} not under `settings`")
+        for label in settings:  # grouped by setting, as the peers print them
+            for method in (m for m, by_setting in published.items() if label in by_setting):
+                num = published[method][label]
+                cell = results.cell(label, method) if results is not None else None
+                stat = cell.stats.get(ours[method]) if cell is not None else None
+                rows.append(
+                    PeerRow(
+                        peer=key,
+                        setting=settings[label],
+                        method=method,
+                        theirs=(float(num["mean"]), float(num["std"]), runs),
+                        stat=ours[method],
+                        ours=stat,
+                        seeds=len(cell.seeds) if cell is not None else 0,
+                        reason=str((gaps.get(method) or {}).get(label, "")),
+                    )
+                )
+    return rows
+
+
+def peers_table(rows: list[PeerRow]) -> list[str]:
+    """The summary table: theirs, ours, the gap with its interval, and the gap's reason."""
+    lines = [
+        "| peer | setting | method | theirs | ours (statistic, seeds) | ours - theirs [95% interval] "
+        "| reason for a gap |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        mean, std, _ = r.theirs
+        stat = md(f"`{r.stat}`") if "`" not in r.stat else md(r.stat)
+        if r.ours is None:
+            ours, gap, reason = f"not run yet ({stat})", "", md(r.reason)
+        else:
+            spread = f" ± {r.ours.std:.2f}" if r.ours.std is not None else ""
+            ours = f"{r.ours.mean:.2f}{spread} ({stat}, {r.seeds})"
+            iv = r.gap
+            gap = iv.text() if iv is not None else f"{r.ours.mean - mean:+.2f}"
+            outside = iv is not None and iv.excludes_zero()
+            reason = md(r.reason) or ("**outside the spread: no reason written yet**" if outside else "")
+            if outside:
+                gap = f"**{gap}**"
+        lines.append(
+            f"| {md(r.peer)} | {md(r.setting)} | {md(r.method)} | {mean:.2f} ± {std:.2f} | {ours} | {gap} | {reason} |"
+        )
+    return lines

@@ -1,0 +1,93 @@
+"""The peers' table (`fedskew.reports.peers`): their numbers beside ours, the gap's interval, the reasons."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from fedskew.config import ConfigError
+from fedskew.reports.peers import PUBLISHED, load_rows, peers_table
+from fedskew.reports.resultfile import CellResult, ResultSet, Stat
+from tests.harness import ROOT
+
+
+def _published(tmp: Path, gaps: dict | None = None) -> Path:
+    peer = {
+        "suite": "suites/peer-x.yaml",
+        "settings": {"a": "Setting A", "b": "Setting B"},
+        "rows": {
+            "fedavg": {"a": {"mean": 80.0, "std": 1.0}, "b": {"mean": 70.0, "std": 1.0}},
+            "fedrs": {"a": {"mean": 90.0, "std": 0.5}},
+        },
+        "ours": {"fedavg": "global.best", "fedrs": "global.best"},
+        "runs": 3,
+        "gaps": gaps or {},
+    }
+    path = tmp / PUBLISHED
+    path.parent.mkdir(parents=True)
+    path.write_text(yaml.safe_dump({"format": 1, "peers": {"x": peer}}))
+    return path
+
+
+def _cell(partition: str, method: str, values: list[float]) -> CellResult:
+    mean = sum(values) / len(values)
+    std = (sum((v - mean) ** 2 for v in values) / len(values)) ** 0.5  # population std, as result files keep it
+    return CellResult(partition, method, list(range(len(values))), {"global.best": Stat(mean, std, values)})
+
+
+def test_rows_gaps_and_reasons(tmp_path: Path) -> None:
+    _published(tmp_path)
+    assert all(r.ours is None for r in load_rows(tmp_path, {}))  # the suite has not run
+    table = peers_table(load_rows(tmp_path, {}))
+    assert table[2] == "| x | Setting A | fedavg | 80.00 ± 1.00 | not run yet (`global.best`) |  |  |"
+    assert [line.split(" | ")[1:3] for line in table[2:]] == [
+        ["Setting A", "fedavg"],
+        ["Setting A", "fedrs"],
+        ["Setting B", "fedavg"],
+    ]  # grouped by setting
+
+    cells = [_cell("a", "fedavg", [79.0, 80.0, 81.0]), _cell("a", "fedrs", [80.0, 80.5, 81.0])]
+    sets = {"peer-x": ResultSet("peer-x", "peer-x", "suites/peer-x.yaml", cells)}
+    rows = {(r.setting, r.method): r for r in load_rows(tmp_path, sets)}
+    # ours 80 (sample sd 1, 3 seeds) against theirs 80 +- 1 over 3 runs: Welch's df 4, half-width
+    # t(0.975, 4) sqrt(1/3 + 1/3) = 2.776 x 0.816 = 2.27
+    level = rows["Setting A", "fedavg"].gap
+    assert level is not None and level.mean == pytest.approx(0.0) and level.half == pytest.approx(2.2667, abs=1e-3)
+    assert not level.excludes_zero()
+    far = rows["Setting A", "fedrs"].gap  # ours 80.5 against theirs 90: far outside
+    assert far is not None and far.high < 0
+    table = peers_table(list(rows.values()))
+    assert "| x | Setting A | fedavg | 80.00 ± 1.00 | 80.00 ± 0.82 (`global.best`, 3) | +0.0 [-2.3, +2.3] |  |" in table
+    assert any("| fedrs |" in line and "**outside the spread: no reason written yet**" in line for line in table)
+
+    reason = "their network, 582k parameters against LeNet's 44k"
+    _published(tmp_path / "with-reason", {"fedrs": {"a": reason}})
+    table = peers_table(load_rows(tmp_path / "with-reason", sets))
+    assert any("| fedrs |" in line and line.endswith(f"| {reason} |") for line in table)
+
+
+def test_a_bad_published_file_names_the_key(tmp_path: Path) -> None:
+    path = _published(tmp_path)
+    raw = yaml.safe_load(path.read_text())
+    raw["peers"]["x"]["rows"]["fedavg"]["c"] = {"mean": 1.0, "std": 0.0}
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match=r"peers\.x: rows\.fedavg: settings \['c'\] not under `settings`"):
+        load_rows(tmp_path, {})
+    raw["peers"]["x"]["rows"]["fedavg"].pop("c")
+    del raw["peers"]["x"]["runs"]
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match="`runs` must be a int"):
+        load_rows(tmp_path, {})
+
+
+def test_the_committed_file_matches_its_suites() -> None:
+    """Every published setting is a partition of the peer's suite and every method one of its methods,
+    so that the suite's export fills every row."""
+    raw = yaml.safe_load((ROOT / PUBLISHED).read_text())
+    for key, peer in raw["peers"].items():
+        suite = yaml.safe_load((ROOT / peer["suite"]).read_text())
+        assert set(peer["settings"]) <= set(suite["partitions"]), key
+        assert set(peer["rows"]) <= set(suite["methods"]), key
+    assert len(load_rows(ROOT, {})) == 24  # 8 niid_bench rows and 16 of PFLlib
