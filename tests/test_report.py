@@ -108,6 +108,7 @@ def test_editing_a_committed_number_changes_the_docs(tmp_path: Path) -> None:
     old_row = next(line for line in before.splitlines() if line.startswith("| C10-100-2 FedRS (alpha 0.5) |"))
     assert "**fails** (written: holds" in row and "written:" not in old_row
     assert "-2.0 [" in readme  # the headline table follows too
+    assert "protocol (3 seeds; every claim" in readme  # the seeds its headline intervals are over
 
 
 def iv(low: float, high: float, n: int = 10) -> Interval:

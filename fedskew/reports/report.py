@@ -386,6 +386,7 @@ class ClaimPoint:
     spread: float | None
     headline: bool
     gain_text: str = ""
+    seeds: int = 0  # that the gain's interval is over (0: no interval)
 
 
 def claim_points(claims: Claims, ev: Evidence) -> list[ClaimPoint]:
@@ -409,6 +410,7 @@ def claim_points(claims: Claims, ev: Evidence) -> list[ClaimPoint]:
                             nums.spread,
                             row.headline,
                             nums.gain_text(),
+                            nums.interval.n if nums.interval is not None else 0,
                         )
                     )
     return points
@@ -922,9 +924,11 @@ def replace_block(text: str, name: str, body: list[str], file: str = "README.md"
 
 def readme(text: str, points: list[ClaimPoint], board: Board) -> str:
     headline = [p for p in points if p.headline]
+    counts = sorted({p.seeds for p in headline if p.seeds})
+    seeds = f"{counts[0]}-{counts[-1]}" if len(counts) > 1 else (str(counts[0]) if counts else "no")
     claims = [
-        "Each paper's headline claim under its own Fashion-MNIST protocol (3 seeds; every claim, its setting and "
-        "reason in [docs/results.md](docs/results.md)):",
+        f"Each paper's headline claim under its own Fashion-MNIST protocol ({seeds} seeds; every claim, its setting "
+        "and reason in [docs/results.md](docs/results.md)):",
         "",
         *summary_table(headline, numbered=False),
         "",
