@@ -10,12 +10,16 @@
 #   QUEUE="leaderboard:0-12" bash scripts/queue.sh
 # Order: the leaderboard's 13 seeds at 40 rounds; the rounds its leading methods need to converge
 # (`suites/leaderboard-long.yaml`, read by `benchmarks/convergence.py`); the peers' protocols
-# (niid_bench, PFLlib); the leaderboard at a converged budget (`suites/leaderboard-converged.yaml`).
+# (niid_bench, PFLlib); the leaderboard at a converged budget (`suites/leaderboard-converged.yaml`);
+# then the papers' suites again, cheapest first, for the claims' paired intervals: a cell recorded
+# without per-seed values (or under an earlier config) is not skipped, so these run exactly those.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python} FEDSKEW=${FEDSKEW:-.venv/bin/fedskew}
 JOBS=${JOBS:-2}
-QUEUE=${QUEUE:-"leaderboard:0-12 leaderboard-long:0-0 peer-niid-bench:0-2 peer-pfllib:0-2 leaderboard-converged:0-4"}
+PAPERS="fmnist-skew:0-2 fmnist-pcdd:0-2 fmnist-map:0-2 fmnist-map50:0-2 paper-fedmr:0-2 paper-mupfl:0-2"
+PAPERS+=" paper-fedgela:0-2 paper-map:0-2 paper-fedrs:0-2"
+QUEUE=${QUEUE:-"leaderboard:0-12 leaderboard-long:0-0 peer-niid-bench:0-2 peer-pfllib:0-2 leaderboard-converged:0-4 $PAPERS"}
 for item in $QUEUE; do
     suite=${item%%:*} range=${item#*:}
     for seed in $(seq "${range%-*}" "${range#*-}"); do
