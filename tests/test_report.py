@@ -10,6 +10,7 @@ import re
 import shutil
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -240,6 +241,15 @@ def fake_run(suite, cell, accuracies: list[float], **config_changes) -> None:
     (d / "summary.json").write_text(json.dumps({"wall_seconds": 1.0}))
 
 
+def export_setup(tmp_path: Path) -> tuple[Any, dict[tuple[str, int], Any]]:
+    """The test suite `SUITE` under `tmp_path`, its cells by (method, seed), and an empty results/."""
+    suite_path = tmp_path / "t.yaml"
+    suite_path.write_text(SUITE.format(out=tmp_path / "out"))
+    suite = load_suite(suite_path, app_defaults())
+    (tmp_path / "results").mkdir()
+    return suite, {(c.method, c.seed): c for c in suite.cells}
+
+
 def test_export_writes_a_suites_cells_and_keeps_the_files_others(tmp_path: Path) -> None:
     suite_path = tmp_path / "t.yaml"
     suite_path.write_text(SUITE.format(out=tmp_path / "out"))
@@ -465,11 +475,7 @@ def test_seeds_accumulate_across_sessions_from_the_committed_result_file(tmp_pat
     again, and an export without it replaces the recorded seeds with a warning."""
     from fedskew.run.experiments import plan_cells
 
-    suite_path = tmp_path / "t.yaml"
-    suite_path.write_text(SUITE.format(out=tmp_path / "out"))
-    suite = load_suite(suite_path, app_defaults())
-    cells = {(c.method, c.seed): c for c in suite.cells}
-    (tmp_path / "results").mkdir()
+    suite, cells = export_setup(tmp_path)
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")  # the app's defaults
     fake_run(suite, cells[("fedavg", 0)], [0.5, 0.6, 0.7])
     export_suite(suite, "suites/t.yaml", app_defaults(), tmp_path / "results")
@@ -570,11 +576,7 @@ def test_text_from_files_is_shown_as_text_in_every_markdown_table(tmp_path: Path
 def test_an_export_records_the_device_and_keeps_revisions_apart(tmp_path: Path) -> None:
     """The runs' summaries name their device (`device="auto"` resolved) and their method's revision:
     the cell records the devices, and a run of another revision does not join the recorded seeds."""
-    suite_path = tmp_path / "t.yaml"
-    suite_path.write_text(SUITE.format(out=tmp_path / "out"))
-    suite = load_suite(suite_path, app_defaults())
-    cells = {(c.method, c.seed): c for c in suite.cells}
-    (tmp_path / "results").mkdir()
+    suite, cells = export_setup(tmp_path)
     fake_run(suite, cells[("fedavg", 0)], [0.5, 0.6, 0.7])
     summary = suite.folder / cells[("fedavg", 0)].run_name / "summary.json"
     summary.write_text(json.dumps({"method-revision": 0, "device": "cuda", "wall_seconds": 12.5}))
@@ -591,6 +593,38 @@ def test_an_export_records_the_device_and_keeps_revisions_apart(tmp_path: Path) 
     with pytest.warns(UserWarning, match=r"seeds \[0\] were recorded under another config"):
         rs = load_results(export_suite(suite, "suites/t.yaml", app_defaults(), tmp_path / "results"))
     assert rs.cell("iid", "fedavg").seeds == [1]
+
+
+def test_an_export_records_each_seeds_clipped_updates_and_the_page_counts_them(tmp_path: Path) -> None:
+    """A run's rounds log `update-clipped` (replies clipped at `update-norm-bound`): the export sums
+    them per seed (a run from before the bound logs none: its seed stays unknown, not 0), later
+    exports keep the earlier seeds' counts, a hostile count is refused naming the key, and the
+    leaderboard page says how many runs clipped."""
+    from fedskew.reports.report import clipped_line
+
+    suite, cells = export_setup(tmp_path)
+    fake_run(suite, cells[("fedavg", 1)], [0.4, 0.5, 0.6])
+    metrics = suite.folder / cells[("fedavg", 1)].run_name / "metrics.jsonl"
+    lines = metrics.read_text().splitlines()
+    rows = [{**json.loads(line), "update-clipped": n} for line, n in zip(lines, (0, 2, 1), strict=True)]
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with pytest.warns(UserWarning, match=r"iid/fedavg: seeds \[1\] clipped updates"):
+        path = export_suite(suite, "suites/t.yaml", app_defaults(), tmp_path / "results")
+    assert load_results(path).cell("iid", "fedavg").clipped == {1: 3}
+    shutil.rmtree(suite.folder)
+    fake_run(suite, cells[("fedavg", 0)], [0.5, 0.6, 0.7])  # from before the bound: no update-clipped
+    rs = load_results(export_suite(suite, "suites/t.yaml", app_defaults(), tmp_path / "results"))
+    cell = rs.cell("iid", "fedavg")
+    assert cell.seeds == [0, 1] and cell.clipped == {1: 3}  # seed 1's count kept, seed 0's unknown
+
+    board = Board({"methods": {"fedavg": {}}, "partitions": {"iid": {}}, "seeds": [0, 1]}, rs)
+    line = clipped_line(board)
+    assert "iid: 1 of 1 runs, 3 updates (fedavg)" in line and "3 times its round's median norm" in line
+    assert clipped_line(Board({"methods": {"fedavg": {}}, "partitions": {"iid": {}}}, None)) == ""
+
+    path.write_text(path.read_text().replace("clipped-updates: {1: 3}", "clipped-updates: {1: -3}"))
+    with pytest.raises(ConfigError, match=r"clipped-updates\[1\]=-3 is not allowed: must be a count of updates"):
+        load_results(path)
 
 
 def test_a_finished_run_of_an_earlier_revision_of_its_method_is_changed_not_done(tmp_path: Path) -> None:

@@ -61,7 +61,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from fedskew.config import ConfigError
+from fedskew.config import ConfigError, all_params
 from fedskew.files import atomic_write, locked, write_text
 from fedskew.reports.markdown import md, md_code_block, md_link
 from fedskew.reports.peers import BLOCK as PEERS_BLOCK
@@ -734,6 +734,31 @@ def where_ran(board: Board) -> str:
     )
 
 
+def clipped_line(board: Board) -> str:
+    """How often `update-norm-bound` clipped an honest update, per setting, over the runs whose count
+    the result file records ('' when none does): the numbers hold under that default."""
+    parts = []
+    for p in board.partitions:
+        cells = [c for m in board.methods if (c := board.cell(p, m))]
+        counts = [n for c in cells for n in c.clipped.values()]
+        if counts:
+            hit = [c.method for c in cells if any(c.clipped.values())]
+            parts.append(
+                f"{md(p)}: {sum(1 for n in counts if n)} of {len(counts)} runs, {sum(counts)} updates "
+                f"({', '.join(map(md, hit)) or 'none'})"
+            )
+    if not parts:
+        return ""
+    bound = all_params()["update-norm-bound"].default
+    return (
+        f"Honest updates `update-norm-bound` clipped (each update to {bound:g} times its round's median norm, the "
+        "default every run keeps), over the runs whose count the result file records: "
+        + "; ".join(parts)
+        + ". The gains are those of fedskew's defaults, the bound included (its effect on clipped runs: "
+        "[notes/update-ratio.md](notes/update-ratio.md))."
+    )
+
+
 def leaderboard_md(suite_path: Path, board: Board, root: Path = Path("."), long: Board | None = None) -> str:
     last, partitions = board.last, board.partitions
     header = [line[2:] if line.startswith("# ") else line[1:] for line in _header_comment(root / suite_path)]
@@ -757,6 +782,8 @@ def leaderboard_md(suite_path: Path, board: Board, root: Path = Path("."), long:
         lines += [verdict, ""]
     if ran := where_ran(board):
         lines += [ran, ""]
+    if clipped := clipped_line(board):
+        lines += [clipped, ""]
     lines += [
         f"## Gain in global accuracy over FedAvg (points, mean of the last {last} rounds, paired by seed)",
         "",

@@ -14,6 +14,9 @@ entry per cell (a suite's partition label x method label)::
       config-sha256: 3f1c...              # of the validated config the runs saved (no seed, no paths)
       source: what produced the numbers   # an export from run folders, or a migration
       note: optional, one line (a re-export keeps it)
+      wall-seconds: {0: 84.2, ...}        # optional: each seed's run, its wall time
+      clipped-updates: {0: 0, 1: 3, ...}  # optional: each seed's run, the updates `update-norm-bound`
+                                          #   clipped (seeds exported before it was kept: absent)
       stats:
         global.last50: {mean: 85.28, std: 0.43, per-seed: [85.6, 85.1, 85.2]}
 
@@ -80,9 +83,10 @@ STAT_NAME = re.compile(r"^[a-z][a-z0-9-]*\.(last\d+|osc\d+|osc\d+-\d+|r\d+-\d+|f
 FILE_KEYS = {"suite", "suite-file", "overrides", "cells"}
 CELL_KEYS = {
     *("partition", "method", "seeds", "rounds", "config", "config-sha256", "device", "wall-seconds", "source"),
-    *("note", "stats"),
+    *("note", "stats", "clipped-updates"),
 }
 MAX_WALL_SECONDS = 365 * 86400.0  # a run's wall time in a result file: a year at most
+MAX_CLIPPED = 10**9  # a run's clipped updates in a result file
 STAT_KEYS = {"mean", "std", "per-seed", "seeds"}
 # where and how, not what (the trackers only copy the metrics)
 UNHASHED = ("seed", *PLACE_KEYS, *START_KEYS, *OUTPUT_KEYS)
@@ -112,6 +116,9 @@ class CellResult:
     device: str = ""  # where its runs ran ("cpu", "cuda", "cpu, cuda"), '' where not recorded
     # each seed's run: its wall time in seconds (`summary.json`'s wall_seconds), where recorded
     wall_seconds: dict[int, float] = field(default_factory=dict)
+    # each seed's run: how many updates `update-norm-bound` clipped, where recorded (a seed exported
+    # before this was kept is absent: unknown, not 0)
+    clipped: dict[int, int] = field(default_factory=dict)
 
     def stat_seeds(self, name: str) -> list[int]:
         return self.stats[name].seeds or self.seeds
@@ -231,22 +238,29 @@ def _cell(path: Path, i: int, raw: Any) -> CellResult:
         source=_text(path, f"{where}.source", raw.get("source", "")),
         note=_text(path, f"{where}.note", raw.get("note", "")),
         device=_text(path, f"{where}.device", raw.get("device", "")),
-        wall_seconds=_wall_seconds(path, f"{where}.wall-seconds", raw.get("wall-seconds", {}), seeds),
+        wall_seconds=_per_seed(path, f"{where}.wall-seconds", raw.get("wall-seconds", {}), seeds, "seconds"),
+        clipped=_per_seed(path, f"{where}.clipped-updates", raw.get("clipped-updates", {}), seeds, "updates"),
     )
 
 
-def _wall_seconds(path: Path, where: str, raw: Any, seeds: list[int]) -> dict[int, float]:
-    """{seed: seconds} for some of the cell's seeds, each a number in [0, MAX_WALL_SECONDS]."""
+def _per_seed(path: Path, where: str, raw: Any, seeds: list[int], what: str) -> dict[int, Any]:
+    """{seed: value} for some of the cell's seeds: `seconds` a number in [0, MAX_WALL_SECONDS],
+    `updates` a count in [0, MAX_CLIPPED]."""
     if not isinstance(raw, dict):
-        raise _fail(path, where, raw, "must be a mapping of seed to seconds")
+        raise _fail(path, where, raw, f"must be a mapping of seed to {what}")
     out = {}
     for seed, value in raw.items():
         if not isinstance(seed, int) or isinstance(seed, bool) or seed not in seeds:
             raise _fail(path, where, seed, f"a key must be one of the cell's seeds {seeds}")
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= MAX_WALL_SECONDS
-        if not ok:
-            raise _fail(path, f"{where}[{seed}]", value, f"must be seconds in [0, {MAX_WALL_SECONDS:g}]")
-        out[seed] = float(value)
+        if what == "seconds":
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= MAX_WALL_SECONDS
+            if not ok:
+                raise _fail(path, f"{where}[{seed}]", value, f"must be seconds in [0, {MAX_WALL_SECONDS:g}]")
+            out[seed] = float(value)
+        else:
+            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_CLIPPED:
+                raise _fail(path, f"{where}[{seed}]", value, f"must be a count of updates in [0, {MAX_CLIPPED}]")
+            out[seed] = value
     return out
 
 
@@ -331,6 +345,8 @@ def dump_results(results: ResultSet, path: str | Path) -> None:
                 raw[key] = value
         if c.wall_seconds:
             raw["wall-seconds"] = _Flow({s: round(v, 1) for s, v in sorted(c.wall_seconds.items())})
+        if c.clipped:
+            raw["clipped-updates"] = _Flow(dict(sorted(c.clipped.items())))
         raw["stats"] = {name: _stat_raw(s) for name, s in c.stats.items()}
         cells.append(raw)
     top: dict[str, Any] = {"suite": results.suite, "suite-file": results.suite_file}
@@ -365,6 +381,11 @@ def config_sha256(saved: dict[str, Any], revision: int | None = None) -> str:
     if revision:
         what["method-revision"] = revision
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
+
+
+def _count(value: Any) -> int:
+    """A round's `update-clipped` as a count (0 for anything else: the run's own log, still read as data)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_CLIPPED else 0
 
 
 def _summarise(values: list[float | None], seeds: list[int]) -> Stat | None:
@@ -427,7 +448,8 @@ def merge_seeds(old: CellResult, fresh: CellResult) -> CellResult | None:
     devices = ", ".join(sorted({d.strip() for c in (old, fresh) for d in c.device.split(",") if d.strip()}))
     source = f"{fresh.source}; seeds {kept} as recorded before"
     walls = {s: v for s, v in old.wall_seconds.items() if s in kept} | fresh.wall_seconds
-    return replace(fresh, seeds=seeds, stats=stats, source=source, device=devices, wall_seconds=walls)
+    clipped = {s: v for s, v in old.clipped.items() if s in kept} | fresh.clipped
+    return replace(fresh, seeds=seeds, stats=stats, source=source, device=devices, wall_seconds=walls, clipped=clipped)
 
 
 def cell_stats(runs: list[dict[str, Any]], seeds: list[int], last: int) -> dict[str, Stat]:
@@ -528,8 +550,9 @@ def _export(
     fresh: list[CellResult] = []
     for p in suite.partition_labels:
         for m in suite.method_labels:
-            per_run, seeds, hashes, rounds, config, devices, clipped = [], [], set(), 0, None, set(), []
+            per_run, seeds, hashes, rounds, config, devices = [], [], set(), 0, None, set()
             walls: dict[int, float] = {}
+            clipped: dict[int, int] = {}
             for c in (c for c in (suite.cells if cells is None else cells) if c.partition == p and c.method == m):
                 run_dir = run_folder / c.run_name
                 if not (run_dir / ("metrics.jsonl" if upto else "summary.json")).is_file():
@@ -559,14 +582,14 @@ def _export(
                 devices.add(str(summary.get("device", "")))
                 if isinstance(wall := summary.get("wall_seconds"), (int, float)) and 0 <= wall <= MAX_WALL_SECONDS:
                     walls[c.seed] = float(wall)
-                if any(r.get("update-clipped") for r in rows):
-                    clipped.append(c.seed)
+                if any("update-clipped" in r for r in rows):  # a run from before the bound logs none: unknown
+                    clipped[c.seed] = min(MAX_CLIPPED, sum(_count(r.get("update-clipped")) for r in rows))
                 rounds = max([rounds, *(int(r["round"]) for r in rows)])
                 config = {k: v for k, v in {**c.overrides, **overrides}.items() if k != "seed"}
-            if clipped:  # honest updates the bound changed: runs of the same config without it differ
+            if hit := [s for s, n in clipped.items() if n]:  # honest updates the bound changed
                 warnings.warn(
-                    f"{name}: {p}/{m}: seeds {clipped} clipped updates at update-norm-bound: their numbers depend "
-                    "on the bound (a method whose honest runs it changes needs a revision)",
+                    f"{name}: {p}/{m}: seeds {hit} clipped updates at update-norm-bound: their numbers depend "
+                    "on the bound (the cell records each seed's count as clipped-updates)",
                     stacklevel=2,
                 )
             if per_run:
@@ -581,6 +604,7 @@ def _export(
                         config_sha256=hashes.pop() if len(hashes) == 1 else "",
                         device=", ".join(sorted(devices - {""})),
                         wall_seconds=walls,
+                        clipped=clipped,
                         source=f"{source}, from the runs' metrics.jsonl"
                         + (f", their first {upto} rounds (runs stopped part-way included)" if upto else ""),
                     )
