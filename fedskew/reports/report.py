@@ -751,8 +751,9 @@ def clipped_line(board: Board) -> str:
         return ""
     bound = all_params()["update-norm-bound"].default
     return (
-        f"Honest updates `update-norm-bound` clipped (each update to {bound:g} times its round's median norm, the "
-        "default every run keeps), over the runs whose count the result file records: "
+        f"Honest updates `update-norm-bound` clipped (each update to {bound:g} times its round's median norm, a "
+        "default), over the runs whose count the result file records (the others ran before the bound existed or "
+        "were exported before counts were kept): "
         + "; ".join(parts)
         + ". The gains are those of fedskew's defaults, the bound included (its effect on clipped runs: "
         "[notes/update-ratio.md](notes/update-ratio.md))."
