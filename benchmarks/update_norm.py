@@ -9,10 +9,15 @@ run without it bit for bit (`BaseStrategy.bound_updates` rewrites nothing that i
 
     .venv/bin/python benchmarks/update_norm.py [--protocols fedavg-dir01,...] [--rounds 5] [--out DIR]
     .venv/bin/python benchmarks/update_norm.py --read DIR [DIR ...]     # tables of earlier runs
+    .venv/bin/python benchmarks/update_norm.py --read DIR --clipped-only --against OFF --block NAME
 
-With --write NOTE the table also replaces the part of NOTE between its `<!-- report:update-norm
-begin -->` and `<!-- report:update-norm end -->` lines, so `docs/notes/update-ratio.md` holds this
-script's output, not numbers typed by hand.
+--clipped-only keeps the runs that clipped or dropped something; --against OFF adds each run's last-10
+global and personalized accuracy beside those of the run of the same name under OFF (the same cell
+run again with the bounds off): what the clips moved.
+
+With --write NOTE the table also replaces the part of NOTE between its `<!-- report:<block>
+begin -->` and `<!-- report:<block> end -->` lines (--block, default update-norm), so
+`docs/notes/update-ratio.md` holds this script's output, not numbers typed by hand.
 """
 
 from __future__ import annotations
@@ -78,8 +83,19 @@ def run_protocol(name: str, overrides: dict[str, Any], rounds: int, clients: int
     server_main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc))
 
 
-def run_row(run: Path) -> tuple[str, ...] | None:
-    """The table cells of a finished run: its largest ratio of each kind (round), its clips, its bound."""
+def last10(run: Path, key: str) -> float | None:
+    """The mean of a run's last 10 rounds of `key` (an accuracy), in percent; None without it."""
+    values = [r[key] for r in read_jsonl(run / "metrics.jsonl") if isinstance(r.get(key), (int, float))]
+    return 100 * sum(values[-10:]) / len(values[-10:]) if values else None
+
+
+def _pair(a: float | None, b: float | None) -> str:
+    return "-" if a is None or b is None else f"{a:.2f} / {b:.2f} ({a - b:+.2f})"
+
+
+def run_row(run: Path, against: Path | None = None) -> tuple[str, ...] | None:
+    """The table cells of a finished run: its largest ratio of each kind (round), its clips, its bound
+    and, with `against`, its last-10 accuracies beside those of the same-named run there."""
     if not (run / "summary.json").is_file():
         return None
     rows = read_jsonl(run / "metrics.jsonl")
@@ -90,18 +106,24 @@ def run_row(run: Path) -> tuple[str, ...] | None:
     clipped = sum(int(r.get(k, 0)) for r in rows for k in CLIPPED)
     cfg = json.loads((run / "config.json").read_text())
     bounds = f"{cfg.get('update-norm-bound', 0):g} / {cfg.get('statistic-norm-bound', 0):g}"
-    return (run.name, str(len(rows)), *cells, str(clipped), bounds)
+    out = (run.name, str(len(rows)), *cells, str(clipped), bounds)
+    if against is None:
+        return out
+    off = against / run.name
+    if not (off / "summary.json").is_file():
+        return (*out, "-", "-")
+    return (*out, *(_pair(last10(run, k), last10(off, k)) for k in ("global-accuracy", "personalized-accuracy")))
 
 
-def table(runs: list[Path]) -> tuple[list[str], float]:
-    lines = [
-        "| run | rounds | largest update / median (round) | prototype / median | class gradient / median "
-        "| clipped or dropped | bounds |",
-        "|---|---|---|---|---|---|---|",
-    ]
+def table(runs: list[Path], against: Path | None = None, clipped_only: bool = False) -> tuple[list[str], float]:
+    head = "| run | rounds | largest update / median (round) | prototype / median | class gradient / median "
+    head += "| clipped or dropped | bounds |"
+    if against is not None:
+        head += " global last-10, bound / off (%) | personalized last-10, bound / off (%) |"
+    lines = [head, "|---" * head.count(" | ") + "|---|"]
     overall = 0.0
     for run in runs:
-        if (row := run_row(run)) is None:
+        if (row := run_row(run, against)) is None or (clipped_only and row[5] == "0"):
             continue
         lines.append("| " + " | ".join(row) + " |")
         overall = max([overall] + [float(c.split()[0]) for c in row[2:5] if c != "-"])
@@ -116,6 +138,9 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("outputs/update-norm"))
     parser.add_argument("--read", type=Path, nargs="*", help="only tabulate these run folders (or their parents)")
     parser.add_argument("--write", type=Path, help="a Markdown file whose update-norm block gets the table")
+    parser.add_argument("--block", default="update-norm", help="the block of --write (default update-norm)")
+    parser.add_argument("--against", type=Path, help="with --read: the same runs with the bounds off")
+    parser.add_argument("--clipped-only", action="store_true", help="only the runs that clipped or dropped")
     args = parser.parse_args()
     if args.read is None:
         in_process_setup()
@@ -131,11 +156,11 @@ def main() -> None:
         runs = [args.out / n for n in names]
     else:
         runs = [r for p in args.read for r in ([p] if (p / "metrics.jsonl").is_file() else sorted(p.iterdir()))]
-    lines, _ = table(runs)
+    lines, _ = table(runs, args.against, args.clipped_only)
     print("\n".join(lines))
     if args.write:
         try:
-            text = replace_block(args.write.read_text(), "update-norm", lines, str(args.write))
+            text = replace_block(args.write.read_text(), args.block, lines, str(args.write))
         except ConfigError as e:
             raise SystemExit(str(e)) from None
         atomic_write(args.write, lambda f: f.write(text.encode()))

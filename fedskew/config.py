@@ -229,7 +229,9 @@ COMMON: dict[str, Param] = {
         "0 = off, else at least 1)",
         low=0.0,
         rule=off_or_at_least_one_rule,
-        neutral=True,  # clips no update of a stable honest run (docs/notes/update-ratio.md)
+        # hashed as runs from before the key: it changes a run only in the rounds it clips, which a result
+        # file records per seed (`clipped-updates`); what that moves: docs/notes/update-ratio.md
+        neutral=True,
     ),
     "statistic-norm-bound": Param(
         float,
