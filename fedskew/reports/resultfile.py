@@ -48,6 +48,7 @@ import hashlib
 import json
 import re
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -238,29 +239,45 @@ def _cell(path: Path, i: int, raw: Any) -> CellResult:
         source=_text(path, f"{where}.source", raw.get("source", "")),
         note=_text(path, f"{where}.note", raw.get("note", "")),
         device=_text(path, f"{where}.device", raw.get("device", "")),
-        wall_seconds=_per_seed(path, f"{where}.wall-seconds", raw.get("wall-seconds", {}), seeds, "seconds"),
-        clipped=_per_seed(path, f"{where}.clipped-updates", raw.get("clipped-updates", {}), seeds, "updates"),
+        wall_seconds=_per_seed(
+            path, f"{where}.wall-seconds", raw.get("wall-seconds", {}), seeds, _seconds, "seconds", MAX_WALL_SECONDS
+        ),
+        clipped=_per_seed(
+            path,
+            f"{where}.clipped-updates",
+            raw.get("clipped-updates", {}),
+            seeds,
+            _count,
+            "a count of updates",
+            MAX_CLIPPED,
+        ),
     )
 
 
-def _per_seed(path: Path, where: str, raw: Any, seeds: list[int], what: str) -> dict[int, Any]:
-    """{seed: value} for some of the cell's seeds: `seconds` a number in [0, MAX_WALL_SECONDS],
-    `updates` a count in [0, MAX_CLIPPED]."""
+def _seconds(value: Any) -> float | None:
+    """A run's wall time: a number in [0, MAX_WALL_SECONDS]; None for anything else."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= MAX_WALL_SECONDS
+    return float(value) if ok else None
+
+
+def _count(value: Any) -> int | None:
+    """A count of clipped updates: an integer in [0, MAX_CLIPPED]; None for anything else."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_CLIPPED else None
+
+
+def _per_seed(
+    path: Path, where: str, raw: Any, seeds: list[int], accept: Callable[[Any], Any], what: str, most: float
+) -> dict[int, Any]:
+    """{seed: value} for some of the cell's seeds, each value as `accept` takes it (None: refused)."""
     if not isinstance(raw, dict):
         raise _fail(path, where, raw, f"must be a mapping of seed to {what}")
     out = {}
     for seed, value in raw.items():
         if not isinstance(seed, int) or isinstance(seed, bool) or seed not in seeds:
             raise _fail(path, where, seed, f"a key must be one of the cell's seeds {seeds}")
-        if what == "seconds":
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= MAX_WALL_SECONDS
-            if not ok:
-                raise _fail(path, f"{where}[{seed}]", value, f"must be seconds in [0, {MAX_WALL_SECONDS:g}]")
-            out[seed] = float(value)
-        else:
-            if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_CLIPPED:
-                raise _fail(path, f"{where}[{seed}]", value, f"must be a count of updates in [0, {MAX_CLIPPED}]")
-            out[seed] = value
+        if (taken := accept(value)) is None:
+            raise _fail(path, f"{where}[{seed}]", value, f"must be {what} in [0, {most:g}]")
+        out[seed] = taken
     return out
 
 
@@ -381,11 +398,6 @@ def config_sha256(saved: dict[str, Any], revision: int | None = None) -> str:
     if revision:
         what["method-revision"] = revision
     return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()
-
-
-def _count(value: Any) -> int:
-    """A round's `update-clipped` as a count (0 for anything else: the run's own log, still read as data)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= MAX_CLIPPED else 0
 
 
 def _summarise(values: list[float | None], seeds: list[int]) -> Stat | None:
@@ -580,10 +592,11 @@ def _export(
                 # a run that predates revisions (no `method-revision` in its summary) is revision 0
                 hashes.add(config_sha256(saved, int(summary.get("method-revision", 0))))
                 devices.add(str(summary.get("device", "")))
-                if isinstance(wall := summary.get("wall_seconds"), (int, float)) and 0 <= wall <= MAX_WALL_SECONDS:
-                    walls[c.seed] = float(wall)
+                if (wall := _seconds(summary.get("wall_seconds"))) is not None:
+                    walls[c.seed] = wall
                 if any("update-clipped" in r for r in rows):  # a run from before the bound logs none: unknown
-                    clipped[c.seed] = min(MAX_CLIPPED, sum(_count(r.get("update-clipped")) for r in rows))
+                    # each round's count as data (anything else counts 0: the run's own log, still a file)
+                    clipped[c.seed] = min(MAX_CLIPPED, sum(_count(r.get("update-clipped")) or 0 for r in rows))
                 rounds = max([rounds, *(int(r["round"]) for r in rows)])
                 config = {k: v for k, v in {**c.overrides, **overrides}.items() if k != "seed"}
             if hit := [s for s, n in clipped.items() if n]:  # honest updates the bound changed
