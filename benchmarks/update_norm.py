@@ -35,6 +35,7 @@ from fedskew.config import ConfigError
 from fedskew.files import atomic_write
 from fedskew.reports.report import replace_block
 from fedskew.server_app.app import main as server_main
+from fedskew.server_app.results import round_statistics
 
 # Fashion-MNIST, LeNet, 20 partitions with 10 clients a round: the label skews of the papers'
 # protocols (FedGELA's Dirichlet 0.1 with 5 local epochs of batch 100, FedRS's 2 classes a client,
@@ -83,14 +84,9 @@ def run_protocol(name: str, overrides: dict[str, Any], rounds: int, clients: int
     server_main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=rc))
 
 
-def last10(run: Path, key: str) -> float | None:
-    """The mean of a run's last 10 rounds of `key` (an accuracy), in percent; None without it."""
-    values = [r[key] for r in read_jsonl(run / "metrics.jsonl") if isinstance(r.get(key), (int, float))]
-    return 100 * sum(values[-10:]) / len(values[-10:]) if values else None
-
-
 def _pair(a: float | None, b: float | None) -> str:
-    return "-" if a is None or b is None else f"{a:.2f} / {b:.2f} ({a - b:+.2f})"
+    """'a / b (a - b)' of two last-10 accuracies (fractions) in percent; '-' without either."""
+    return "-" if a is None or b is None else f"{100 * a:.2f} / {100 * b:.2f} ({100 * (a - b):+.2f})"
 
 
 def run_row(run: Path, against: Path | None = None) -> tuple[str, ...] | None:
@@ -112,7 +108,8 @@ def run_row(run: Path, against: Path | None = None) -> tuple[str, ...] | None:
     off = against / run.name
     if not (off / "summary.json").is_file():
         return (*out, "-", "-")
-    return (*out, *(_pair(last10(run, k), last10(off, k)) for k in ("global-accuracy", "personalized-accuracy")))
+    mine, theirs = round_statistics(rows, 10), round_statistics(read_jsonl(off / "metrics.jsonl"), 10)
+    return (*out, *(_pair(mine[k], theirs[k]) for k in ("last10_global_accuracy", "last10_personalized_accuracy")))
 
 
 def table(runs: list[Path], against: Path | None = None, clipped_only: bool = False) -> tuple[list[str], float]:
