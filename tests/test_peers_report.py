@@ -69,6 +69,8 @@ def test_rows_gaps_and_reasons(tmp_path: Path) -> None:
 
 
 def test_a_bad_published_file_names_the_key(tmp_path: Path) -> None:
+    """A file the table cannot show as it is (a wrong shape, an absurd number, Markdown in a name) is
+    refused with the key named, never drawn."""
     path = _published(tmp_path)
     raw = yaml.safe_load(path.read_text())
     raw["peers"]["x"]["rows"]["fedavg"]["c"] = {"mean": 1.0, "std": 0.0}
@@ -79,6 +81,28 @@ def test_a_bad_published_file_names_the_key(tmp_path: Path) -> None:
     del raw["peers"]["x"]["runs"]
     path.write_text(yaml.safe_dump(raw))
     with pytest.raises(ConfigError, match="`runs` must be a int"):
+        load_rows(tmp_path, {})
+    # values inside the file's shape that the table could not show as they are: each refused, named
+    hostile = [
+        (("runs",), 1, r"peers\.x\.runs=1 is not allowed: must be an integer >= 2"),
+        (("rows", "fedavg", "a", "std"), 1e308, r"rows\.fedavg\.a\.std=1e\+308 is not allowed: must be a number"),
+        (("rows", "fedavg", "a"), "80 +- 1", r"rows\.fedavg\.a='80 \+- 1' is not allowed: must be a mapping"),
+        (("ours", "fedrs"), "global.best`\n| x |", r"ours\.fedrs=.* is not allowed: must be a statistic"),
+        (("ours", "fedrs"), "global.best\n", r"ours\.fedrs=.* is not allowed: must be a statistic"),
+        (("gaps",), {"fedrs": "a reason without its setting"}, r"peers\.x\.gaps=.* is not allowed"),
+    ]
+    for keys, value, message in hostile:
+        bad = yaml.safe_load(yaml.safe_dump(raw))
+        bad["peers"]["x"]["runs"] = 3
+        node = bad["peers"]["x"]
+        for k in keys[:-1]:
+            node = node[k]
+        node[keys[-1]] = value
+        path.write_text(yaml.safe_dump(bad))
+        with pytest.raises(ConfigError, match=message):
+            load_rows(tmp_path, {})
+    path.write_text("peers: {x: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
         load_rows(tmp_path, {})
 
 

@@ -21,7 +21,7 @@ import yaml
 
 from fedskew.config import ConfigError
 from fedskew.reports.markdown import md
-from fedskew.reports.resultfile import ResultSet, Stat
+from fedskew.reports.resultfile import STAT_NAME, ResultSet, Stat, _fail, _number
 from fedskew.reports.stats import Interval, welch_interval
 
 PUBLISHED = Path("results/peers/published.yaml")
@@ -56,10 +56,21 @@ def _need(raw: Any, key: str, kind: type, where: str) -> Any:
     return value
 
 
+def _theirs(path: Path, where: str, num: Any, runs: int) -> tuple[float, float, int]:
+    """A published {mean, std} (percent, as printed) with the runs it is over."""
+    if not isinstance(num, dict):
+        raise _fail(path, where, num, "must be a mapping {mean, std} (percent)")
+    return _number(path, f"{where}.mean", num.get("mean")), _number(path, f"{where}.std", num.get("std")), runs
+
+
 def load_rows(root: Path, sets: dict[str, ResultSet]) -> list[PeerRow]:
-    """Every (peer, setting, method) of the published file, with our cell from `sets` where it ran."""
+    """Every (peer, setting, method) of the published file, with our cell from `sets` where it ran.
+    Raises ConfigError naming the key of anything the table could not show as it is."""
     path = root / PUBLISHED
-    raw = yaml.safe_load(path.read_text())
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML ({str(e).splitlines()[0]})") from None
     if _need(raw, "format", int, str(path)) != 1:
         raise ConfigError(f"{path}: format {raw['format']!r} (this reader knows 1)")
     rows = []
@@ -69,17 +80,25 @@ def load_rows(root: Path, sets: dict[str, ResultSet]) -> list[PeerRow]:
         settings = _need(peer, "settings", dict, where)
         ours = _need(peer, "ours", dict, where)
         runs = _need(peer, "runs", int, where)
+        if isinstance(runs, bool) or runs < 2:
+            raise _fail(path, f"peers.{key}.runs", runs, "must be an integer >= 2 (a std needs two runs)")
         gaps = peer.get("gaps") or {}
+        if not isinstance(gaps, dict) or not all(isinstance(g, dict) for g in gaps.values()):
+            raise _fail(path, f"peers.{key}.gaps", gaps, "must map a method to {setting: reason}")
         results = sets.get(suite)
         published = _need(peer, "rows", dict, where)
         for method, by_setting in published.items():
             if method not in ours:
                 raise ConfigError(f"{where}: method {method!r} has no statistic under `ours`")
+            if not isinstance(ours[method], str) or not STAT_NAME.fullmatch(ours[method]):
+                raise _fail(path, f"peers.{key}.ours.{method}", ours[method], "must be a statistic <metric>.<stat>")
+            if not isinstance(by_setting, dict):
+                raise _fail(path, f"peers.{key}.rows.{method}", by_setting, "must map a setting to {mean, std}")
             if unknown := set(by_setting) - set(settings):
                 raise ConfigError(f"{where}: rows.{method}: settings {sorted(unknown)} not under `settings`")
         for label in settings:  # grouped by setting, as the peers print them
             for method in (m for m, by_setting in published.items() if label in by_setting):
-                num = published[method][label]
+                num = _theirs(path, f"peers.{key}.rows.{method}.{label}", published[method][label], runs)
                 cell = results.cell(label, method) if results is not None else None
                 stat = cell.stats.get(ours[method]) if cell is not None else None
                 rows.append(
@@ -87,7 +106,7 @@ def load_rows(root: Path, sets: dict[str, ResultSet]) -> list[PeerRow]:
                         peer=key,
                         setting=settings[label],
                         method=method,
-                        theirs=(float(num["mean"]), float(num["std"]), runs),
+                        theirs=num,
                         stat=ours[method],
                         ours=stat,
                         seeds=len(cell.seeds) if cell is not None else 0,
@@ -106,7 +125,7 @@ def peers_table(rows: list[PeerRow]) -> list[str]:
     ]
     for r in rows:
         mean, std, _ = r.theirs
-        stat = md(f"`{r.stat}`") if "`" not in r.stat else md(r.stat)
+        stat = f"`{r.stat}`"  # a statistic's name (`load_rows` checks it): no Markdown in it
         if r.ours is None:
             ours, gap, reason = f"not run yet ({stat})", "", md(r.reason)
         else:
