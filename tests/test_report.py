@@ -389,6 +389,31 @@ def test_export_leaves_out_a_resumed_run_of_a_method_whose_clients_keep_state(tm
     assert [(c.method, c.seeds) for c in rs.cells] == [("fedavg", [0, 1]), ("scaffold", [1])]
 
 
+def test_a_gain_whose_interval_alone_excludes_0_is_bold_but_unmarked_where_holm_drops_it() -> None:
+    """Gains over FedAvg of +2 +- 0.1 (p ~ 2e-4) and of 1, 2, 0.5, 2.5 (mean 1.5, sd 0.91: t = 3.29 on 3
+    degrees of freedom, p = 0.046): both intervals exclude 0, but with 2 comparisons Holm asks the
+    larger p to be at most 0.05 / 1 after the first is rejected at 0.05 / 2: both kept; with a third,
+    null method (p ~ 1) the second threshold stays 0.05 / 2 = 0.025 < 0.046: only the first is marked."""
+    suite = yaml.safe_load((ROOT / "suites" / "leaderboard.yaml").read_text())
+    base = [60.0, 50.0, 70.0, 65.0]
+
+    def cell(method: str, gains: list[float]) -> CellResult:
+        values = [b + g for b, g in zip(base, gains, strict=True)]
+        return CellResult("c2", method, [0, 1, 2, 3], {"global.last10": Stat(float(np.mean(values)), 0.0, values)})
+
+    strong, weak = cell("fedrs", [2.1, 1.9, 2.0, 2.0]), cell("fedmmd", [1.0, 2.0, 0.5, 2.5])
+    two = Board(suite, ResultSet("leaderboard", "leaderboard", "", [cell("fedavg", [0.0] * 4), strong, weak]))
+    assert two.gain("c2", "fedmmd").excludes_zero() and two.holm_kept("c2") == {"fedrs", "fedmmd"}
+    null = cell("moon", [1.0, -1.0, 0.5, -0.5])
+    three = Board(suite, ResultSet("leaderboard", "leaderboard", "", [cell("fedavg", [0.0] * 4), strong, weak, null]))
+    assert three.holm_kept("c2") == {"fedrs"}
+    page = leaderboard_md(Path("suites/leaderboard.yaml"), three, ROOT)
+    assert "| fedrs | - | - | **+2.0 [+1.9, +2.1]**† |" in page
+    assert "| fedmmd | - | - | **+1.5 [+0.0, +3.0]** |" in page
+    assert "With 3 intervals a setting at 95%, 0.15 of them are expected to exclude 0 by chance alone" in page
+    assert "under Holm's correction 1 (fedrs) above and 0 below" in leaderboard_verdict(three)
+
+
 def test_leaderboard_pages_give_paired_gains_with_intervals_and_the_seed_counts() -> None:
     suite = yaml.safe_load((ROOT / "suites" / "leaderboard.yaml").read_text())
     empty = leaderboard_md(Path("suites/leaderboard.yaml"), Board(suite, None), ROOT)
@@ -410,7 +435,7 @@ def test_leaderboard_pages_give_paired_gains_with_intervals_and_the_seed_counts(
     assert board.gain("c2", "fedrs").excludes_zero()  # paired: +2 +- 0.3, where the stds are 7.4
     assert not board.gain("c2", "moon").excludes_zero()
     md = leaderboard_md(Path("suites/leaderboard.yaml"), board, ROOT)
-    assert "| fedrs | - | - | **+2.0 [+1.7, +2.3]** | " in md and "c2 (4 seeds)" in md
+    assert "| fedrs | - | - | **+2.0 [+1.7, +2.3]**† | " in md and "c2 (4 seeds)" in md
     assert "| fedavg | c2 | 4 | 61.25 ± 7.40 | n/a | n/a | 90.00 ± 0.50 |" in md
     # the seeds section: paired sds 0 (FedLC, FedProx), 0.18 (FedRS), 4.1 (MOON): median 0.09
     assert "| c2 | 4 | 0.09 | 0.15 | 2 | 2 |" in md  # t(3) 3.18 x 0.091 / 2
@@ -419,11 +444,14 @@ def test_leaderboard_pages_give_paired_gains_with_intervals_and_the_seed_counts(
     short = leaderboard_md(Path("suites/leaderboard.yaml"), Board({**suite, "seeds": [0]}, board.results), ROOT)
     assert "runs 1 seeds (its `seeds:`); that falls short of the most" in short
     verdict = leaderboard_verdict(board)
-    assert verdict.startswith("**c2** (4 seeds): 2 of 4 methods above FedAvg (fedprox, fedrs), 1 below")
+    assert verdict.startswith(
+        "**c2** (4 seeds): 2 of 4 methods above FedAvg (fedprox, fedrs), 1 below; "
+        "under Holm's correction 2 (fedprox, fedrs) above and 1 (fedlc) below"
+    )
     chance = board.top_chance("c2")
     assert chance["fedrs"] == 1.0 and chance["fedlc"] < 0.5  # always above FedAvg, fedlc always below it
     headline = "\n".join(leaderboard_headline(board))
-    assert "| fedrs | - | **+2.0 [+1.7, +2.3]** | - | n/a |" in headline and "c2 4" in headline
+    assert "| fedrs | - | **+2.0 [+1.7, +2.3]**† | - | n/a |" in headline and "c2 4" in headline
     assert leaderboard_verdict(Board(suite, None)) == ""
     assert "## Budget: 40 rounds against a converged budget" in md and "**Not run yet.** At 40 rounds" in md
 

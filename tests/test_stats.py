@@ -9,11 +9,13 @@ import numpy as np
 import pytest
 
 from fedskew.reports.stats import (
+    holm,
     paired,
     paired_gain,
     rank_correlation,
     seeds_needed,
     t_interval,
+    t_pvalue,
     t_quantile,
     top_k_chance,
     welch_interval,
@@ -31,6 +33,41 @@ def test_t_interval_of_known_values() -> None:
     assert one.n == 1 and math.isnan(one.low) and not one.excludes_zero() and one.text() == "+5.0 (1 seed)"
     with pytest.raises(ValueError):
         t_interval([])
+
+
+def test_t_pvalue_of_known_values_and_the_interval_agrees_with_it() -> None:
+    """1, 2, 3: t = 2 / (1 / sqrt 3) = sqrt 12 on 2 degrees of freedom, whose tail has the closed form
+    P(T_2 >= t) = 1/2 - t / (2 sqrt(2 + t^2)): p = 1 - sqrt(12 / 14) = 0.074180; and on random seeds
+    p < 0.05 exactly when the 95 % interval excludes 0 (both are the same t statistic)."""
+    assert t_pvalue(t_interval([1.0, 2.0, 3.0])) == pytest.approx(1 - math.sqrt(12 / 14), abs=1e-9)
+    assert t_pvalue(t_interval([5.0])) == 1.0
+    assert t_pvalue(t_interval([2.0, 2.0])) == 0.0 and t_pvalue(t_interval([0.0, 0.0])) == 1.0
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        iv = t_interval(rng.normal(rng.normal(0, 1), 1, size=int(rng.integers(3, 12))))
+        assert (t_pvalue(iv) < 0.05) == iv.excludes_zero()
+
+
+def test_holm_steps_down_and_stops_at_the_first_p_above_its_threshold() -> None:
+    """m = 4, thresholds 0.05/4, 0.05/3, 0.05/2, 0.05/1 in increasing p: d (0.005 <= 0.0125) and a
+    (0.01 <= 0.0167) are rejected, c (0.03 > 0.025) stops it, so b (0.04 <= 0.05) is kept too."""
+    assert holm({"a": 0.01, "b": 0.04, "c": 0.03, "d": 0.005}) == {"a", "d"}
+    assert holm({"a": 0.001, "b": 0.002}) == {"a", "b"}
+    assert holm({"a": 0.2}) == set() and holm({}) == set()
+    assert holm({"a": 0.05}) == {"a"}  # one test: Holm is the test itself
+
+
+def test_holm_bounds_the_chance_of_any_false_beat_where_the_intervals_alone_do_not() -> None:
+    """2,000 settings of 20 methods that equal the baseline (7 seeds of paired gains ~ N(0, 3)): some
+    interval excludes 0 in about 1 - 0.95^20 = 64 % of them, a Holm-corrected verdict in at most 5 %."""
+    rng = np.random.default_rng(1)
+    any_interval = any_holm = 0
+    for _ in range(2000):
+        ivs = {f"m{i}": t_interval(rng.normal(0, 3, size=7)) for i in range(20)}
+        any_interval += any(iv.excludes_zero() for iv in ivs.values())
+        any_holm += bool(holm({m: t_pvalue(iv) for m, iv in ivs.items()}))
+    assert 0.55 < any_interval / 2000 < 0.72
+    assert any_holm / 2000 <= 0.06
 
 
 def test_pairing_removes_what_the_seeds_share() -> None:

@@ -70,9 +70,11 @@ from fedskew.reports.resultfile import STAT_NAME, CellResult, ResultSet, Stat, d
 from fedskew.reports.stats import (
     LEVEL,
     Interval,
+    holm,
     paired_gain,
     rank_correlation,
     seeds_needed,
+    t_pvalue,
     t_quantile,
     top_k_chance,
     welch_interval,
@@ -570,6 +572,12 @@ class Board:
             return None
         return paired_gain(mine, base)
 
+    def holm_kept(self, partition: str, stat: str = "") -> set[str]:
+        """The methods whose paired gain over FedAvg there stays established under Holm's correction
+        over all the setting's comparisons (`fedskew.reports.stats.holm`)."""
+        gains = {m: iv for m in self.methods if (iv := self.gain(partition, m, stat)) is not None}
+        return holm({m: t_pvalue(iv) for m, iv in gains.items()})
+
     def seeds(self, partition: str) -> list[int]:
         """The setting's seeds: FedAvg's there (every gain is paired with them)."""
         base = self.values(partition, BASELINE)
@@ -602,16 +610,36 @@ def _lb_value(cell: CellResult | None, metric: str, last: int) -> str:
     return fmt_value(cell.stats[f"{metric}.last{last}"])
 
 
-def _gain_cell(iv: Interval | None) -> str:
-    """'**+3.2 [+1.1, +5.3]**' (bold: the interval excludes 0), '-' without one."""
+HOLM_MARK = "†"
+
+
+def _gain_cell(iv: Interval | None, kept: bool = False) -> str:
+    """'**+3.2 [+1.1, +5.3]**' (bold: the interval excludes 0; followed by `HOLM_MARK` where `kept`
+    under Holm's correction), '-' without one."""
     if iv is None:
         return "-"
-    return f"**{iv.text()}**" if iv.excludes_zero() else iv.text()
+    return f"**{iv.text()}**{HOLM_MARK if kept else ''}" if iv.excludes_zero() else iv.text()
+
+
+def holm_sentence(board: Board) -> str:
+    """What the intervals alone risk over a setting's many comparisons, and the mark for what survives."""
+    m = max((len([x for x in board.methods if board.gain(p, x) is not None]) for p in board.partitions), default=0)
+    return (
+        f"With {m} intervals a setting at {LEVEL:.0%}, {(1 - LEVEL) * m:.2g} of them are expected to exclude 0 by "
+        f"chance alone if no method differed from FedAvg; {HOLM_MARK} marks a gain that also holds under Holm's "
+        f"correction over the setting's comparisons (a chance of at most {1 - LEVEL:.0%} that any marked verdict of "
+        "a setting is wrong)."
+    )
 
 
 def _seed_count(board: Board, partition: str) -> str:
     counts = sorted({len(c.seeds) for m in board.methods if (c := board.cell(partition, m)) is not None})
     return "/".join(map(str, counts)) or "0"
+
+
+def _named(methods: list[str]) -> str:
+    """'2 (fedrs, creff)', '0'."""
+    return f"{len(methods)} ({', '.join(map(md, methods))})" if methods else "0"
 
 
 def leaderboard_verdict(board: Board) -> str:
@@ -624,12 +652,15 @@ def leaderboard_verdict(board: Board) -> str:
             continue
         above = [m for m, iv in gains.items() if iv.sign() > 0]
         below = [m for m, iv in gains.items() if iv.sign() < 0]
+        kept = board.holm_kept(p)
         chance = board.top_chance(p)
         likely = sorted(chance, key=lambda m: -chance[m])[:TOP]
         top = ", ".join(f"{md(m)} {chance[m]:.0%}" for m in likely)
         parts.append(
             f"**{md(p)}** ({len(board.seeds(p))} seeds): {len(above)} of {len(gains)} methods above FedAvg "
-            f"({', '.join(map(md, above)) or 'none'}), {len(below)} below; chance of the top {TOP}: {top or 'n/a'}"
+            f"({', '.join(map(md, above)) or 'none'}), {len(below)} below; under Holm's correction "
+            f"{_named([m for m in above if m in kept])} above and {_named([m for m in below if m in kept])} below; "
+            f"chance of the top {TOP}: {top or 'n/a'}"
         )
     return ("; ".join(parts) + ".") if parts else ""
 
@@ -789,19 +820,21 @@ def leaderboard_md(suite_path: Path, board: Board, root: Path = Path("."), long:
         f"## Gain in global accuracy over FedAvg (points, mean of the last {last} rounds, paired by seed)",
         "",
         f"Each setting: the gain with its {LEVEL:.0%} interval, and the chance of ranking in the top {TOP} when "
-        "the seeds are drawn again (a bootstrap over whole seeds, every method's value of a seed together).",
+        "the seeds are drawn again (a bootstrap over whole seeds, every method's value of a seed together). "
+        + holm_sentence(board),
         "",
         "| method | " + " | ".join(f"{md(p)} ({_seed_count(board, p)} seeds) | top {TOP}" for p in partitions) + " |",
         "|---|" + "---|---|" * len(partitions),
     ]
     chances = {p: board.top_chance(p) for p in partitions}
+    kept = {p: board.holm_kept(p) for p in partitions}
     for m in board.methods:
         cells = []
         for p in partitions:
             if m == BASELINE:
                 cells.append(f"{_lb_value(board.cell(p, m), 'global', last)} (baseline)")
             else:
-                cells.append(_gain_cell(board.gain(p, m)))
+                cells.append(_gain_cell(board.gain(p, m), m in kept[p]))
             cells.append(f"{chances[p][m]:.0%}" if m in chances[p] else "-")
         lines.append(f"| {md(m)} | " + " | ".join(cells) + " |")
     lines += [
@@ -865,7 +898,8 @@ def leaderboard_headline(board: Board) -> list[str]:
     seeds = ", ".join(f"{md(p)} {_seed_count(board, p)}" for p in board.partitions)
     lines = [
         f"Gain in global accuracy over FedAvg (points, mean of the last {board.last} of {board.rounds} rounds), "
-        f"paired by seed, with its {LEVEL:.0%} interval (seeds: {seeds}; **bold**: the interval excludes 0). "
+        f"paired by seed, with its {LEVEL:.0%} interval (seeds: {seeds}; **bold**: the interval excludes 0; "
+        f"{HOLM_MARK}: it still does under Holm's correction over the setting's methods). "
         "[docs/leaderboard.md](docs/leaderboard.md) has the ranks' chances, the best round, balanced, "
         "worst-class and personalized accuracy.",
         "",
@@ -873,11 +907,12 @@ def leaderboard_headline(board: Board) -> list[str]:
         "|---|" + "---|" * (len(board.partitions) + 1),
     ]
     key = f"personalized.last{board.last}"
+    kept = {p: board.holm_kept(p) for p in board.partitions}
     for m in board.methods:
         if m == BASELINE:
             cells = [_lb_value(board.cell(p, m), "global", board.last).split(" ±")[0] for p in board.partitions]
         else:
-            cells = [_gain_cell(board.gain(p, m)) for p in board.partitions]
+            cells = [_gain_cell(board.gain(p, m), m in kept[p]) for p in board.partitions]
         own = [c.stats[key].mean for p in board.partitions if (c := board.cell(p, m)) and key in c.stats]
         own_text = f"{np.mean(own):.2f}" if own and len(own) == len(board.partitions) else "n/a"
         lines.append(f"| {md(m)} | " + " | ".join(cells) + f" | {own_text} |")

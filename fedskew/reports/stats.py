@@ -16,8 +16,14 @@ percentile bootstrap over n = 3-10 seeds is too narrow (it ignores t's tails and
 sqrt((n-1)/n)), so it serves only where no closed form exists: the chance of a rank, from
 resampling whole seeds (every method's value of a drawn seed together, keeping the pairing).
 
-"Beats" is said only where the interval excludes 0. The seeds a comparison needs: the smallest n
-with t_{0.975, n-1} * sd / sqrt(n) <= h, the half-width that separates a difference of h from 0.
+"Beats" is said only where the interval excludes 0. A setting asks that of many methods at once: with
+m of them at the 95 % level, about 0.05 m intervals exclude 0 by chance alone when no method differs
+from the baseline. Holm's step-down procedure (Holm 1979) bounds that family-wise error at 5 %: sort
+the paired t-tests' two-sided p-values p_(1) <= ... <= p_(m), reject while p_(i) <= 0.05 / (m - i + 1)
+and stop at the first that is not; the page marks the verdicts that survive it.
+
+The seeds a comparison needs: the smallest n with t_{0.975, n-1} * sd / sqrt(n) <= h, the half-width
+that separates a difference of h from 0.
 """
 
 from __future__ import annotations
@@ -110,6 +116,30 @@ def welch_interval(a: tuple[float, float, int], b: tuple[float, float, int], lev
     df = se2**2 / (va**2 / (na - 1) + vb**2 / (nb - 1))
     half = float(sp.t.ppf((1 + level) / 2, df)) * math.sqrt(se2)
     return Interval(mean, mean - half, mean + half, min(na, nb), math.sqrt(se2 * min(na, nb)))
+
+
+def t_pvalue(iv: Interval) -> float:
+    """The two-sided p-value of a one-sample t-test of mean 0 on the values `iv` is over:
+    2 P(T_{n-1} >= |mean| / (sd / sqrt(n))); 1 for a single value, 0 for a nonzero mean with sd 0."""
+    if iv.n < 2:
+        return 1.0
+    if iv.sd == 0:
+        return 0.0 if iv.mean != 0 else 1.0
+    t = abs(iv.mean) / (iv.sd / math.sqrt(iv.n))
+    return float(2 * sp.t.sf(t, iv.n - 1))
+
+
+def holm(pvalues: Mapping[str, float], alpha: float = 1 - LEVEL) -> set[str]:
+    """The entries Holm's step-down procedure rejects at family-wise error `alpha` (module docstring):
+    in increasing p, reject while p_(i) <= alpha / (m - i + 1), i = 1..m; ties keep their order."""
+    order = sorted(pvalues, key=lambda name: pvalues[name])
+    m = len(order)
+    rejected: set[str] = set()
+    for i, name in enumerate(order):
+        if pvalues[name] > alpha / (m - i):
+            break
+        rejected.add(name)
+    return rejected
 
 
 def seeds_needed(sd: float, half_width: float, level: float = LEVEL, most: int = 1000) -> int:
