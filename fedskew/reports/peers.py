@@ -21,7 +21,7 @@ import yaml
 
 from fedskew.config import ConfigError
 from fedskew.reports.markdown import md
-from fedskew.reports.resultfile import STAT_NAME, ResultSet, Stat, _fail, _number
+from fedskew.reports.resultfile import STAT_NAME, ResultSet, Stat, percent_value, refused
 from fedskew.reports.stats import Interval, welch_interval
 
 PUBLISHED = Path("results/peers/published.yaml")
@@ -59,8 +59,9 @@ def _need(raw: Any, key: str, kind: type, where: str) -> Any:
 def _theirs(path: Path, where: str, num: Any, runs: int) -> tuple[float, float, int]:
     """A published {mean, std} (percent, as printed) with the runs it is over."""
     if not isinstance(num, dict):
-        raise _fail(path, where, num, "must be a mapping {mean, std} (percent)")
-    return _number(path, f"{where}.mean", num.get("mean")), _number(path, f"{where}.std", num.get("std")), runs
+        raise refused(path, where, num, "must be a mapping {mean, std} (percent)")
+    mean, std = (percent_value(path, f"{where}.{key}", num.get(key)) for key in ("mean", "std"))
+    return mean, std, runs
 
 
 def load_rows(root: Path, sets: dict[str, ResultSet]) -> list[PeerRow]:
@@ -81,19 +82,19 @@ def load_rows(root: Path, sets: dict[str, ResultSet]) -> list[PeerRow]:
         ours = _need(peer, "ours", dict, where)
         runs = _need(peer, "runs", int, where)
         if isinstance(runs, bool) or runs < 2:
-            raise _fail(path, f"peers.{key}.runs", runs, "must be an integer >= 2 (a std needs two runs)")
+            raise refused(path, f"peers.{key}.runs", runs, "must be an integer >= 2 (a std needs two runs)")
         gaps = peer.get("gaps") or {}
         if not isinstance(gaps, dict) or not all(isinstance(g, dict) for g in gaps.values()):
-            raise _fail(path, f"peers.{key}.gaps", gaps, "must map a method to {setting: reason}")
+            raise refused(path, f"peers.{key}.gaps", gaps, "must map a method to {setting: reason}")
         results = sets.get(suite)
         published = _need(peer, "rows", dict, where)
         for method, by_setting in published.items():
             if method not in ours:
                 raise ConfigError(f"{where}: method {method!r} has no statistic under `ours`")
             if not isinstance(ours[method], str) or not STAT_NAME.fullmatch(ours[method]):
-                raise _fail(path, f"peers.{key}.ours.{method}", ours[method], "must be a statistic <metric>.<stat>")
+                raise refused(path, f"peers.{key}.ours.{method}", ours[method], "must be a statistic <metric>.<stat>")
             if not isinstance(by_setting, dict):
-                raise _fail(path, f"peers.{key}.rows.{method}", by_setting, "must map a setting to {mean, std}")
+                raise refused(path, f"peers.{key}.rows.{method}", by_setting, "must map a setting to {mean, std}")
             if unknown := set(by_setting) - set(settings):
                 raise ConfigError(f"{where}: rows.{method}: settings {sorted(unknown)} not under `settings`")
         for label in settings:  # grouped by setting, as the peers print them

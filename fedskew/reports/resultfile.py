@@ -155,35 +155,36 @@ def describe_stat(name: str) -> str:
 # ---------------------------------------------------------------------------------------------- reading
 
 
-def _fail(path: Path, where: str, value: Any, rule: str) -> ConfigError:
+def refused(path: Path, where: str, value: Any, rule: str) -> ConfigError:
+    """The error for a hostile or malformed value of a result file: which file, which key, which value, the rule."""
     return ConfigError(f"{path}: {where}={value!r} is not allowed: {rule}")
 
 
-def _number(path: Path, where: str, value: Any) -> float:
+def percent_value(path: Path, where: str, value: Any) -> float:
     """A statistic's value: a number in `PERCENT`."""
     low, high = PERCENT
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and low <= value <= high
     if not ok:
-        raise _fail(path, where, value, f"must be a number in [{low:g}, {high:g}] (a percentage)")
+        raise refused(path, where, value, f"must be a number in [{low:g}, {high:g}] (a percentage)")
     return float(value)
 
 
 def _seeds(path: Path, where: str, value: Any) -> list[int]:
     ok = isinstance(value, list) and value and all(isinstance(s, int) and not isinstance(s, bool) for s in value)
     if not ok or len(set(value)) != len(value):
-        raise _fail(path, where, value, "must be a non-empty list of distinct integers")
+        raise refused(path, where, value, "must be a non-empty list of distinct integers")
     return list(value)
 
 
 def _text(path: Path, where: str, value: Any) -> str:
     if not isinstance(value, str):
-        raise _fail(path, where, value, "must be text")
+        raise refused(path, where, value, "must be text")
     return value
 
 
 def _mapping(path: Path, where: str, value: Any, allowed: set[str]) -> dict[str, Any]:
     if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-        raise _fail(path, where, value, "must be a mapping with text keys")
+        raise refused(path, where, value, "must be a mapping with text keys")
     unknown = sorted(set(value) - allowed)
     if unknown:
         raise ConfigError(f"{path}: {where}: unknown key {unknown[0]!r} (allowed: {', '.join(sorted(allowed))})")
@@ -196,15 +197,15 @@ def _stat(path: Path, where: str, raw: Any, cell_seeds: list[int]) -> Stat:
         raise ConfigError(f"{path}: {where}: no mean")
     seeds = _seeds(path, f"{where}.seeds", raw["seeds"]) if "seeds" in raw else None
     if seeds is not None and not set(seeds) <= set(cell_seeds):
-        raise _fail(path, f"{where}.seeds", seeds, f"must be among the cell's seeds {cell_seeds}")
-    std = _number(path, f"{where}.std", raw["std"]) if raw.get("std") is not None else None
+        raise refused(path, f"{where}.seeds", seeds, f"must be among the cell's seeds {cell_seeds}")
+    std = percent_value(path, f"{where}.std", raw["std"]) if raw.get("std") is not None else None
     per_seed = raw.get("per-seed")
     if per_seed is not None:
         n = len(seeds or cell_seeds)
         if not isinstance(per_seed, list) or len(per_seed) != n:
-            raise _fail(path, f"{where}.per-seed", per_seed, f"must be a list of {n} numbers, one per seed")
-        per_seed = [_number(path, f"{where}.per-seed[{i}]", v) for i, v in enumerate(per_seed)]
-    return Stat(_number(path, f"{where}.mean", raw["mean"]), std, per_seed, seeds)
+            raise refused(path, f"{where}.per-seed", per_seed, f"must be a list of {n} numbers, one per seed")
+        per_seed = [percent_value(path, f"{where}.per-seed[{i}]", v) for i, v in enumerate(per_seed)]
+    return Stat(percent_value(path, f"{where}.mean", raw["mean"]), std, per_seed, seeds)
 
 
 def _cell(path: Path, i: int, raw: Any) -> CellResult:
@@ -216,18 +217,18 @@ def _cell(path: Path, i: int, raw: Any) -> CellResult:
     seeds = _seeds(path, f"{where}.seeds", raw["seeds"])
     stats_raw = raw["stats"]
     if not isinstance(stats_raw, dict):
-        raise _fail(path, f"{where}.stats", stats_raw, "must be a mapping of statistics")
+        raise refused(path, f"{where}.stats", stats_raw, "must be a mapping of statistics")
     stats = {}
     for name, value in stats_raw.items():
         if not isinstance(name, str) or not STAT_NAME.match(name):
-            raise _fail(path, f"{where}.stats", name, "a statistic is <metric>.<last<k>|osc<k>|r<a>-<b>|final|best>")
+            raise refused(path, f"{where}.stats", name, "a statistic is <metric>.<last<k>|osc<k>|r<a>-<b>|final|best>")
         stats[name] = _stat(path, f"{where}.stats.{name}", value, seeds)
     rounds = raw.get("rounds")
     if rounds is not None and (not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1):
-        raise _fail(path, f"{where}.rounds", rounds, "must be a positive integer")
+        raise refused(path, f"{where}.rounds", rounds, "must be a positive integer")
     config = raw.get("config")
     if config is not None and not isinstance(config, dict):
-        raise _fail(path, f"{where}.config", config, "must be a mapping (the cell's run config)")
+        raise refused(path, f"{where}.config", config, "must be a mapping (the cell's run config)")
     return CellResult(
         partition=_text(path, f"{where}.partition", raw["partition"]),
         method=_text(path, f"{where}.method", raw["method"]),
@@ -270,13 +271,13 @@ def _per_seed(
 ) -> dict[int, Any]:
     """{seed: value} for some of the cell's seeds, each value as `accept` takes it (None: refused)."""
     if not isinstance(raw, dict):
-        raise _fail(path, where, raw, f"must be a mapping of seed to {what}")
+        raise refused(path, where, raw, f"must be a mapping of seed to {what}")
     out = {}
     for seed, value in raw.items():
         if not isinstance(seed, int) or isinstance(seed, bool) or seed not in seeds:
-            raise _fail(path, where, seed, f"a key must be one of the cell's seeds {seeds}")
+            raise refused(path, where, seed, f"a key must be one of the cell's seeds {seeds}")
         if (taken := accept(value)) is None:
-            raise _fail(path, f"{where}[{seed}]", value, f"must be {what} in [0, {most:g}]")
+            raise refused(path, f"{where}[{seed}]", value, f"must be {what} in [0, {most:g}]")
         out[seed] = taken
     return out
 
@@ -293,7 +294,7 @@ def load_results(path: str | Path) -> ResultSet:
     raw = _mapping(path, "the file", raw, FILE_KEYS)
     cells_raw = raw.get("cells") or []
     if not isinstance(cells_raw, list):
-        raise _fail(path, "cells", cells_raw, "must be a list of cells")
+        raise refused(path, "cells", cells_raw, "must be a list of cells")
     cells = [_cell(path, i, c) for i, c in enumerate(cells_raw)]
     seen = set()
     for c in cells:
@@ -302,7 +303,7 @@ def load_results(path: str | Path) -> ResultSet:
         seen.add((c.partition, c.method))
     overrides = raw.get("overrides") or {}
     if not isinstance(overrides, dict):
-        raise _fail(path, "overrides", overrides, "must be a mapping of run-config keys")
+        raise refused(path, "overrides", overrides, "must be a mapping of run-config keys")
     return ResultSet(
         name=path.stem,
         suite=_text(path, "suite", raw.get("suite", path.stem)),
