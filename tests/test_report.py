@@ -405,9 +405,12 @@ def test_a_gain_whose_interval_alone_excludes_0_is_bold_but_unmarked_where_holm_
     two = Board(suite, ResultSet("leaderboard", "leaderboard", "", [cell("fedavg", [0.0] * 4), strong, weak]))
     assert two.gain("c2", "fedmmd").excludes_zero() and two.holm_kept("c2") == {"fedrs", "fedmmd"}
     null = cell("moon", [1.0, -1.0, 0.5, -0.5])
-    three = Board(suite, ResultSet("leaderboard", "leaderboard", "", [cell("fedavg", [0.0] * 4), strong, weak, null]))
+    no_global = CellResult("c2", "fedproto", [0, 1, 2, 3], {"personalized.last10": Stat(90.0, 0.5)})
+    cells = [cell("fedavg", [0.0] * 4), strong, weak, null, no_global]
+    three = Board(suite, ResultSet("leaderboard", "leaderboard", "", cells))
     assert three.holm_kept("c2") == {"fedrs"}
     page = leaderboard_md(Path("suites/leaderboard.yaml"), three, ROOT)
+    assert "| fedproto | - | - | no global model | - |" in page and "| fedrep | - | - | - | - |" in page
     assert "| fedrs | - | - | **+2.0 [+1.9, +2.1]**† |" in page
     assert "| fedmmd | - | - | **+1.5 [+0.0, +3.0]** |" in page
     assert "With 3 intervals a setting at 95%, 0.15 of them are expected to exclude 0 by chance alone" in page

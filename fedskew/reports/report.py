@@ -621,6 +621,18 @@ def _gain_cell(iv: Interval | None, kept: bool = False) -> str:
     return f"**{iv.text()}**{HOLM_MARK if kept else ''}" if iv.excludes_zero() else iv.text()
 
 
+NO_GLOBAL = "no global model"
+
+
+def _board_gain_cell(board: Board, partition: str, method: str, kept: set[str]) -> str:
+    """A leaderboard table's gain cell: `_gain_cell`, or `NO_GLOBAL` for a cell that ran but whose
+    method keeps no global model (its runs log no global accuracy)."""
+    cell = board.cell(partition, method)
+    if cell is not None and f"global.last{board.last}" not in cell.stats:
+        return NO_GLOBAL
+    return _gain_cell(board.gain(partition, method), method in kept)
+
+
 def holm_sentence(board: Board) -> str:
     """What the intervals alone risk over a setting's many comparisons, and the mark for what survives."""
     m = max((len([x for x in board.methods if board.gain(p, x) is not None]) for p in board.partitions), default=0)
@@ -834,7 +846,7 @@ def leaderboard_md(suite_path: Path, board: Board, root: Path = Path("."), long:
             if m == BASELINE:
                 cells.append(f"{_lb_value(board.cell(p, m), 'global', last)} (baseline)")
             else:
-                cells.append(_gain_cell(board.gain(p, m), m in kept[p]))
+                cells.append(_board_gain_cell(board, p, m, kept[p]))
             cells.append(f"{chances[p][m]:.0%}" if m in chances[p] else "-")
         lines.append(f"| {md(m)} | " + " | ".join(cells) + " |")
     lines += [
@@ -912,7 +924,7 @@ def leaderboard_headline(board: Board) -> list[str]:
         if m == BASELINE:
             cells = [_lb_value(board.cell(p, m), "global", board.last).split(" ±")[0] for p in board.partitions]
         else:
-            cells = [_gain_cell(board.gain(p, m), m in kept[p]) for p in board.partitions]
+            cells = [_board_gain_cell(board, p, m, kept[p]) for p in board.partitions]
         own = [c.stats[key].mean for p in board.partitions if (c := board.cell(p, m)) and key in c.stats]
         own_text = f"{np.mean(own):.2f}" if own and len(own) == len(board.partitions) else "n/a"
         lines.append(f"| {md(m)} | " + " | ".join(cells) + f" | {own_text} |")
@@ -921,7 +933,7 @@ def leaderboard_headline(board: Board) -> list[str]:
 
 def leaderboard_figure(board: Board, path: Path) -> None:
     """Methods x settings heatmap of the paired gain over FedAvg; a dot marks an interval that
-    excludes 0 (grey: not run)."""
+    excludes 0, `HOLM_MARK` one that also holds under Holm's correction (grey: not run)."""
     import matplotlib
     from matplotlib.figure import Figure
 
@@ -938,18 +950,23 @@ def leaderboard_figure(board: Board, path: Path) -> None:
         vmax=bound,
         aspect="auto",
     )
+    kept = {p: board.holm_kept(p) for p in partitions}
     for i, j in zip(*np.where(np.isfinite(grid)), strict=True):
         g = gains[(methods[i], partitions[j])]
         dark = abs(grid[i, j]) > 0.6 * bound  # white on the deep colours
         mark = "•" if g is not None and g.excludes_zero() else ""
         half = f" ±{g.half:.1f}" if g is not None and g.n >= 2 else ""
-        text = f"{mark}{grid[i, j]:+.1f}{half}"
+        holm_mark = HOLM_MARK if mark and methods[i] in kept[partitions[j]] else ""
+        text = f"{mark}{grid[i, j]:+.1f}{half}{holm_mark}"
         ax.text(j, i, text, ha="center", va="center", fontsize=7, color="white" if dark else "black")
+    for i, j in zip(*np.where(~np.isfinite(grid)), strict=True):
+        if board.cell(partitions[j], methods[i]) is not None:
+            ax.text(j, i, NO_GLOBAL, ha="center", va="center", fontsize=7, color="dimgrey")
     ax.set_xticks(range(len(partitions)), [f"{p} ({len(board.seeds(p))} seeds)" for p in partitions])
     ax.set_yticks(range(len(methods)), methods)
     ax.set_title(
         f"global accuracy gain over FedAvg (points, last-{board.last} mean, paired; "
-        f"± half the {LEVEL:.0%} interval; • excludes 0)",
+        f"± half the {LEVEL:.0%} interval; • excludes 0; {HOLM_MARK} also under Holm's correction)",
         fontsize=8,
     )
     fig.colorbar(image, ax=ax)
