@@ -17,17 +17,13 @@ import pytest
 import yaml
 
 from fedskew.config import ConfigError, validate
+from fedskew.reports.leaderboard import Board, budget_section, leaderboard_headline, leaderboard_md, leaderboard_verdict
 from fedskew.reports.report import (
-    Board,
     Evidence,
     Numbers,
     Row,
-    budget_section,
     generate,
     judged_verdict,
-    leaderboard_headline,
-    leaderboard_md,
-    leaderboard_verdict,
     numbers,
     render_reason,
     shown_verdict,
@@ -631,7 +627,7 @@ def test_an_export_records_each_seeds_clipped_updates_and_the_page_counts_them(t
     them per seed (a run from before the bound logs none: its seed stays unknown, not 0), later
     exports keep the earlier seeds' counts, a hostile count is refused naming the key, and the
     leaderboard page says how many runs clipped."""
-    from fedskew.reports.report import clipped_line
+    from fedskew.reports.leaderboard import clipped_line
 
     suite, cells = export_setup(tmp_path)
     fake_run(suite, cells[("fedavg", 1)], [0.4, 0.5, 0.6])
@@ -681,7 +677,7 @@ def test_a_finished_run_of_an_earlier_revision_of_its_method_is_changed_not_done
 
 
 def test_the_leaderboard_says_where_each_setting_ran_and_how_long() -> None:
-    from fedskew.reports.report import where_ran
+    from fedskew.reports.leaderboard import where_ran
 
     stat = {"global.last10": Stat(50.0)}
     cells = [
