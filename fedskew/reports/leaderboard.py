@@ -40,6 +40,8 @@ CONVERGED_SUITE = Path("suites/leaderboard-converged.yaml")  # the same methods 
 LEADERBOARD_STATS = ("global", "balanced", "worst-class", "personalized")
 BASELINE = "fedavg"
 TOP = 3  # the rank whose chance the page gives
+HOLM_MARK = "†"  # after a bold gain that Holm's correction over the setting keeps
+NO_GLOBAL = "no global model"  # a gain cell of a method whose runs log no global accuracy
 
 
 @dataclass
@@ -125,18 +127,12 @@ def _lb_value(cell: CellResult | None, metric: str, last: int) -> str:
     return fmt_value(cell.stats[f"{metric}.last{last}"])
 
 
-HOLM_MARK = "†"
-
-
 def _gain_cell(iv: Interval | None, kept: bool = False) -> str:
     """'**+3.2 [+1.1, +5.3]**' (bold: the interval excludes 0; followed by `HOLM_MARK` where `kept`
     under Holm's correction), '-' without one."""
     if iv is None:
         return "-"
     return f"**{iv.text()}**{HOLM_MARK if kept else ''}" if iv.excludes_zero() else iv.text()
-
-
-NO_GLOBAL = "no global model"
 
 
 def _board_gain_cell(board: Board, partition: str, method: str, kept: set[str]) -> str:
