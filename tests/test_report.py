@@ -407,6 +407,8 @@ def test_a_gain_whose_interval_alone_excludes_0_is_bold_but_unmarked_where_holm_
     assert three.holm_kept("c2") == {"fedrs"}
     page = leaderboard_md(Path("suites/leaderboard.yaml"), three, ROOT)
     assert "| fedproto | - | - | no global model | - |" in page and "| fedrep | - | - | - | - |" in page
+    assert three.no_global("c2", "fedproto") and not three.no_global("c2", "fedrep")  # fedrep: not run
+    assert not three.no_global("c2", "fedrs")
     assert "| fedrs | - | - | **+2.0 [+1.9, +2.1]**† |" in page
     assert "| fedmmd | - | - | **+1.5 [+0.0, +3.0]** |" in page
     assert "With 3 intervals a setting at 95%, 0.15 of them are expected to exclude 0 by chance alone" in page

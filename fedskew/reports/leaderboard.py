@@ -89,6 +89,11 @@ class Board:
             return None
         return paired_gain(mine, base)
 
+    def no_global(self, partition: str, method: str) -> bool:
+        """The cell ran but its method keeps no global model (its runs log no global accuracy)."""
+        cell = self.cell(partition, method)
+        return cell is not None and f"global.last{self.last}" not in cell.stats
+
     def holm_kept(self, partition: str, stat: str = "") -> set[str]:
         """The methods whose paired gain over FedAvg there stays established under Holm's correction
         over all the setting's comparisons (`fedskew.reports.stats.holm`)."""
@@ -136,10 +141,8 @@ def _gain_cell(iv: Interval | None, kept: bool = False) -> str:
 
 
 def _board_gain_cell(board: Board, partition: str, method: str, kept: set[str]) -> str:
-    """A leaderboard table's gain cell: `_gain_cell`, or `NO_GLOBAL` for a cell that ran but whose
-    method keeps no global model (its runs log no global accuracy)."""
-    cell = board.cell(partition, method)
-    if cell is not None and f"global.last{board.last}" not in cell.stats:
+    """A leaderboard table's gain cell: `_gain_cell`, or `NO_GLOBAL` (`Board.no_global`)."""
+    if board.no_global(partition, method):
         return NO_GLOBAL
     return _gain_cell(board.gain(partition, method), method in kept)
 
@@ -471,7 +474,7 @@ def leaderboard_figure(board: Board, path: Path) -> None:
         text = f"{mark}{grid[i, j]:+.1f}{half}{holm_mark}"
         ax.text(j, i, text, ha="center", va="center", fontsize=7, color="white" if dark else "black")
     for i, j in zip(*np.where(~np.isfinite(grid)), strict=True):
-        if board.cell(partitions[j], methods[i]) is not None:
+        if board.no_global(partitions[j], methods[i]):
             ax.text(j, i, NO_GLOBAL, ha="center", va="center", fontsize=7, color="dimgrey")
     ax.set_xticks(range(len(partitions)), [f"{p} ({len(board.seeds(p))} seeds)" for p in partitions])
     ax.set_yticks(range(len(methods)), methods)
