@@ -14,7 +14,7 @@
 # on a machine without a GPU (with OUT=/tmp/x; its result file is moved into $OUT, not kept in results/).
 set -u -o pipefail
 DEVICE=${DEVICE:-cuda} OUT=${OUT:-outputs/gpu} PY=${PY:-python3} END=${END:-540}
-SEEDS=${SEEDS:-0,1,2,3,4,5,6,7,8,9,10,11,12} METHODS=${METHODS:-} SETS=${SETS:-} JOBS=${JOBS:-12} TOGETHER=${TOGETHER:-1000}
+SEEDS=${SEEDS:-0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16} METHODS=${METHODS:-} SETS=${SETS:-} JOBS=${JOBS:-12} TOGETHER=${TOGETHER:-1000}
 SUITE=${SUITE:-suites/leaderboard.yaml}; EXPORT=${EXPORT:-$(basename "$SUITE" .yaml)-gpu}
 REFERENCE=${REFERENCE:-results/$(basename "$SUITE" .yaml).yaml}  # the suite's CPU cells
 mkdir -p "$OUT"

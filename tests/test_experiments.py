@@ -10,7 +10,7 @@ import pytest
 
 from fedskew.config import ConfigError
 from fedskew.run import experiments
-from fedskew.run.experiments import load_suite, run_suite
+from fedskew.run.experiments import load_suite, run_suite, select
 from tests.harness import ROOT, app_defaults
 
 SUITE = """
@@ -98,6 +98,10 @@ def test_suite_runs_resumes_and_reports(tmp_path, monkeypatch, capsys) -> None:
         ("name: x\nbogus: 1\n", "unknown key 'bogus'"),
         ("seeds: [0, -1]\n", "seeds=[0, -1]"),
         ("seeds: 3\n", "must be a non-empty list"),
+        ("seeds: [1, 1]\n", "distinct"),
+        ("seeds: [true]\n", "seeds=[True]"),
+        ("partitions: {p: {seeds: []}}\n", "partitions.p: seeds=[]"),
+        ("partitions: {p: {seeds: [0, 2.5]}}\n", "partitions.p: seeds=[0, 2.5]"),
         ("methods: [fedavg]\n", "methods: must be a mapping"),
         ("methods: {fedfoo: {}}\n", "cell default/fedfoo/seed 0: method='fedfoo'"),
         ("methods: {x: {method: fedrs, fedrs-alpha: 3}}\n", "fedrs-alpha=3.0"),
@@ -125,6 +129,21 @@ def test_a_partition_may_set_its_own_number_of_clients(tmp_path) -> None:
     suite = load_suite(write(tmp_path, text), app_defaults())
     assert {c.partition: c.num_supernodes for c in suite.cells} == {"p5": 5, "p10": 10}
     assert all("num-supernodes" not in c.overrides for c in suite.cells)  # not a run-config key
+
+
+def test_a_partition_may_set_its_own_seeds(tmp_path) -> None:
+    """A setting whose gains spread more runs more seeds; each seed is the same cell config whichever
+    list names it (the result file's hash, so no recorded seed is lost by moving it)."""
+    text = "seeds: [0, 1]\npartitions:\n  wide: {seeds: [0, 1, 2, 3]}\n  narrow: {}\n"
+    suite = load_suite(write(tmp_path, text), app_defaults())
+    assert sorted((c.partition, c.seed) for c in suite.cells) == [
+        *(("narrow", s) for s in (0, 1)),
+        *(("wide", s) for s in (0, 1, 2, 3)),
+    ]
+    assert all("seeds" not in c.overrides for c in suite.cells)  # not a run-config key
+    assert [c.partition for c in select(suite, seeds=[3])] == ["wide"]  # a seed only one setting runs
+    plain = load_suite(write(tmp_path, "seeds: [0, 1]\npartitions:\n  wide: {}\n"), app_defaults())
+    assert [c.overrides for c in plain.cells] == [c.overrides for c in suite.cells if c.partition == "wide"][:2]
 
 
 def stopped_in_round_3(tmp_path: Path, method: str = "fedavg"):

@@ -439,11 +439,12 @@ def test_leaderboard_pages_give_paired_gains_with_intervals_and_the_seed_counts(
     assert "| fedrs | - | - | **+2.0 [+1.7, +2.3]**† | " in md and "c2 (4 seeds)" in md
     assert "| fedavg | c2 | 4 | 61.25 ± 7.40 | n/a | n/a | 90.00 ± 0.50 |" in md
     # the seeds section: paired sds 0 (FedLC, FedProx), 0.18 (FedRS), 4.1 (MOON): median 0.09
-    assert "| c2 | 4 | 0.09 | 0.15 | 2 | 2 |" in md  # t(3) 3.18 x 0.091 / 2
-    assert f"The suite runs {len(suite['seeds'])} seeds (its `seeds:`)" in md
-    assert "that covers the most the column for +-2 asks at today's spread (2, c2)." in md
-    short = leaderboard_md(Path("suites/leaderboard.yaml"), Board({**suite, "seeds": [0]}, board.results), ROOT)
-    assert "runs 1 seeds (its `seeds:`); that falls short of the most" in short
+    c2_planned = len(suite["partitions"]["c2"].get("seeds") or suite["seeds"])
+    assert f"| c2 | 4 | {c2_planned} | 0.09 | 0.15 | 2 | 2 |" in md  # t(3) 3.18 x 0.091 / 2
+    assert "at today's spread they cover the column for +-2 in every setting." in md
+    one = {**suite, "partitions": {**suite["partitions"], "c2": {**suite["partitions"]["c2"], "seeds": [0]}}}
+    short = leaderboard_md(Path("suites/leaderboard.yaml"), Board(one, board.results), ROOT)
+    assert "| c2 | 4 | 1 | 0.09 |" in short and "fall short of the column for +-2 in c2 1 of 2." in short
     verdict = leaderboard_verdict(board)
     assert verdict.startswith(
         "**c2** (4 seeds): 2 of 4 methods above FedAvg (fedprox, fedrs), 1 below; "
@@ -476,8 +477,11 @@ def test_the_leaderboard_suite_runs_every_registered_method_on_three_settings() 
     suite = load_suite(ROOT / "suites" / "leaderboard.yaml", app_defaults())
     assert set(suite.method_labels) == set(METHODS)
     assert suite.partition_labels == ["dir01", "c2", "lt10"]
-    seeds = sorted({c.seed for c in suite.cells})
-    assert seeds == list(range(len(seeds))) and len(seeds) >= 10  # at least 10 seeds at the short budget
+    for p in suite.partition_labels:  # at least 10 seeds a setting at the short budget, the same for every method
+        cells = [c for c in suite.cells if c.partition == p]
+        seeds = {m: sorted(c.seed for c in cells if c.method == m) for m in suite.method_labels}
+        first = seeds[suite.method_labels[0]]
+        assert first == list(range(len(first))) and len(first) >= 10 and all(v == first for v in seeds.values())
 
 
 def test_readme_is_short_and_reaches_every_doc() -> None:

@@ -105,6 +105,11 @@ class Board:
         base = self.values(partition, BASELINE)
         return sorted(base) if base else []
 
+    def planned(self, partition: str) -> int:
+        """How many seeds the suite runs the setting with: its own `seeds:` or the suite's."""
+        own = ((self.suite.get("partitions") or {}).get(partition) or {}).get("seeds")
+        return len(own or self.suite.get("seeds") or [])
+
     def top_chance(self, partition: str, stat: str = "") -> dict[str, float]:
         """Each method's chance of ranking in the top `TOP` of the setting over seed resamples, among
         the methods holding every one of the setting's seeds (`seeds`)."""
@@ -200,8 +205,8 @@ def seeds_section(board: Board) -> list[str]:
         "per-seed gains. From their median sd in each setting: the half-width the cells' seeds give, and the "
         "seeds a difference of 2 and of 1 point needs to be told from 0.",
         "",
-        "| setting | seeds | median sd of a paired gain | half-width now | seeds for +-2 | seeds for +-1 |",
-        "|---|---|---|---|---|---|",
+        "| setting | seeds | planned | median sd of a paired gain | half-width now | seeds for +-2 | seeds for +-1 |",
+        "|---|---|---|---|---|---|---|",
     ]
     need: dict[str, int] = {}
     for p in board.partitions:
@@ -212,14 +217,18 @@ def seeds_section(board: Board) -> list[str]:
         width = t_quantile(n) * sd / math.sqrt(n)
         need[p] = seeds_needed(sd, 2.0)
         lines.append(
-            f"| {md(p)} | {_seed_count(board, p)} | {sd:.2f} | {width:.2f} | {need[p]} | {seeds_needed(sd, 1.0)} |"
+            f"| {md(p)} | {_seed_count(board, p)} | {board.planned(p)} | {sd:.2f} | {width:.2f} | {need[p]} "
+            f"| {seeds_needed(sd, 1.0)} |"
         )
-    planned = len(board.suite.get("seeds") or [])
-    said = f"The suite runs {planned} seeds (its `seeds:`)"
-    if need:
-        most = max(need, key=need.__getitem__)
-        verb = "covers" if planned >= need[most] else "falls short of"
-        said += f"; that {verb} the most the column for +-2 asks at today's spread ({need[most]}, {md(most)})"
+    said = (
+        f"Planned: the seeds the suite runs a setting with (its `seeds:`, {len(board.suite.get('seeds') or [])}, "
+        "or the setting's own under `partitions:`), at least 10"
+    )
+    short = [f"{md(p)} {board.planned(p)} of {n}" for p, n in need.items() if board.planned(p) < n]
+    if short:
+        said += f"; at today's spread they fall short of the column for +-2 in {', '.join(short)}"
+    elif need:
+        said += "; at today's spread they cover the column for +-2 in every setting"
     return [*lines, "", said + ".", ""]
 
 

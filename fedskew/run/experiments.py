@@ -13,9 +13,10 @@ Suite file::
     methods:                          # label -> overrides; `method` defaults to the label
       fedavg: {}
       fedrs-0.5: {method: fedrs, fedrs-alpha: 0.5}
-    partitions:                       # label -> overrides (may set its own num-supernodes)
+    partitions:                       # label -> overrides (may set its own num-supernodes, seeds)
       c2: {partition: classes-per-client, classes-per-client: 2}
       p5c2: {partition: classes-per-client, classes-per-client: 2, num-supernodes: 5}
+      dir01: {partition: dirichlet, dirichlet-alpha: 0.1, seeds: [0, 1, 2, 3, 4]}
 
 The name and every label are single folder names. Before anything runs, every chosen cell is
 checked as its run would check it (`plan_cells`; `--dry-run` stops there) and given its action
@@ -158,9 +159,7 @@ def load_suite(path: str | Path, app_defaults: dict[str, Any]) -> Suite:
     unknown = set(raw) - SUITE_KEYS
     if unknown:
         raise ConfigError(f"{path}: unknown key {sorted(unknown)[0]!r} (allowed: {', '.join(sorted(SUITE_KEYS))})")
-    seeds = raw.get("seeds", [0])
-    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) and s >= 0 for s in seeds):
-        raise ConfigError(f"{path}: seeds={seeds!r} must be a non-empty list of non-negative integers")
+    seeds = _seed_list(raw.get("seeds", [0]), str(path))
     n = _num_supernodes(raw.get("num-supernodes", 20), str(path))
     name = _folder_name(raw.get("name", path.stem), f"{path}: name")
     out_dir = raw.get("out-dir", "outputs/suites")
@@ -179,8 +178,9 @@ def load_suite(path: str | Path, app_defaults: dict[str, Any]) -> Suite:
     for p_label, p_raw in partitions.items():
         p_over = dict(_mapping(p_raw, f"{path}: partitions.{p_label}", config=True))
         p_n = _num_supernodes(p_over.pop("num-supernodes", n), f"{path}: partitions.{p_label}")
+        p_seeds = _seed_list(p_over.pop("seeds", seeds), f"{path}: partitions.{p_label}")
         for m_label, m_over in methods.items():
-            for seed in seeds:
+            for seed in p_seeds:
                 over = {
                     **base,
                     **p_over,
@@ -202,6 +202,14 @@ def load_suite(path: str | Path, app_defaults: dict[str, Any]) -> Suite:
     own = set(all_params()) - set(COMMON)  # the keys of some method
     method_keys = frozenset(k for m in methods.values() for k in (m or {}) if k in own)
     return Suite(name, out_dir, cells, list(map(str, methods)), list(map(str, partitions)), last, method_keys)
+
+
+def _seed_list(value: Any, where: str) -> list[int]:
+    """A suite's (or one partition's) seeds: a non-empty list of distinct non-negative integers."""
+    ok = isinstance(value, list) and value and all(isinstance(s, int) and not isinstance(s, bool) for s in value)
+    if not ok or min(value) < 0 or len(set(value)) != len(value):
+        raise ConfigError(f"{where}: seeds={value!r} must be a non-empty list of distinct non-negative integers")
+    return list(value)
 
 
 def _num_supernodes(value: Any, where: str) -> int:
