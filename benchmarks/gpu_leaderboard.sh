@@ -2,7 +2,8 @@
 # The leaderboard on a GPU in one call of a machine lent for minutes (docs/benchmarks.md, "GPU"); run
 # from the checkout's root. Steps:
 #  1. sync: the stacked step loop under CUDA's sync debug mode (`benchmarks/batched.py sync`);
-#  2. the grid: SUITE's cells (default `suites/leaderboard.yaml`; SEEDS, METHODS) with `engine=batched device=cuda`,
+#  2. the grid: SUITE's cells (default `suites/leaderboard.yaml`; SEEDS, default each setting's own
+#     `seeds:`, METHODS) with `engine=batched device=cuda`,
 #     tag `gpu`: the methods the batched engine stacks (`benchmarks/grid.py stacked`) all together,
 #     TOGETHER cells a process (`suite_in_process.py --together`), beside the others one process a
 #     cell, JOBS at once; both stopped at END seconds after the start, keeping their finished rounds;
@@ -14,7 +15,7 @@
 # on a machine without a GPU (with OUT=/tmp/x; its result file is moved into $OUT, not kept in results/).
 set -u -o pipefail
 DEVICE=${DEVICE:-cuda} OUT=${OUT:-outputs/gpu} PY=${PY:-python3} END=${END:-540}
-SEEDS=${SEEDS:-0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16} METHODS=${METHODS:-} SETS=${SETS:-} JOBS=${JOBS:-12} TOGETHER=${TOGETHER:-1000}
+SEEDS=${SEEDS:-} METHODS=${METHODS:-} SETS=${SETS:-} JOBS=${JOBS:-12} TOGETHER=${TOGETHER:-1000}
 SUITE=${SUITE:-suites/leaderboard.yaml}; EXPORT=${EXPORT:-$(basename "$SUITE" .yaml)-gpu}
 REFERENCE=${REFERENCE:-results/$(basename "$SUITE" .yaml).yaml}  # the suite's CPU cells
 mkdir -p "$OUT"
@@ -32,7 +33,7 @@ print(",".join(m for m in chosen if m not in sys.argv[2].split(",")))
 PY
 )
   echo "stacked together: ${stacked:-none}; one process a cell: ${others:-none}"
-  common=(--seeds "$SEEDS" --tag gpu --every 60 --set engine=batched device="$DEVICE" $SETS)
+  common=(${SEEDS:+--seeds "$SEEDS"} --tag gpu --every 60 --set engine=batched device="$DEVICE" $SETS)
   t0=$SECONDS
   left=$((END - 60 - SECONDS))  # a minute for the export and the comparison
   pids=()
@@ -49,7 +50,7 @@ PY
   for pid in "${pids[@]}"; do wait "$pid" || status=1; done  # our groups only, not the sampler
   wall=$((SECONDS - t0))
   tail -n 40 "$OUT/stacked.log" "$OUT/per-cell.log" 2>/dev/null
-  $PY benchmarks/suite_in_process.py "$SUITE" --seeds "$SEEDS" --tag gpu --export "$EXPORT" \
+  $PY benchmarks/suite_in_process.py "$SUITE" ${SEEDS:+--seeds "$SEEDS"} --tag gpu --export "$EXPORT" \
     --set engine=batched device="$DEVICE" $SETS || status=1
   cp "results/$EXPORT.yaml" "$OUT/" 2>/dev/null
   [ "$DEVICE" != cpu ] || mv "results/$EXPORT.yaml" "$OUT/$EXPORT.yaml.check"  # a check's cells: not results
