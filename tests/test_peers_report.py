@@ -62,6 +62,14 @@ def test_rows_gaps_and_reasons(tmp_path: Path) -> None:
     assert "| x | Setting A | fedavg | 80.00 ± 1.00 | 80.00 ± 0.82 (`global.best`, 3) | +0.0 [-2.3, +2.3] |  |" in table
     assert any("| fedrs |" in line and "**outside the spread: no reason written yet**" in line for line in table)
 
+    # one seed: its std (0 in a result file) is no spread, so no ± and no interval, and the row says so
+    one = {"peer-x": ResultSet("peer-x", "peer-x", "suites/peer-x.yaml", [_cell("a", "fedavg", [83.0])])}
+    rows = load_rows(tmp_path, one)
+    assert rows[0].gap is None
+    assert peers_table(rows)[2] == (
+        "| x | Setting A | fedavg | 80.00 ± 1.00 | 83.00 (`global.best`, 1) | +3.00 (one seed: no interval) |  |"
+    )
+
     reason = "their network, 582k parameters against LeNet's 44k"
     _published(tmp_path / "with-reason", {"fedrs": {"a": reason}})
     table = peers_table(load_rows(tmp_path / "with-reason", sets))

@@ -42,7 +42,7 @@ class PeerRow:
     @property
     def gap(self) -> Interval | None:
         """ours - theirs with Welch's interval (None before our cell has 2 seeds)."""
-        if self.ours is None or self.ours.std is None:
+        if self.ours is None or self.ours.std is None or self.seeds < 2:
             return None
         mean, sample_std, runs = self.theirs
         pop = sample_std * math.sqrt((runs - 1) / runs)
@@ -130,10 +130,12 @@ def peers_table(rows: list[PeerRow]) -> list[str]:
         if r.ours is None:
             ours, gap, reason = f"not run yet ({stat})", "", md(r.reason)
         else:
-            spread = f" ± {r.ours.std:.2f}" if r.ours.std is not None else ""
+            one = r.seeds < 2  # one seed has no spread: no ± and no interval, and the row says so
+            spread = f" ± {r.ours.std:.2f}" if r.ours.std is not None and not one else ""
             ours = f"{r.ours.mean:.2f}{spread} ({stat}, {r.seeds})"
             iv = r.gap
-            gap = iv.text() if iv is not None else f"{r.ours.mean - mean:+.2f}"
+            bare = f"{r.ours.mean - mean:+.2f}" + (" (one seed: no interval)" if one else "")
+            gap = iv.text() if iv is not None else bare
             outside = iv is not None and iv.excludes_zero()
             reason = md(r.reason) or ("**outside the spread: no reason written yet**" if outside else "")
             if outside:
