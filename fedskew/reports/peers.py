@@ -21,6 +21,7 @@ import yaml
 
 from fedskew.config import ConfigError
 from fedskew.reports.markdown import md
+from fedskew.reports.pages import fmt_value
 from fedskew.reports.resultfile import STAT_NAME, ResultSet, Stat, percent_value, refused
 from fedskew.reports.stats import Interval, welch_interval
 
@@ -42,7 +43,7 @@ class PeerRow:
     @property
     def gap(self) -> Interval | None:
         """ours - theirs with Welch's interval (None before our cell has 2 seeds)."""
-        if self.ours is None or self.ours.std is None or self.seeds < 2:
+        if self.ours is None or self.ours.std is None:
             return None
         mean, sample_std, runs = self.theirs
         pop = sample_std * math.sqrt((runs - 1) / runs)
@@ -130,11 +131,9 @@ def peers_table(rows: list[PeerRow]) -> list[str]:
         if r.ours is None:
             ours, gap, reason = f"not run yet ({stat})", "", md(r.reason)
         else:
-            one = r.seeds < 2  # one seed has no spread: no ± and no interval, and the row says so
-            spread = f" ± {r.ours.std:.2f}" if r.ours.std is not None and not one else ""
-            ours = f"{r.ours.mean:.2f}{spread} ({stat}, {r.seeds})"
-            iv = r.gap
-            bare = f"{r.ours.mean - mean:+.2f}" + (" (one seed: no interval)" if one else "")
+            ours = f"{fmt_value(r.ours)} ({stat}, {r.seeds})"
+            iv = r.gap  # None with one seed (welch_interval): the row says so
+            bare = f"{r.ours.mean - mean:+.2f}" + (" (one seed: no interval)" if r.seeds < 2 else "")
             gap = iv.text() if iv is not None else bare
             outside = iv is not None and iv.excludes_zero()
             reason = md(r.reason) or ("**outside the spread: no reason written yet**" if outside else "")
