@@ -194,6 +194,7 @@ def main() -> None:
     ap.add_argument("suite", nargs="?", help="the suite's YAML file")
     for flag in ("methods", "partitions", "seeds"):
         ap.add_argument(f"--{flag}", metavar="A,B", help=f"only these {flag} (default: all the suite's)")
+    ap.add_argument("--cells", metavar="P/M,P/M", help="only these cells (partition/method labels)")
     ap.add_argument("--set", nargs="*", default=[], metavar="K=V", help="run-config overrides for every cell")
     ap.add_argument("--jobs", type=int, default=1, help="cells at once, each its own process (1 or more)")
     ap.add_argument(
@@ -247,7 +248,9 @@ def main() -> None:
         if args.export is not None:
             check_result_name(args.export)
         suite = load_suite(args.suite, app_defaults(ROOT))
-        cells = select(suite, labels(args.methods), labels(args.partitions), labels(args.seeds, int, "--seeds"))
+        cells = select(
+            suite, labels(args.methods), labels(args.partitions), labels(args.seeds, int, "--seeds"), labels(args.cells)
+        )
     except ConfigError as e:
         fail(str(e))
     folder = Path(args.out_dir or suite.out_dir).absolute() / f"{suite.name}-{args.tag}"

@@ -137,7 +137,9 @@ def run_batched_cli(
 def cmd_experiment(args: argparse.Namespace) -> int:
     app_dir = find_app_dir(args.app)
     suite = load_suite(args.suite, app_defaults(app_dir))
-    chosen = select(suite, labels(args.methods), labels(args.partitions), labels(args.seeds, int, "--seeds"))
+    chosen = select(
+        suite, labels(args.methods), labels(args.partitions), labels(args.seeds, int, "--seeds"), labels(args.cells)
+    )
     cluster = connect(args.ray_address) if args.ray_address is not None and not (args.export or args.report) else None
     if args.dry_run:  # every check a run makes, nothing started
         plans = plan_cells(suite, app_dir, chosen, args.actors, args.rerun_changed, cluster)
@@ -241,8 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     exp.add_argument(
         "--export",
         action="store_true",
-        help="write the finished cells' numbers into results/<suite>.yaml (only those --methods, --partitions and "
-        "--seeds choose; other cells there are kept)",
+        help="write the finished cells' numbers into results/<suite>.yaml (only those --methods, --partitions, "
+        "--seeds and --cells choose; other cells there are kept)",
     )
     exp.add_argument("--stream", action="store_true", help="show each run's log")
     exp.add_argument(
@@ -254,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     exp.add_argument("--ray-address", metavar="HOST:PORT", help=RAY_ADDRESS_HELP)
     for flag, what in (("methods", "method labels"), ("partitions", "partition labels"), ("seeds", "seeds")):
         exp.add_argument(f"--{flag}", metavar="A,B", help=f"run only these {what} (default: all the suite's)")
+    exp.add_argument("--cells", metavar="P/M,P/M", help="run only these cells (partition/method labels)")
     exp.set_defaults(fn=cmd_experiment)
     rep = sub.add_parser("report", help="regenerate docs/results.md, docs/leaderboard.md and README's tables")
     rep.add_argument("--check", action="store_true", help="write nothing; exit 1 when a generated file is stale")

@@ -8,23 +8,41 @@
 # resumes across sessions from the committed result files: commit them before a session ends.
 #   bash scripts/queue.sh                      # everything, in order
 #   QUEUE="leaderboard:0-16" bash scripts/queue.sh   # a seed no setting runs is refused
+#   QUEUE="rerun/paper-mupfl,paper-map:0-2" bash scripts/queue.sh
+# An item `rerun/<suites>:<seeds>` runs, suite by suite, only the cells the pages need again
+# (`scripts/rerun_cells.py`: those recorded under an earlier config, and those a claim's gain needs
+# for its paired interval), two cells with all their seeds at a time, each pair exported when done.
 # Order: the leaderboard's first 10 seeds at 40 rounds (the floor its page holds to); niid_bench (the
 # first peer's protocol); the leaderboard's seeds 10-16 (dir01 runs 13, c2 17: the suite's `seeds:`,
-# what its measured spread asks; about 6 h here, so before the day-long suites); the rounds the
+# what its measured spread asks; about 6 h here, so before the day-long suites); the cheap papers'
+# cells the pages need again (MuPFL's, MAP's and FedRS's: about 4 h here); the rounds the
 # leaderboard's leading methods need to converge (`suites/leaderboard-long.yaml`, read by
-# `benchmarks/convergence.py`); PFLlib (the second peer, about 20 h here); the papers' suites again,
-# cheapest first, for the claims' paired intervals (a cell recorded without per-seed values, or under
-# an earlier config, is not skipped, so these run exactly those); the leaderboard at a converged
-# budget (`suites/leaderboard-converged.yaml`, about 32 h here: a GPU's job).
+# `benchmarks/convergence.py`); PFLlib (the second peer, about 20 h here); FedGELA's and FedMR's
+# cells the pages need again (about a day and a half here); the leaderboard at a converged budget
+# (`suites/leaderboard-converged.yaml`, about 32 h here: a GPU's job); last, the papers' suites
+# whole, cheapest first (a cell recorded without per-seed values, or under an earlier config, is not
+# skipped, so these run exactly those: the reference rows beside the claims).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python} FEDSKEW=${FEDSKEW:-.venv/bin/fedskew}
 JOBS=${JOBS:-2}
 PAPERS="fmnist-skew:0-2 fmnist-pcdd:0-2 fmnist-map:0-2 fmnist-map50:0-2 paper-fedmr:0-2 paper-mupfl:0-2"
 PAPERS+=" paper-fedgela:0-2 paper-map:0-2 paper-fedrs:0-2"
-QUEUE=${QUEUE:-"leaderboard:0-9 peer-niid-bench:0-2 leaderboard:10-16 leaderboard-long:0-0 peer-pfllib:0-2 $PAPERS leaderboard-converged:0-4"}
+EARLY="rerun/paper-mupfl,paper-map,paper-fedrs:0-2" LATE="rerun/paper-fedgela,paper-fedmr:0-2"
+ORDER="leaderboard:0-9 peer-niid-bench:0-2 leaderboard:10-16 $EARLY leaderboard-long:0-0 peer-pfllib:0-2 $LATE"
+QUEUE=${QUEUE:-"$ORDER leaderboard-converged:0-4 $PAPERS"}
 for item in $QUEUE; do
     suite=${item%%:*} range=${item#*:}
+    if [[ $suite == rerun/* ]]; then
+        seeds=$(seq -s, "${range%-*}" "${range#*-}")
+        $PY scripts/rerun_cells.py --suites "${suite#rerun/}" --group "$JOBS" | while read -r name cells; do
+            echo "== $name, cells $cells, seeds $seeds: $(date -u +%H:%M)"
+            $PY benchmarks/suite_in_process.py "suites/$name.yaml" --into-suite --jobs "$JOBS" --every 600 \
+                --seeds "$seeds" --cells "$cells" --rerun-changed || true
+            $FEDSKEW experiment "suites/$name.yaml" --export --seeds "$seeds" --cells "$cells" || true
+        done
+        continue
+    fi
     for seed in $(seq "${range%-*}" "${range#*-}"); do
         echo "== $suite, seed $seed: $(date -u +%H:%M)"
         $PY benchmarks/suite_in_process.py "suites/$suite.yaml" --into-suite --jobs "$JOBS" --every 600 \

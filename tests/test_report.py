@@ -19,14 +19,18 @@ import yaml
 from fedskew.config import ConfigError, validate
 from fedskew.reports.leaderboard import Board, budget_section, leaderboard_headline, leaderboard_md, leaderboard_verdict
 from fedskew.reports.report import (
+    Claims,
     Evidence,
     Numbers,
+    Paper,
     Row,
+    Table,
     generate,
     judged_verdict,
     numbers,
     render_reason,
     shown_verdict,
+    unpaired_claim_cells,
 )
 from fedskew.reports.resultfile import (
     CellResult,
@@ -171,6 +175,30 @@ def test_a_gain_is_paired_by_seed_when_both_cells_kept_their_values() -> None:
     assert nums.paired and (nums.interval.low, nums.interval.high, nums.interval.n) == (1.0, 1.0, 3)
     nums = numbers(Row("a over c", "f/p/a", "global.last10", vs="f/p/c"), ev)
     assert nums.paired and nums.interval.n == 2 and nums.gain == pytest.approx(1.5)  # seeds 1 and 2
+
+
+def test_the_cells_to_run_again_are_those_of_claims_without_a_paired_interval() -> None:
+    """A claim whose sides kept per-seed values on 2+ shared seeds needs nothing; one whose side kept
+    only a mean and std, or whose sides share one seed, needs both its cells; a row that is no claim
+    needs none (it is not re-judged)."""
+    per_seed = {"global.last10": Stat(2.0, 0.8165, [1.0, 2.0, 3.0])}
+    cells = [
+        CellResult("p", "a", [0, 1, 2], per_seed),
+        CellResult("p", "b", [0, 1, 2], per_seed),
+        CellResult("p", "old", [0, 1, 2], {"global.last10": Stat(1.0, 0.5)}),  # migrated: no per-seed values
+        CellResult("q", "one", [5, 6, 7], per_seed),
+        CellResult("q", "two", [7, 8, 9], per_seed),
+    ]
+    ev = Evidence({"f": ResultSet("f", "s", "suites/s.yaml", cells)})
+    rows = [
+        Row("paired", "f/p/a", "global.last10", vs="f/p/b", claim="a beats b"),
+        Row("unpaired", "f/p/a", "global.last10", vs="f/p/old", claim="a beats old"),
+        Row("one seed shared", "f/q/one", "global.last10", vs="f/q/two", claim="one beats two"),
+        Row("reference", "f/p/b", "global.last10", vs="f/p/old"),
+    ]
+    claims = Claims("", "")
+    claims.papers.append(Paper("k", "K", "", "", [Table("T", "", "global.last10", rows)]))
+    assert unpaired_claim_cells(claims, ev) == {"f": ["p/a", "p/old", "q/one", "q/two"]}
 
 
 @pytest.mark.parametrize(
@@ -322,6 +350,9 @@ def test_export_writes_only_the_chosen_cells_and_keeps_the_others(tmp_path: Path
     kept = CellResult("iid", "rs", [0, 1], {"global.last10": Stat(1.0)}, source="earlier")
     dump_results(ResultSet("t", "t", "suites/t.yaml", [kept]), folder / "t.yaml")
     chosen = select(suite, ["fedavg"])
+    assert select(suite, cells=["iid/fedavg"]) == chosen  # `--cells partition/method`: the same cells
+    with pytest.raises(ConfigError, match="no cell 'iid/fedavgg'"):
+        select(suite, cells=["iid/fedavgg"])
     rs = load_results(export_suite(suite, "suites/t.yaml", app_defaults(), folder, cells=chosen))
     assert [(c.method, c.seeds, c.source) for c in rs.cells][1] == ("rs", [0, 1], "earlier")
     assert (rs.cells[0].method, rs.cells[0].seeds) == ("fedavg", [0, 1])

@@ -290,6 +290,22 @@ def numbers(row: Row, ev: Evidence) -> Numbers:
     return Numbers(ours, base, gain, interval, paired, paper_gain)
 
 
+def unpaired_claim_cells(claims: Claims, ev: Evidence) -> dict[str, list[str]]:
+    """Result file -> the 'partition/method' cells whose runs would pair a claim's gain that is not
+    paired today (a side recorded without per-seed values, or the two sides sharing under 2 seeds):
+    what a re-run needs for the claims' paired intervals, in the claims file's order."""
+    out: dict[str, list[str]] = {}
+    for row in (r for p in claims.papers for t in p.tables for r in t.rows if r.claim and r.vs):
+        nums = numbers(row, ev)
+        if nums.paired and nums.interval is not None and nums.interval.n >= 2:
+            continue
+        for ref in (row.ours, row.vs):
+            file, _, cell = ref.partition("/")
+            if cell not in out.setdefault(file, []):
+                out[file].append(cell)
+    return out
+
+
 def fmt_gain(g: float | None, spread: float | None = None) -> str:
     if g is None:
         return "n/a"

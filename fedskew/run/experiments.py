@@ -33,9 +33,10 @@ checked as its run would check it (`plan_cells`; `--dry-run` stops there) and gi
   config (`fedskew.reports.resultfile.config_sha256`): skipped;
 - run: nothing there yet.
 
-`--methods`, `--partitions` and `--seeds` run only the cells with those labels (`select`). A cell
-whose config sets `engine: batched` runs in this process (`fedskew.batched.grid.run_batched`); the
-others share one private SuperLink (and Ray head), started only if there are any. At the end (and
+`--methods`, `--partitions` and `--seeds` run only the cells with those labels, `--cells P/M,...`
+only those cells (`select`). A cell whose config sets `engine: batched` runs in this process
+(`fedskew.batched.grid.run_batched`); the others share one private SuperLink (and Ray head), started
+only if there are any. At the end (and
 with `--report`) the suite folder gets `results.md`, `results.csv`, `accuracy-<partition>.png` and
 `per-class-<partition>.png`, each written whole or not at all (`fedskew.reports.markdown.md`).
 
@@ -95,6 +96,11 @@ class Cell:
     @property
     def run_name(self) -> str:
         return run_name(self.partition, self.method, self.seed)
+
+    @property
+    def cell(self) -> str:
+        """'partition/method': the cell over its seeds, as `--cells` and the result files name it."""
+        return f"{self.partition}/{self.method}"
 
 
 @dataclass
@@ -234,25 +240,24 @@ def select(
     methods: list[str] | None = None,
     partitions: list[str] | None = None,
     seeds: list[int] | None = None,
+    cells: list[str] | None = None,
 ) -> list[Cell]:
-    """The suite's cells whose method, partition and seed are among those given (None: all); an
-    unknown label or seed raises ConfigError naming it and what the suite has."""
+    """The suite's cells whose method, partition and seed are among those given (None: all), and
+    whose 'partition/method' is in `cells` when given (cells that are not a whole row or column); an
+    unknown label, seed or cell raises ConfigError naming it and what the suite has."""
     have = {
         "method": suite.method_labels,
         "partition": suite.partition_labels,
         "seed": sorted({c.seed for c in suite.cells}),
+        "cell": list(dict.fromkeys(c.cell for c in suite.cells)),
     }
-    wanted = {"method": methods, "partition": partitions, "seed": seeds}
+    wanted = {"method": methods, "partition": partitions, "seed": seeds, "cell": cells}
     for kind, values in wanted.items():
         for v in values or []:
             if v not in have[kind]:
-                allowed = ", ".join(map(str, have[kind]))
+                allowed = ", ".join(map(str, have[kind])) if kind != "cell" else f"{have[kind][0]}, ... (P/M)"
                 raise ConfigError(f"suite {suite.name}: no {kind} {v!r} (it has: {allowed})")
-    return [
-        c
-        for c in suite.cells
-        if all(not wanted[k] or getattr(c, k) in wanted[k] for k in ("method", "partition", "seed"))
-    ]
+    return [c for c in suite.cells if all(not values or getattr(c, kind) in values for kind, values in wanted.items())]
 
 
 def _fmt_eta(seconds: float) -> str:
