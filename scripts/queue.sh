@@ -14,11 +14,11 @@
 # for its paired interval), two cells with all their seeds at a time, each pair exported when done.
 # Order: the leaderboard's first 10 seeds at 40 rounds (the floor its page holds to); niid_bench (the
 # first peer's protocol); the leaderboard's seeds 10-16 (dir01 runs 13, c2 17: the suite's `seeds:`,
-# what its measured spread asks; about 6 h here, so before the day-long suites); the cheap papers'
-# cells the pages need again (MuPFL's, MAP's and FedRS's: about 4 h here); the rounds the
-# leaderboard's leading methods need to converge (`suites/leaderboard-long.yaml`, read by
-# `benchmarks/convergence.py`); PFLlib (the second peer, about 20 h here); FedGELA's and FedMR's
-# cells the pages need again (about a day and a half here); the leaderboard at a converged budget
+# what its measured spread asks; about 6 h here, so before the day-long suites); MuPFL's, MAP's and
+# FedRS's 41 cells the pages need again (about 9 h here, from the run times the notes record); the
+# rounds the leaderboard's leading methods need to converge (`suites/leaderboard-long.yaml`, read by
+# `benchmarks/convergence.py`); PFLlib (the second peer, about 20 h here); FedGELA's and FedMR's 57
+# cells the pages need again (about a day here); the leaderboard at a converged budget
 # (`suites/leaderboard-converged.yaml`, about 32 h here: a GPU's job); last, the papers' suites
 # whole, cheapest first (a cell recorded without per-seed values, or under an earlier config, is not
 # skipped, so these run exactly those: the reference rows beside the claims).
