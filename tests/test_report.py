@@ -470,6 +470,7 @@ def test_leaderboard_pages_give_paired_gains_with_intervals_and_the_seed_counts(
     assert "| fedrs | - | - | **+2.0 [+1.7, +2.3]**† | " in md and "c2 (4 seeds)" in md
     assert "| fedavg | c2 | 4 | 61.25 ± 7.40 | n/a | n/a | 90.00 ± 0.50 |" in md
     # the seeds section: paired sds 0 (FedLC, FedProx), 0.18 (FedRS), 4.1 (MOON): median 0.09
+    assert Board({"partitions": {"x": {}}}, None).planned("x") == 1  # a suite without seeds runs seed 0
     c2_planned = len(suite["partitions"]["c2"].get("seeds") or suite["seeds"])
     assert f"| c2 | 4 | {c2_planned} | 0.09 | 0.15 | 2 | 2 |" in md  # t(3) 3.18 x 0.091 / 2
     assert "at today's spread they cover the column for +-2 in every setting." in md

@@ -106,9 +106,10 @@ class Board:
         return sorted(base) if base else []
 
     def planned(self, partition: str) -> int:
-        """How many seeds the suite runs the setting with: its own `seeds:` or the suite's."""
+        """How many seeds the suite runs the setting with: its own `seeds:`, else the suite's, else
+        seed 0 alone (`fedskew.run.experiments.load_suite`'s rule)."""
         own = ((self.suite.get("partitions") or {}).get(partition) or {}).get("seeds")
-        return len(own or self.suite.get("seeds") or [])
+        return len(own or self.suite.get("seeds") or [0])
 
     def top_chance(self, partition: str, stat: str = "") -> dict[str, float]:
         """Each method's chance of ranking in the top `TOP` of the setting over seed resamples, among
