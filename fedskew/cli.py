@@ -172,7 +172,8 @@ def cmd_report(args: argparse.Namespace) -> int:
         ):
             print(
                 f"warning: results/{path.name}: {len(stale)} cells recorded under an earlier config than today's "
-                f"(run `fedskew experiment suites/{path.name}` again to replace them): {', '.join(stale)}",
+                f"(`fedskew experiment suites/{path.name} --rerun-changed --cells {','.join(stale)}` replaces them; "
+                "`scripts/rerun_cells.py` lists every suite's)",
                 file=sys.stderr,
             )
     return report_main(["--root", str(root)] + (["--check"] if args.check else []))
