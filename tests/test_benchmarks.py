@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from fedskew.run.experiments import run_name
@@ -336,3 +337,22 @@ def test_grid_compare_pairs_the_shared_seeds_and_leaves_other_budgets_apart(tmp_
     assert rows["c2/fedavg"].endswith("| yes |") and rows["c2/fedrs"].endswith("| no |"), res.stdout
     assert "not comparable: 2 rounds against 40" in rows["c2/moon"], res.stdout
     assert "1 of 2 cells within the reference's spread (global.last10); 1 cells of another budget" in res.stdout
+
+
+def test_convergence_finds_where_a_curve_flattens_and_the_trend_tells_noise_from_climbing(monkeypatch) -> None:
+    """A curve climbing 0.2 points a round to round 100, then flat at 70: its last-10 mean is within
+    0.5 of 70 from round 103 (69.58) and has moved less than 0.5 over the 50 rounds before 153. The
+    same curve with rounds scattered by 3 points never holds 0.5 (its last-10 means scatter by about
+    1), while the line through its last 50 rounds says flat (its interval holds 0) where the climb's
+    says +9.8 points."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import convergence
+
+    climb = [min(0.5 + 0.002 * r, 0.7) for r in range(1, 301)]
+    assert convergence.converged_round(climb) == 153
+    noisy = [a + 0.03 * e for a, e in zip(climb, np.random.default_rng(0).standard_normal(300), strict=True)]
+    assert convergence.converged_round(noisy) is None
+    move, half, sd = convergence.end_trend(noisy)
+    assert abs(move) < half and 2.0 < sd < 4.0
+    move, half, sd = convergence.end_trend(climb[:100])
+    assert move == pytest.approx(9.8) and half == pytest.approx(0.0, abs=1e-9) and sd == pytest.approx(0.0, abs=1e-9)
