@@ -236,3 +236,14 @@ def print_ratios(title: str, rows: Sequence[tuple[str, float]], unit: str = "s",
     print(title)
     for name, value in rows:
         print(f"  {name:<34} {value:10.4f} {unit}   ratio {value / ref:7.3f}")
+
+
+def machine() -> str:
+    """'Machine: <CPU model>, N cores, CPU only; load average L at the end.' for a benchmark's table."""
+    import platform
+
+    from fedskew.resources import available_cores
+
+    info = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else []
+    cpu = next((line.split(":", 1)[1].strip() for line in info if "model name" in line), platform.processor())
+    return f"Machine: {cpu}, {available_cores()} cores, CPU only; load average {os.getloadavg()[0]:.1f} at the end."

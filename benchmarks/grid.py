@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _common import ROOT, in_process_setup
+from _common import ROOT, in_process_setup, machine
 from suite_in_process import cell_config, parse_sets
 
 from fedskew.resources import available_cores
@@ -186,25 +186,11 @@ def main() -> None:
 
 def write_doc(doc: Path, table: list[str]) -> None:
     """The table with its command and machine into `doc`'s `grid` block (atomically)."""
-    import os
-    import platform
-
     from fedskew.files import write_text
     from fedskew.reports.report import replace_block
 
     command = " ".join(a for a in sys.argv[1:] if not a.startswith("--doc") and a != str(doc))
-    info = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else []
-    cpu = next((line.split(":", 1)[1].strip() for line in info if "model name" in line), platform.processor())
-    load = os.getloadavg()[0]
-    body = [
-        "```bash",
-        f".venv/bin/python benchmarks/grid.py {command}",
-        "```",
-        "",
-        f"Machine: {cpu}, {available_cores()} cores, CPU only; load average {load:.1f} at the end.",
-        "",
-        *table,
-    ]
+    body = ["```bash", f".venv/bin/python benchmarks/grid.py {command}", "```", "", machine(), "", *table]
     write_text(doc, replace_block(doc.read_text(), "grid", body, str(doc)))
 
 

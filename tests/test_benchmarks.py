@@ -356,3 +356,7 @@ def test_convergence_finds_where_a_curve_flattens_and_the_trend_tells_noise_from
     assert abs(move) < half and 2.0 < sd < 4.0
     move, half, sd = convergence.end_trend(climb[:100])
     assert move == pytest.approx(9.8) and half == pytest.approx(0.0, abs=1e-9) and sd == pytest.approx(0.0, abs=1e-9)
+    trends = convergence.window_trends(climb)
+    assert trends[100] == pytest.approx(9.8) and trends[300] == pytest.approx(0.0, abs=1e-9)
+    lines = convergence.table({"climb": climb, "noisy": noisy}, 10, 50, 0.5)
+    assert "| climb | 300 | 153 |" in lines[2] and "1 of 2 runs have not converged within their rounds." in lines
