@@ -123,3 +123,22 @@ def test_the_committed_file_matches_its_suites() -> None:
         assert set(peer["settings"]) <= set(suite["partitions"]), key
         assert set(peer["rows"]) <= set(suite["methods"]), key
     assert len(load_rows(ROOT, {})) == 24  # 8 niid_bench rows and 16 of PFLlib
+
+
+def test_a_cell_recorded_under_another_config_than_the_suites_says_which_keys(tmp_path: Path) -> None:
+    """The suite now turns a bound off that the recorded runs had on: the row keeps its numbers but
+    names the key, its old and new value; a cell whose config is the suite's says nothing."""
+    _published(tmp_path)
+    suite = {"base": {"lr": 0.01, "update-norm-bound": 0.0}, "methods": {"fedavg": {}, "fedrs": {}}}
+    suite["partitions"] = {"a": {"partition": "dirichlet", "seeds": [0, 1]}}
+    (tmp_path / "suites").mkdir()
+    (tmp_path / "suites" / "peer-x.yaml").write_text(yaml.safe_dump(suite))
+    old = _cell("a", "fedavg", [79.0, 80.0, 81.0])
+    old.config = {"lr": 0.01, "partition": "dirichlet", "method": "fedavg"}
+    same = _cell("a", "fedrs", [80.0, 81.0])
+    same.config = {"lr": 0.01, "partition": "dirichlet", "method": "fedrs", "update-norm-bound": 0.0}
+    sets = {"peer-x": ResultSet("peer-x", "peer-x", "suites/peer-x.yaml", [old, same])}
+    rows = {r.method: r for r in load_rows(tmp_path, sets) if r.setting == "Setting A"}
+    assert rows["fedavg"].changed == ("update-norm-bound default → 0.0",) and rows["fedrs"].changed == ()
+    table = "\n".join(peers_table(list(rows.values())))
+    assert "recorded under an earlier config (update-norm-bound default → 0.0), to run again" in table

@@ -7,7 +7,8 @@ compares (`ours`). A row's gap is ours - theirs with Welch's 95 % interval
 std is taken as the sample std of `runs` runs (the count a peer states, or the one its numbers
 imply), ours as the population std over our seeds. A row whose interval excludes 0 lies outside the
 seeds' spread and needs its reason under `gaps` (fedskew's reading, not the peer's); the table says
-so where none is written yet.
+so where none is written yet. A cell whose recorded config is not what the suite gives today names
+the keys that changed: its numbers are of the earlier protocol until the suite runs it again.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import yaml
 from fedskew.config import ConfigError
 from fedskew.reports.markdown import md
 from fedskew.reports.pages import fmt_value
-from fedskew.reports.resultfile import STAT_NAME, ResultSet, Stat, percent_value, refused
+from fedskew.reports.resultfile import STAT_NAME, ResultSet, Stat, percent_value, refused, suite_config
 from fedskew.reports.stats import Interval, welch_interval
 
 PUBLISHED = Path("results/peers/published.yaml")
@@ -39,6 +40,7 @@ class PeerRow:
     ours: Stat | None  # None: our suite has not run the cell
     seeds: int
     reason: str
+    changed: tuple[str, ...] = ()  # the config keys that differ from the suite's today, as "key old → new"
 
     @property
     def gap(self) -> Interval | None:
@@ -65,6 +67,12 @@ def _theirs(path: Path, where: str, num: Any, runs: int) -> tuple[float, float, 
     return mean, std, runs
 
 
+def config_changes(recorded: dict[str, Any], today: dict[str, Any]) -> tuple[str, ...]:
+    """'key old → new' for each key whose value differs ('default' where a config does not set it)."""
+    keys = sorted(k for k in {*recorded, *today} if recorded.get(k) != today.get(k))
+    return tuple(f"{k} {recorded.get(k, 'default')} → {today.get(k, 'default')}" for k in keys)
+
+
 def load_rows(root: Path, sets: dict[str, ResultSet]) -> list[PeerRow]:
     """Every (peer, setting, method) of the published file, with our cell from `sets` where it ran.
     Raises ConfigError naming the key of anything the table could not show as it is."""
@@ -78,7 +86,9 @@ def load_rows(root: Path, sets: dict[str, ResultSet]) -> list[PeerRow]:
     rows = []
     for key, peer in _need(raw, "peers", dict, str(path)).items():
         where = f"{path}: peers.{key}"
-        suite = Path(_need(peer, "suite", str, where)).stem
+        suite_path = root / _need(peer, "suite", str, where)
+        suite = suite_path.stem
+        suite_raw = yaml.safe_load(suite_path.read_text()) if suite_path.is_file() else None
         settings = _need(peer, "settings", dict, where)
         ours = _need(peer, "ours", dict, where)
         runs = _need(peer, "runs", int, where)
@@ -103,6 +113,9 @@ def load_rows(root: Path, sets: dict[str, ResultSet]) -> list[PeerRow]:
                 num = _theirs(path, f"peers.{key}.rows.{method}.{label}", published[method][label], runs)
                 cell = results.cell(label, method) if results is not None else None
                 stat = cell.stats.get(ours[method]) if cell is not None else None
+                changed = ()
+                if cell is not None and cell.config is not None and isinstance(suite_raw, dict):
+                    changed = config_changes(cell.config, suite_config(suite_raw, label, method))
                 rows.append(
                     PeerRow(
                         peer=key,
@@ -113,6 +126,7 @@ def load_rows(root: Path, sets: dict[str, ResultSet]) -> list[PeerRow]:
                         ours=stat,
                         seeds=len(cell.seeds) if cell is not None else 0,
                         reason=str((gaps.get(method) or {}).get(label, "")),
+                        changed=changed,
                     )
                 )
     return rows
@@ -139,6 +153,8 @@ def peers_table(rows: list[PeerRow]) -> list[str]:
             reason = md(r.reason) or ("**outside the spread: no reason written yet**" if outside else "")
             if outside:
                 gap = f"**{gap}**"
+            if r.changed:  # the numbers of an earlier protocol: said before any reason
+                ours += f"; recorded under an earlier config ({md(', '.join(r.changed))}), to run again"
         lines.append(
             f"| {md(r.peer)} | {md(r.setting)} | {md(r.method)} | {mean:.2f} ± {std:.2f} | {ours} | {gap} | {reason} |"
         )

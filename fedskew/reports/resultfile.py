@@ -421,6 +421,14 @@ def _summary(run_dir: Path) -> dict[str, Any]:
     return summary if isinstance(summary, dict) else {}
 
 
+def suite_config(suite: dict[str, Any], partition: str, method: str) -> dict[str, Any]:
+    """A cell's run config as the suite's YAML gives it, without the seed: what a result file records
+    as the cell's `config` (`fedskew.run.experiments.load_suite` builds it so)."""
+    own = ((suite.get("partitions") or {}).get(partition) or {}).items()
+    p_over = {k: v for k, v in own if k not in ("seeds", "num-supernodes")}
+    return {**(suite.get("base") or {}), **p_over, "method": method, **((suite.get("methods") or {}).get(method) or {})}
+
+
 def per_seed_values(cell: CellResult, name: str) -> dict[int, float] | None:
     """Seed -> value of the stat `name` of `cell`; None when its per-seed values were not kept."""
     stat = cell.stats[name]

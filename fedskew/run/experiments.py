@@ -69,7 +69,7 @@ from fedskew.files import atomic_write, check_folder, locked, write_text
 from fedskew.partitions import PartitionError
 from fedskew.registry import get_method
 from fedskew.reports.markdown import md
-from fedskew.reports.resultfile import config_sha256, load_results, read_rounds
+from fedskew.reports.resultfile import config_sha256, load_results, read_rounds, suite_config
 from fedskew.run.cluster import RayCluster
 from fedskew.run.launcher import RunFailed, app_defaults, prepare_config, resources_for, run_simulation, simulation_link
 from fedskew.server_app.results import LAST_ROUNDS, RESULTS, round_statistics, saved_changes
@@ -173,7 +173,7 @@ def load_suite(path: str | Path, app_defaults: dict[str, Any]) -> Suite:
         raise ConfigError(f"{path}: out-dir={out_dir!r} is not allowed: must be a folder path")
     out_dir = Path(out_dir).expanduser().absolute()
     check_folder(out_dir / name, f"{path}: out-dir")
-    base = _mapping(raw.get("base"), f"{path}: base", config=True)
+    _mapping(raw.get("base"), f"{path}: base", config=True)  # checked here, composed by suite_config
     methods = _mapping(raw.get("methods"), f"{path}: methods") or {"fedavg": {}}
     partitions = _mapping(raw.get("partitions"), f"{path}: partitions") or {"default": {}}
     for kind, table in (("methods", methods), ("partitions", partitions)):
@@ -186,14 +186,9 @@ def load_suite(path: str | Path, app_defaults: dict[str, Any]) -> Suite:
         p_n = _num_supernodes(p_over.pop("num-supernodes", n), f"{path}: partitions.{p_label}")
         p_seeds = _seed_list(p_over.pop("seeds", seeds), f"{path}: partitions.{p_label}")
         for m_label, m_over in methods.items():
+            _mapping(m_over, f"{path}: methods.{m_label}", config=True)
             for seed in p_seeds:
-                over = {
-                    **base,
-                    **p_over,
-                    "method": m_label,
-                    **_mapping(m_over, f"{path}: methods.{m_label}", config=True),
-                    "seed": seed,
-                }
+                over = {**suite_config(raw, p_label, m_label), "seed": seed}
                 try:
                     cfg = validate({**app_defaults, **over})
                     if (partition_key(cfg), p_n) not in possible:  # each partition checked once, not per method
