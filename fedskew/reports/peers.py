@@ -88,7 +88,10 @@ def load_rows(root: Path, sets: dict[str, ResultSet]) -> list[PeerRow]:
         where = f"{path}: peers.{key}"
         suite_path = root / _need(peer, "suite", str, where)
         suite = suite_path.stem
-        suite_raw = yaml.safe_load(suite_path.read_text()) if suite_path.is_file() else None
+        try:  # the suite's cell configs today, to name what changed since a cell was recorded
+            suite_raw = yaml.safe_load(suite_path.read_text()) if suite_path.is_file() else None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{suite_path}: not valid YAML ({str(e).splitlines()[0]})") from None
         settings = _need(peer, "settings", dict, where)
         ours = _need(peer, "ours", dict, where)
         runs = _need(peer, "runs", int, where)
@@ -153,7 +156,7 @@ def peers_table(rows: list[PeerRow]) -> list[str]:
             reason = md(r.reason) or ("**outside the spread: no reason written yet**" if outside else "")
             if outside:
                 gap = f"**{gap}**"
-            if r.changed:  # the numbers of an earlier protocol: said before any reason
+            if r.changed:  # the numbers of an earlier protocol, until the suite runs the cell again
                 ours += f"; recorded under an earlier config ({md(', '.join(r.changed))}), to run again"
         lines.append(
             f"| {md(r.peer)} | {md(r.setting)} | {md(r.method)} | {mean:.2f} ± {std:.2f} | {ours} | {gap} | {reason} |"
