@@ -1,16 +1,23 @@
-"""When has a run converged? The first round R at which the mean of the last `last` rounds' global
-accuracy has moved less than `tolerance` points over the `window` rounds before R, for each run
-folder given (its `metrics.jsonl`); and the budget that covers them all, rounded up to `window`.
+"""When has a run converged? Two readings of "the leaderboard's last-10 mean moves less than
+`tolerance` points over the last `window` rounds", for each run folder given (its `metrics.jsonl`):
+
+- literal (`converged_round`): the first round R at which the last-`last` mean, and every such mean
+  of the `window` rounds before R, lie within `tolerance` of each other;
+- by blocks (`settled_round`): the first R, a multiple of `window`, at which the mean of rounds
+  R - window + 1 .. R differs from the mean of the `window` rounds before by less than `tolerance`.
+
+One seed's rounds scatter by several points when a quarter of the clients train each round, so its
+last-10 means scatter by about sd / sqrt(10), more than the tolerance: the literal test then never
+passes however flat the curve, while a block of 50 rounds averages that scatter down about 2.2 times
+further. Beside each run, its block means; below, each block's change from the one before averaged
+over the runs with a 95 % t interval over them (how far the curves still climb, with its
+uncertainty). The budget is the largest round that the chosen reading finds, rounded up to `window`.
 
     .venv/bin/python benchmarks/convergence.py outputs/suites/leaderboard-long/* [--doc docs/notes/convergence.md]
 
-Beside it, the diagnostic of a run where no round passes (one seed's rounds scatter more than the
-tolerance): the least-squares line through its last `window` rounds, and that line's movement over
-each window averaged over the runs, with a 95 % t interval over them. `--doc` writes the tables, the
-command and the machine into the file's `convergence` block.
-
-The leaderboard's statistic is the mean of the last 10 rounds: a budget at which that mean still
-drifts ranks methods by how fast they learn, not by where they end (docs/leaderboard.md, "Budget").
+`--doc` writes the tables, the command and the machine into the file's `convergence` block. The
+leaderboard's statistic is the mean of the last 10 rounds: a budget at which that mean still drifts
+ranks methods by how fast they learn, not by where they end (docs/leaderboard.md, "Budget").
 """
 
 from __future__ import annotations
@@ -25,7 +32,7 @@ from _common import machine
 
 from fedskew.files import write_text
 from fedskew.reports.report import replace_block
-from fedskew.reports.stats import t_interval, t_quantile
+from fedskew.reports.stats import t_interval
 
 
 def last_means(accuracy: list[float], last: int) -> np.ndarray:
@@ -45,60 +52,54 @@ def converged_round(accuracy: list[float], last: int = 10, window: int = 50, tol
     return None
 
 
-def end_trend(accuracy: list[float], window: int = 50) -> tuple[float, float, float]:
-    """The least-squares line through the last `window` rounds' global accuracy (percent): how many
-    points it moves across them, that movement's 95 % Student-t half-width (n - 2 degrees of
-    freedom), and the rounds' sd around the line. The diagnostic where `converged_round` finds no
-    round: a one-seed curve whose rounds scatter by sd has last-k means that scatter by about
-    sd / sqrt(k), which a tolerance under that can never hold, while the line says whether the
-    curve still climbs."""
-    y = 100 * np.asarray(accuracy[-window:], dtype=np.float64)
-    n = len(y)
-    if n < 3:
-        raise ValueError(f"a trend needs at least 3 rounds, got {n}")
-    x = np.arange(n, dtype=np.float64) - (n - 1) / 2
-    slope = float(x @ (y - y.mean()) / (x @ x))
-    resid = y - y.mean() - slope * x
-    sd = float(np.sqrt(resid @ resid / (n - 2)))
-    half = t_quantile(n - 1) * sd / math.sqrt(float(x @ x))  # t with n - 2 degrees of freedom
-    return slope * (n - 1), half * (n - 1), sd
+def block_means(accuracy: list[float], window: int = 50) -> list[float]:
+    """The mean accuracy (percent) of rounds 1..window, window+1..2 window, ... (whole blocks only)."""
+    a = 100 * np.asarray(accuracy, dtype=np.float64)
+    return [float(a[i : i + window].mean()) for i in range(0, len(a) - window + 1, window)]
 
 
-def window_trends(accuracy: list[float], window: int = 50) -> dict[int, float]:
-    """Round R -> the points the least-squares line through rounds R - window + 1 .. R moves, for
-    each R that is a multiple of `window` (`end_trend` of the run cut at R)."""
-    return {r: end_trend(accuracy[:r], window)[0] for r in range(window, len(accuracy) + 1, window)}
+def settled_round(accuracy: list[float], window: int = 50, tolerance: float = 0.5) -> int | None:
+    """The first R = k window (k >= 2) whose block mean differs from the block before by less than
+    `tolerance` points; None if no block of the run does."""
+    b = block_means(accuracy, window)
+    return next(((k + 1) * window for k in range(1, len(b)) if abs(b[k] - b[k - 1]) < tolerance), None)
+
+
+def _budget(found: list[int | None], window: int) -> str:
+    if not found or None in found:
+        return f"{found.count(None)} of {len(found)} runs not within their rounds"
+    return f"{int(math.ceil(max(found) / window) * window)} rounds"
 
 
 def table(runs: dict[str, list[float]], last: int, window: int, tolerance: float) -> list[str]:
-    """The markdown lines: each run's converged round and end trend, the budget covering them, and
-    the line's movement over each window averaged over the runs (95 % t interval over the runs)."""
+    """The markdown lines: each run's round by both readings and its block means, the budgets, and
+    each block's change from the one before averaged over the runs (95 % t interval over them)."""
     lines = [
-        f"| run | rounds | converged at (last-{last} mean within {tolerance} over {window}) "
-        f"| the last {window} rounds' line moves [95 %] | their sd around it |",
+        f"| run | rounds | literal: last-{last} mean within {tolerance} over {window} | by blocks: a {window}-round "
+        f"mean within {tolerance} of the one before | {window}-round means |",
         "|---|---|---|---|---|",
     ]
-    found = []
+    literal, blocks = [], []
     for name, acc in runs.items():
-        at = converged_round(acc, last, window, tolerance)
-        found.append(at)
-        move, half, sd = end_trend(acc, window)
-        lines.append(
-            f"| {name} | {len(acc)} | {at if at is not None else 'not within the run'} "
-            f"| {move:+.2f} [{move - half:+.2f}, {move + half:+.2f}] | {sd:.2f} |"
-        )
-    if found and None not in found:
-        lines += ["", f"Budget covering every run: {int(math.ceil(max(found) / window) * window)} rounds."]
-    elif found:
-        lines += ["", f"{found.count(None)} of {len(found)} runs have not converged within their rounds."]
-    trends = [window_trends(acc, window) for acc in runs.values()]
-    ends = sorted({r for t in trends for r in t})
-    if len(runs) >= 2 and ends:
-        lines += ["", f"| rounds | runs | the line moves over the {window} rounds, mean over the runs [95 %] |"]
+        literal.append(converged_round(acc, last, window, tolerance))
+        blocks.append(settled_round(acc, window, tolerance))
+        means = ", ".join(f"{m:.1f}" for m in block_means(acc, window))
+        at = [str(r) if r is not None else "not within the run" for r in (literal[-1], blocks[-1])]
+        lines.append(f"| {name} | {len(acc)} | {at[0]} | {at[1]} | {means} |")
+    lines += [
+        "",
+        f"Budget covering every run: literal {_budget(literal, window)}; by blocks {_budget(blocks, window)}.",
+    ]
+    changes: dict[int, list[float]] = {}
+    for acc in runs.values():
+        b = block_means(acc, window)
+        for k in range(1, len(b)):
+            changes.setdefault((k + 1) * window, []).append(b[k] - b[k - 1])
+    if len(runs) >= 2 and changes:
+        lines += ["", f"| rounds | runs | change from the {window} rounds before, mean over the runs [95 %] |"]
         lines.append("|---|---|---|")
-        for r in ends:
-            iv = t_interval([t[r] for t in trends if r in t])
-            lines.append(f"| {r - window + 1}-{r} | {iv.n} | {iv.text()} |")
+        for r, values in sorted(changes.items()):
+            lines.append(f"| {r - window + 1}-{r} | {len(values)} | {t_interval(values).text()} |")
     return lines
 
 

@@ -339,24 +339,25 @@ def test_grid_compare_pairs_the_shared_seeds_and_leaves_other_budgets_apart(tmp_
     assert "1 of 2 cells within the reference's spread (global.last10); 1 cells of another budget" in res.stdout
 
 
-def test_convergence_finds_where_a_curve_flattens_and_the_trend_tells_noise_from_climbing(monkeypatch) -> None:
+def test_convergence_finds_where_a_curve_flattens_and_blocks_see_through_the_scatter(monkeypatch) -> None:
     """A curve climbing 0.2 points a round to round 100, then flat at 70: its last-10 mean is within
-    0.5 of 70 from round 103 (69.58) and has moved less than 0.5 over the 50 rounds before 153. The
-    same curve with rounds scattered by 3 points never holds 0.5 (its last-10 means scatter by about
-    1), while the line through its last 50 rounds says flat (its interval holds 0) where the climb's
-    says +9.8 points."""
+    0.5 of 70 from round 103 (69.58) and has moved less than 0.5 over the 50 rounds before 153; its
+    50-round means are 55.1, 65.1, then 70, so by blocks it settles at 200. The same curve with
+    rounds scattered by 3 points never passes the literal test (its last-10 means scatter by about
+    1), while its 50-round means (scatter about 0.4) settle within the flat part."""
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import convergence
 
     climb = [min(0.5 + 0.002 * r, 0.7) for r in range(1, 301)]
     assert convergence.converged_round(climb) == 153
+    assert convergence.block_means(climb) == pytest.approx([55.1, 65.1, 70.0, 70.0, 70.0, 70.0])
+    assert convergence.settled_round(climb) == 200
     noisy = [a + 0.03 * e for a, e in zip(climb, np.random.default_rng(0).standard_normal(300), strict=True)]
     assert convergence.converged_round(noisy) is None
-    move, half, sd = convergence.end_trend(noisy)
-    assert abs(move) < half and 2.0 < sd < 4.0
-    move, half, sd = convergence.end_trend(climb[:100])
-    assert move == pytest.approx(9.8) and half == pytest.approx(0.0, abs=1e-9) and sd == pytest.approx(0.0, abs=1e-9)
-    trends = convergence.window_trends(climb)
-    assert trends[100] == pytest.approx(9.8) and trends[300] == pytest.approx(0.0, abs=1e-9)
+    assert convergence.settled_round(noisy) in (200, 250, 300)
     lines = convergence.table({"climb": climb, "noisy": noisy}, 10, 50, 0.5)
-    assert "| climb | 300 | 153 |" in lines[2] and "1 of 2 runs have not converged within their rounds." in lines
+    assert lines[2].startswith("| climb | 300 | 153 | 200 | 55.1, 65.1, 70.0")
+    row = next(line for line in lines if line.startswith("| 101-150 | 2 |"))  # the last climbing block
+    low, high = (float(v) for v in row.split("[")[1].rstrip(" |]").split(", "))
+    assert 4.0 < low < high < 6.0  # +4.9 on both runs: an interval above 0
+    assert "Budget covering every run: literal 1 of 2 runs not within their rounds; by blocks 200 rounds." in lines
