@@ -244,7 +244,7 @@ def budget_section(board: Board, long: Board | None) -> list[str]:
             "above: the best round often lies well above it), so these ranks may say how fast a method learns "
             f"rather than where it ends. [`{CONVERGED_SUITE.as_posix()}`](../{CONVERGED_SUITE.as_posix()}) runs "
             "the same methods and settings at a budget where FedAvg's and the leading methods' last-10 means have "
-            "settled (`benchmarks/convergence.py` on `suites/leaderboard-long.yaml`); its export fills this "
+            "settled (the convergence runs: [notes/convergence.md](notes/convergence.md)); its export fills this "
             "section.",
             "",
         ]
