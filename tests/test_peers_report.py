@@ -127,9 +127,11 @@ def test_the_committed_file_matches_its_suites() -> None:
 
 def test_a_cell_recorded_under_another_config_than_the_suites_says_which_keys(tmp_path: Path) -> None:
     """The suite now turns a bound off that the recorded runs had on: the row keeps its numbers but
-    names the key, its old and new value; a cell whose config is the suite's says nothing."""
+    names the key, its old and new value; a key the suite now sets to its default is no change, and a
+    cell whose config is the suite's says nothing."""
     _published(tmp_path)
-    suite = {"base": {"lr": 0.01, "update-norm-bound": 0.0}, "methods": {"fedavg": {}, "fedrs": {}}}
+    base = {"lr": 0.01, "update-norm-bound": 0.0, "max-update-ratio": 10.0}  # the last one: its default
+    suite = {"base": base, "methods": {"fedavg": {}, "fedrs": {}}}
     suite["partitions"] = {"a": {"partition": "dirichlet", "seeds": [0, 1]}}
     (tmp_path / "suites").mkdir()
     (tmp_path / "suites" / "peer-x.yaml").write_text(yaml.safe_dump(suite))
@@ -139,6 +141,6 @@ def test_a_cell_recorded_under_another_config_than_the_suites_says_which_keys(tm
     same.config = {"lr": 0.01, "partition": "dirichlet", "method": "fedrs", "update-norm-bound": 0.0}
     sets = {"peer-x": ResultSet("peer-x", "peer-x", "suites/peer-x.yaml", [old, same])}
     rows = {r.method: r for r in load_rows(tmp_path, sets) if r.setting == "Setting A"}
-    assert rows["fedavg"].changed == ("update-norm-bound default → 0.0",) and rows["fedrs"].changed == ()
+    assert rows["fedavg"].changed == ("update-norm-bound 3.0 → 0.0",) and rows["fedrs"].changed == ()
     table = "\n".join(peers_table(list(rows.values())))
-    assert "recorded under an earlier config (update-norm-bound default → 0.0), to run again" in table
+    assert "recorded under an earlier config (update-norm-bound 3.0 → 0.0), to run again" in table

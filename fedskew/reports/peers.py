@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from fedskew.config import ConfigError
+from fedskew.config import ConfigError, all_params, validate
 from fedskew.reports.markdown import md
 from fedskew.reports.pages import fmt_value
 from fedskew.reports.resultfile import STAT_NAME, ResultSet, Stat, percent_value, refused, suite_config
@@ -40,7 +40,7 @@ class PeerRow:
     ours: Stat | None  # None: our suite has not run the cell
     seeds: int
     reason: str
-    changed: tuple[str, ...] = ()  # the config keys that differ from the suite's today, as "key old → new"
+    changed: tuple[str, ...] = ()  # the keys whose value differs from the suite's today, as "key old → new"
 
     @property
     def gap(self) -> Interval | None:
@@ -68,9 +68,18 @@ def _theirs(path: Path, where: str, num: Any, runs: int) -> tuple[float, float, 
 
 
 def config_changes(recorded: dict[str, Any], today: dict[str, Any]) -> tuple[str, ...]:
-    """'key old → new' for each key whose value differs ('default' where a config does not set it)."""
-    keys = sorted(k for k in {*recorded, *today} if recorded.get(k) != today.get(k))
-    return tuple(f"{k} {recorded.get(k, 'default')} → {today.get(k, 'default')}" for k in keys)
+    """'key old → new' for each key a run reads whose value differs between the two cell configs once
+    fedskew's defaults fill them in (`fedskew.server_app.results.config_changes`, the rule a resumed
+    run and a suite's "changed" cell use); ('recorded config no longer valid',) when it is not one."""
+    from fedskew.server_app.results import config_changes as changed_keys  # late: that module imports torch
+    from fedskew.server_app.results import saved_config
+
+    defaults = {k: p.default for k, p in all_params().items()}
+    try:
+        old, new = validate({**defaults, **recorded}), validate({**defaults, **today})
+    except ConfigError as e:
+        return (f"recorded config no longer valid: {e}",)
+    return tuple(f"{k} {old[k]} → {new[k]}" for k in changed_keys(saved_config(old), new))
 
 
 def load_rows(root: Path, sets: dict[str, ResultSet]) -> list[PeerRow]:
