@@ -238,6 +238,16 @@ def print_ratios(title: str, rows: Sequence[tuple[str, float]], unit: str = "s",
         print(f"  {name:<34} {value:10.4f} {unit}   ratio {value / ref:7.3f}")
 
 
+def write_block(doc: Path, block: str, command: str, table: list[str]) -> None:
+    """`command` (a shell line), the machine and `table` into `doc`'s generated block `block`
+    (`<!-- report:<block> begin -->` .. `end`), atomically: a benchmark's table in its reference page."""
+    from fedskew.files import write_text
+    from fedskew.reports.report import replace_block
+
+    body = ["```bash", command, "```", "", machine(), "", *table]
+    write_text(doc, replace_block(doc.read_text(), block, body, str(doc)))
+
+
 def machine() -> str:
     """'Machine: <CPU model>, N cores, CPU only; load average L at the end.' for a benchmark's table."""
     import platform

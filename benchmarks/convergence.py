@@ -23,16 +23,14 @@ ranks methods by how fast they learn, not by where they end (docs/leaderboard.md
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from pathlib import Path
 
 import numpy as np
-from _common import machine
+from _common import write_block
 
-from fedskew.files import write_text
-from fedskew.reports.report import replace_block
 from fedskew.reports.stats import t_interval
+from fedskew.server_app.results import read_jsonl
 
 
 def last_means(accuracy: list[float], last: int) -> np.ndarray:
@@ -113,9 +111,7 @@ def main() -> None:
     args = ap.parse_args()
     runs = {}
     for run in map(Path, args.runs):
-        path = run / "metrics.jsonl"
-        if path.is_file():
-            rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        if rows := read_jsonl(run / "metrics.jsonl"):  # a torn or damaged line skipped, not the run
             runs[run.name] = [float(r["global-accuracy"]) for r in rows if r.get("global-accuracy") is not None]
     lines = table(runs, args.last, args.window, args.tolerance)
     print("\n".join(lines))
@@ -125,8 +121,7 @@ def main() -> None:
         changed = [k for k in ("last", "window", "tolerance") if getattr(args, k) != ap.get_default(k)]
         options = [f"--{k} {getattr(args, k)}" for k in changed]
         command = " ".join([*where, *options, f"--doc {args.doc}"])
-        body = ["```bash", f".venv/bin/python benchmarks/convergence.py {command}", "```", "", machine(), "", *lines]
-        write_text(args.doc, replace_block(args.doc.read_text(), "convergence", body, str(args.doc)))
+        write_block(args.doc, "convergence", f".venv/bin/python benchmarks/convergence.py {command}", lines)
 
 
 if __name__ == "__main__":

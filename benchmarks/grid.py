@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _common import ROOT, in_process_setup, machine
+from _common import ROOT, in_process_setup, write_block
 from suite_in_process import cell_config, parse_sets
 
 from fedskew.resources import available_cores
@@ -186,12 +186,8 @@ def main() -> None:
 
 def write_doc(doc: Path, table: list[str]) -> None:
     """The table with its command and machine into `doc`'s `grid` block (atomically)."""
-    from fedskew.files import write_text
-    from fedskew.reports.report import replace_block
-
     command = " ".join(a for a in sys.argv[1:] if not a.startswith("--doc") and a != str(doc))
-    body = ["```bash", f".venv/bin/python benchmarks/grid.py {command}", "```", "", machine(), "", *table]
-    write_text(doc, replace_block(doc.read_text(), "grid", body, str(doc)))
+    write_block(doc, "grid", f".venv/bin/python benchmarks/grid.py {command}", table)
 
 
 if __name__ == "__main__":
