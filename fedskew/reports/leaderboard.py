@@ -21,7 +21,7 @@ import numpy as np
 from fedskew.config import all_params
 from fedskew.reports.markdown import md, md_code_block
 from fedskew.reports.pages import GENERATED, fmt_value, save_figure
-from fedskew.reports.resultfile import CellResult, ResultSet, per_seed_values
+from fedskew.reports.resultfile import CellResult, ResultSet, per_seed_values, suite_seeds
 from fedskew.reports.stats import (
     LEVEL,
     Interval,
@@ -106,10 +106,8 @@ class Board:
         return sorted(base) if base else []
 
     def planned(self, partition: str) -> int:
-        """How many seeds the suite runs the setting with: its own `seeds:`, else the suite's, else
-        seed 0 alone (`fedskew.run.experiments.load_suite`'s rule)."""
-        own = ((self.suite.get("partitions") or {}).get(partition) or {}).get("seeds")
-        return len(own or self.suite.get("seeds") or [0])
+        """How many seeds the suite runs the setting with (`resultfile.suite_seeds`, as `load_suite`)."""
+        return len(suite_seeds(self.suite, partition))
 
     def top_chance(self, partition: str, stat: str = "") -> dict[str, float]:
         """Each method's chance of ranking in the top `TOP` of the setting over seed resamples, among

@@ -429,6 +429,13 @@ def suite_config(suite: dict[str, Any], partition: str, method: str) -> dict[str
     return {**(suite.get("base") or {}), **p_over, "method": method, **((suite.get("methods") or {}).get(method) or {})}
 
 
+def suite_seeds(suite: dict[str, Any], partition: str) -> Any:
+    """A partition's seeds as the suite's YAML gives them: its own `seeds:`, else the suite's, else
+    [0] (unchecked: `fedskew.run.experiments.load_suite` checks them)."""
+    own = (suite.get("partitions") or {}).get(partition) or {}
+    return own.get("seeds", suite.get("seeds", [0]))
+
+
 def per_seed_values(cell: CellResult, name: str) -> dict[int, float] | None:
     """Seed -> value of the stat `name` of `cell`; None when its per-seed values were not kept."""
     stat = cell.stats[name]

@@ -69,7 +69,7 @@ from fedskew.files import atomic_write, check_folder, locked, write_text
 from fedskew.partitions import PartitionError
 from fedskew.registry import get_method
 from fedskew.reports.markdown import md
-from fedskew.reports.resultfile import config_sha256, load_results, read_rounds, suite_config
+from fedskew.reports.resultfile import config_sha256, load_results, read_rounds, suite_config, suite_seeds
 from fedskew.run.cluster import RayCluster
 from fedskew.run.launcher import RunFailed, app_defaults, prepare_config, resources_for, run_simulation, simulation_link
 from fedskew.server_app.results import LAST_ROUNDS, RESULTS, round_statistics, saved_changes
@@ -165,7 +165,7 @@ def load_suite(path: str | Path, app_defaults: dict[str, Any]) -> Suite:
     unknown = set(raw) - SUITE_KEYS
     if unknown:
         raise ConfigError(f"{path}: unknown key {sorted(unknown)[0]!r} (allowed: {', '.join(sorted(SUITE_KEYS))})")
-    seeds = _seed_list(raw.get("seeds", [0]), str(path))
+    _seed_list(raw.get("seeds", [0]), str(path))  # checked here, each partition's list by suite_seeds
     n = _num_supernodes(raw.get("num-supernodes", 20), str(path))
     name = _folder_name(raw.get("name", path.stem), f"{path}: name")
     out_dir = raw.get("out-dir", "outputs/suites")
@@ -184,7 +184,7 @@ def load_suite(path: str | Path, app_defaults: dict[str, Any]) -> Suite:
     for p_label, p_raw in partitions.items():
         p_over = dict(_mapping(p_raw, f"{path}: partitions.{p_label}", config=True))
         p_n = _num_supernodes(p_over.pop("num-supernodes", n), f"{path}: partitions.{p_label}")
-        p_seeds = _seed_list(p_over.pop("seeds", seeds), f"{path}: partitions.{p_label}")
+        p_seeds = _seed_list(suite_seeds(raw, p_label), f"{path}: partitions.{p_label}")
         for m_label, m_over in methods.items():
             _mapping(m_over, f"{path}: methods.{m_label}", config=True)
             for seed in p_seeds:
