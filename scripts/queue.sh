@@ -12,6 +12,9 @@
 # An item `rerun/<suites>:<seeds>` runs, suite by suite, only the cells the pages need again
 # (`scripts/rerun_cells.py`: those recorded under an earlier config, and those a claim's gain needs
 # for its paired interval), two cells with all their seeds at a time, each pair exported when done.
+# An item `each/<suite>:<seeds>` runs a seed's cells two at a time, each pair exported when done
+# (`rerun_cells.py --pending`): for the suites whose cells take an hour, so that a session's machine
+# that goes away mid-seed loses at most the pair it was running.
 # Order: the leaderboard's first 10 seeds at 40 rounds (the floor its page holds to); niid_bench (the
 # first peer's protocol); the leaderboard's seeds 10-16 (dir01 runs 13, c2 17: the suite's `seeds:`,
 # what its measured spread asks; about 6 h here, so before the day-long suites); MuPFL's, MAP's and
@@ -29,8 +32,9 @@ JOBS=${JOBS:-2}
 PAPERS="fmnist-skew:0-2 fmnist-pcdd:0-2 fmnist-map:0-2 fmnist-map50:0-2 paper-fedmr:0-2 paper-mupfl:0-2"
 PAPERS+=" paper-fedgela:0-2 paper-map:0-2 paper-fedrs:0-2"
 EARLY="rerun/paper-mupfl,paper-map,paper-fedrs:0-2" LATE="rerun/paper-fedgela,paper-fedmr:0-2"
-ORDER="leaderboard:0-9 peer-niid-bench:0-2 leaderboard:10-16 $EARLY leaderboard-long:0-0 peer-pfllib:0-2 $LATE"
-QUEUE=${QUEUE:-"$ORDER leaderboard-converged:0-4 $PAPERS"}
+ORDER="leaderboard:0-9 each/peer-niid-bench:0-2 leaderboard:10-16 $EARLY each/leaderboard-long:0-0"
+ORDER+=" each/peer-pfllib:0-2 $LATE"
+QUEUE=${QUEUE:-"$ORDER each/leaderboard-converged:0-4 $PAPERS"}
 for item in $QUEUE; do
     suite=${item%%:*} range=${item#*:}
     if [[ $suite == rerun/* ]]; then
@@ -40,6 +44,18 @@ for item in $QUEUE; do
             $PY benchmarks/suite_in_process.py "suites/$name.yaml" --into-suite --jobs "$JOBS" --every 600 \
                 --seeds "$seeds" --cells "$cells" --rerun-changed || true
             $FEDSKEW experiment "suites/$name.yaml" --export --seeds "$seeds" --cells "$cells" || true
+        done || echo "== $item: its cells could not be listed, skipped"
+        continue
+    fi
+    if [[ $suite == each/* ]]; then
+        for seed in $(seq "${range%-*}" "${range#*-}"); do
+            $PY scripts/rerun_cells.py --suites "${suite#each/}" --pending "$seed" --group "$JOBS" \
+                ${RERUN:+--rerun-changed} | while read -r name cells; do
+                echo "== $name, seed $seed, cells $cells: $(date -u +%H:%M)"
+                $PY benchmarks/suite_in_process.py "suites/$name.yaml" --into-suite --jobs "$JOBS" --every 600 \
+                    --seeds "$seed" --cells "$cells" ${RERUN:+--rerun-changed} || true
+                $FEDSKEW experiment "suites/$name.yaml" --export --seeds "$seed" --cells "$cells" || true
+            done || echo "== $item, seed $seed: its cells could not be listed, skipped"
         done
         continue
     fi

@@ -7,8 +7,13 @@ config), and the cells a claim's gain needs to be paired by seed
 holds `--group` cells, in the suite's order, so that a queue that runs a batch's seeds together and
 then exports it (`scripts/queue.sh`, item `rerun`) never writes a cell with part of its seeds over
 one recorded with all of them.
+With `--pending SEED` it lists instead the cells a run of that seed still runs (`plan_cells`: not
+recorded in the result file, not finished in the suite's folder; with `--rerun-changed`, also those
+finished under another config), for the queue's item `each`, which exports after every batch so that
+a session that ends mid-seed keeps the cells it finished.
 
     .venv/bin/python scripts/rerun_cells.py [--group 2] [--suites paper-mupfl,paper-map]
+    .venv/bin/python scripts/rerun_cells.py --suites peer-niid-bench --pending 1 [--rerun-changed]
 """
 
 from __future__ import annotations
@@ -17,9 +22,10 @@ import argparse
 from pathlib import Path
 
 from fedskew.cli import app_defaults
+from fedskew.config import ConfigError
 from fedskew.reports.report import Evidence, load_claims, unpaired_claim_cells
 from fedskew.reports.resultfile import load_all
-from fedskew.run.experiments import load_suite, stale_cells
+from fedskew.run.experiments import Suite, load_suite, plan_cells, select, stale_cells
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -30,22 +36,46 @@ def main() -> None:
     ap.add_argument(
         "--suites", metavar="A,B", help="only these suites, in this order (default: every suite with a result file)"
     )
+    ap.add_argument("--pending", type=int, metavar="SEED", help="the cells a run of this seed still runs")
+    ap.add_argument(
+        "--rerun-changed", action="store_true", help="with --pending: count a cell finished under another config"
+    )
     args = ap.parse_args()
     if args.group < 1:
         ap.error(f"--group {args.group} is not allowed: must be 1 or more")
+    if args.rerun_changed and args.pending is None:
+        ap.error("--rerun-changed is for --pending SEED")
     defaults = app_defaults(ROOT)
-    claims = unpaired_claim_cells(load_claims(ROOT / "results/claims.yaml"), Evidence(load_all(ROOT / "results")))
-    have = sorted(p.stem for p in (ROOT / "results").glob("*.yaml") if (ROOT / "suites" / p.name).is_file())
+    have = sorted(p.stem for p in (ROOT / "suites").glob("*.yaml"))
+    if args.pending is None:
+        have = [n for n in have if (ROOT / "results" / f"{n}.yaml").is_file()]
     names = args.suites.split(",") if args.suites else have
     if unknown := [n for n in names if n not in have]:
-        ap.error(f"--suites: no suite {unknown[0]!r} with a result file (allowed: {', '.join(have)})")
+        kind = "suite" if args.pending is not None else "suite with a result file"
+        ap.error(f"--suites: no {kind} {unknown[0]!r} (allowed: {', '.join(have)})")
+    claims = {}
+    if args.pending is None:
+        evidence = Evidence(load_all(ROOT / "results"))
+        claims = unpaired_claim_cells(load_claims(ROOT / "results/claims.yaml"), evidence)
     for name in names:
         path = ROOT / "suites" / f"{name}.yaml"
-        suite = load_suite(path, defaults)
-        need = {*stale_cells(suite, ROOT, defaults), *claims.get(path.stem, [])}
+        try:
+            suite = load_suite(path, defaults)
+            need = set(pending_cells(suite, args.pending, args.rerun_changed)) if args.pending is not None else None
+        except ConfigError as e:
+            ap.error(str(e))
+        if need is None:
+            need = {*stale_cells(suite, ROOT, defaults), *claims.get(path.stem, [])}
         order = [c for c in dict.fromkeys(c.cell for c in suite.cells) if c in need]
         for i in range(0, len(order), args.group):
             print(path.stem, ",".join(order[i : i + args.group]))
+
+
+def pending_cells(suite: Suite, seed: int, rerun_changed: bool) -> list[str]:
+    """'partition/method' of the cells of `seed` that a run of the suite would run (an unknown seed:
+    ConfigError naming the suite's)."""
+    cells = select(suite, seeds=[seed])
+    return [plan.cell.cell for plan in plan_cells(suite, ROOT, cells, rerun_changed=rerun_changed) if plan.runs]
 
 
 if __name__ == "__main__":

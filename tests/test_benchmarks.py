@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -179,9 +180,14 @@ def test_suite_in_process_into_suite_fills_the_suite_s_own_folder_as_fedskew_exp
     tmp_path: Path, small_data: str
 ) -> None:
     """`--into-suite`: the cells land in the suite's folder, where `plan_cells` (what `fedskew
-    experiment` runs and exports) counts them done; a second call skips them; --set is refused."""
+    experiment` runs and exports) counts them done; a second call skips them; --set is refused. The
+    queue's `each` item lists from `scripts/rerun_cells.py`'s `pending_cells` the cells a seed still runs."""
     from fedskew.run.experiments import load_suite, plan_cells
     from fedskew.run.launcher import app_defaults
+
+    spec = importlib.util.spec_from_file_location("rerun_cells", ROOT / "scripts" / "rerun_cells.py")
+    rerun_cells = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(rerun_cells)
 
     suite = tmp_path / "s.yaml"
     suite.write_text(
@@ -190,6 +196,8 @@ def test_suite_in_process_into_suite_fills_the_suite_s_own_folder_as_fedskew_exp
         f" data-root: {small_data}}}\n"
         "methods: {fedavg: {}, fedrs-0.5: {method: fedrs, fedrs-alpha: 0.5}}\n"
     )
+    pending = rerun_cells.pending_cells(load_suite(str(suite), app_defaults(ROOT)), 0, rerun_changed=False)
+    assert pending == ["default/fedavg", "default/fedrs-0.5"], pending
     ok = run_benchmark("suite_in_process.py", str(suite), "--into-suite", "--jobs", "2")
     assert ok.returncode == 0, ok.stderr[-3000:]
     assert "2 cells of s, 2 at once" in ok.stdout, ok.stdout
@@ -202,10 +210,14 @@ def test_suite_in_process_into_suite_fills_the_suite_s_own_folder_as_fedskew_exp
     again = run_benchmark("suite_in_process.py", str(suite), "--into-suite")
     assert again.returncode == 0 and "0 cells of s" in again.stdout, again.stdout + again.stderr[-2000:]
     assert f"{run_name('default', 'fedavg', 0)}: done" in again.stdout, again.stdout
+    assert rerun_cells.pending_cells(loaded, 0, rerun_changed=False) == []
     bad = run_benchmark("suite_in_process.py", str(suite), "--into-suite", "--set", "lr=0.1")
     assert bad.returncode != 0 and "--into-suite runs the suite's own cells" in bad.stderr, bad.stderr
     # a cell whose config changed is left alone, and run again (earlier files set aside) on request
     suite.write_text(suite.read_text().replace("fedavg: {}", "fedavg: {eval-batch-size: 512}"))
+    changed = load_suite(str(suite), app_defaults(ROOT))
+    assert rerun_cells.pending_cells(changed, 0, rerun_changed=False) == []
+    assert rerun_cells.pending_cells(changed, 0, rerun_changed=True) == ["default/fedavg"]
     left = run_benchmark("suite_in_process.py", str(suite), "--into-suite", "--methods", "fedavg")
     assert left.returncode == 0 and "0 cells of s" in left.stdout and ": changed" in left.stdout, left.stdout
     rerun = run_benchmark("suite_in_process.py", str(suite), "--into-suite", "--rerun-changed", "--methods", "fedavg")
