@@ -17,7 +17,14 @@ import pytest
 import yaml
 
 from fedskew.config import ConfigError, validate
-from fedskew.reports.leaderboard import Board, budget_section, leaderboard_headline, leaderboard_md, leaderboard_verdict
+from fedskew.reports.leaderboard import (
+    Board,
+    budget_section,
+    leaderboard_headline,
+    leaderboard_md,
+    leaderboard_verdict,
+    looks,
+)
 from fedskew.reports.report import (
     Claims,
     Evidence,
@@ -501,6 +508,53 @@ def test_leaderboard_pages_give_paired_gains_with_intervals_and_the_seed_counts(
     assert f"**c2**: rank correlation {rho:.2f} over 5 methods (4 and 4 seeds)." in section
     assert "| fedlc | **-1.0 [-1.0, -1.0]** | **+2.0 [+2.0, +2.0]** |" in section, section
     assert "| method | gain at 40 | gain at 200 |" in section and "| fedavg |" not in section
+
+
+def test_before_the_converged_budget_the_page_gives_a_first_look_at_the_long_runs_on_their_seeds() -> None:
+    """The convergence runs (seed 1 only, 300 rounds) beside the short budget on seed 1: gains on that
+    seed alone (no interval), the rank correlation of the last-10 means between the budgets, and the
+    methods above FedAvg at 40 rounds but below it at 300 named in README's line."""
+    suite = yaml.safe_load((ROOT / "suites" / "leaderboard.yaml").read_text())
+
+    def cell(method: str, seeds: list[int], values: list[float], best: list[float], rounds: int) -> CellResult:
+        stats = {"global.last10": Stat(float(np.mean(values)), 0.0, values), "global.best": Stat(0.0, 0.0, best)}
+        return CellResult("c2", method, seeds, stats, rounds=rounds)
+
+    short = Board(
+        suite,
+        ResultSet(
+            "leaderboard",
+            "leaderboard",
+            "",
+            [  # seed 1 is the one the long runs share: fedavg 50, fedrs 55, moon 45, fedlc 52
+                cell("fedavg", [0, 1, 2], [60.0, 50.0, 70.0], [70.0, 60.0, 75.0], 40),
+                cell("fedrs", [0, 1, 2], [61.0, 55.0, 72.0], [70.0, 62.0, 75.0], 40),
+                cell("moon", [0, 1, 2], [59.0, 45.0, 69.0], [70.0, 58.0, 75.0], 40),
+                cell("fedlc", [0, 1, 2], [60.0, 52.0, 70.0], [70.0, 61.0, 75.0], 40),
+            ],
+        ),
+    )
+    runs_suite = {"methods": {"fedavg": {}, "fedrs": {}, "moon": {}, "fedlc": {}}, "partitions": {"c2": {}}}
+    at_300 = [  # fedavg 80 > fedlc 79 > fedrs 70 > moon 60: fedrs and fedlc fall below FedAvg
+        cell("fedavg", [1], [80.0], [85.0], 300),
+        cell("fedrs", [1], [70.0], [84.0], 300),
+        cell("moon", [1], [60.0], [70.0], 300),
+        cell("fedlc", [1], [79.0], [86.0], 300),
+    ]
+    runs = Board(runs_suite, ResultSet("leaderboard-long", "leaderboard-long", "", at_300))
+    (look,) = looks(short, runs)
+    rho = rank_correlation([50.0, 55.0, 45.0, 52.0], [80.0, 70.0, 60.0, 79.0])  # ranks 3,1,4,2 against 1,3,4,2
+    assert (look.seeds, look.rounds, look.flipped) == ([1], 300, ["fedrs", "fedlc"]) and look.rho == rho
+    assert abs(rho - 0.2) < 1e-12  # 1 - 6 (4 + 4 + 0 + 0) / (4 x 15)
+    section = "\n".join(budget_section(short, None, runs))
+    assert "**Not run yet.**" in section and "**A first look** from the convergence runs" in section
+    assert "**c2**, seed 1: the rank correlation of the last-10 means between 40 and 300 rounds is 0.20" in section
+    assert "| fedrs | +5.0 | -10.0 | +2.0 | -1.0 |" in section and "| fedavg |" not in section
+    assert "| fedlc | +2.0 | -1.0 | +1.0 | +1.0 |" in section
+    said = "\n".join(leaderboard_headline(short, runs))
+    assert "c2 0.20 at 300 rounds (fedrs, fedlc there below FedAvg)" in said
+    assert "These are gains at" not in "\n".join(leaderboard_headline(short))  # no long runs: no line
+    assert looks(short, Board(runs_suite, None)) == []
 
 
 def test_the_leaderboard_suite_runs_every_registered_method_on_three_settings() -> None:

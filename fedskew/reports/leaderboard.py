@@ -6,7 +6,8 @@ Every gain is a method's last-k mean minus FedAvg's, paired by seed, with its 95
 (`fedskew.reports.stats`); bold where the interval excludes 0, marked where Holm's correction over
 the setting's methods keeps it. Beside it: each method's chance of the top 3 over seed resamples, the
 seeds a setting's spread asks for, the best round against the last-k mean, and a converged budget's
-gains with the rank correlation between the two budgets (`suites/leaderboard-converged.yaml`).
+gains with the rank correlation between the two budgets (`suites/leaderboard-converged.yaml`); until
+that has run, the same on the seeds of the leading methods' long runs (`suites/leaderboard-long.yaml`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from fedskew.reports.stats import (
 
 LEADERBOARD_SUITE = Path("suites/leaderboard.yaml")
 CONVERGED_SUITE = Path("suites/leaderboard-converged.yaml")  # the same methods at a converged budget
+CONVERGED_RUNS = Path("suites/leaderboard-long.yaml")  # the leading methods' long runs that chose it
 
 LEADERBOARD_STATS = ("global", "balanced", "worst-class", "personalized")
 BASELINE = "fedavg"
@@ -231,9 +233,10 @@ def seeds_section(board: Board) -> list[str]:
     return [*lines, "", said + ".", ""]
 
 
-def budget_section(board: Board, long: Board | None) -> list[str]:
+def budget_section(board: Board, long: Board | None, first: Board | None = None) -> list[str]:
     """The short budget's gains beside a converged budget's (`long`, the same settings), and the rank
-    correlation of the methods' last-k means between the two: which verdicts depend on the budget."""
+    correlation of the methods' last-k means between the two: which verdicts depend on the budget.
+    Before `long` has run: `first_look` at the convergence runs (`first`), when they have."""
     lines = [f"## Budget: {board.rounds} rounds against a converged budget", ""]
     if long is None or long.results is None or not long.results.cells:
         return [
@@ -245,6 +248,7 @@ def budget_section(board: Board, long: Board | None) -> list[str]:
             "settled (the convergence runs: [notes/convergence.md](notes/convergence.md)); its export fills this "
             "section.",
             "",
+            *first_look(board, first),
         ]
     lines += [
         f"Gain over FedAvg at {board.rounds} and at {long.rounds} rounds (last-{board.last} mean, paired by seed, "
@@ -273,6 +277,105 @@ def budget_section(board: Board, long: Board | None) -> list[str]:
         ]
         lines.append("")
     return lines
+
+
+@dataclass
+class Look:
+    """One setting of the convergence runs beside the short budget on the same seeds."""
+
+    partition: str
+    seeds: list[int]
+    methods: list[str]  # run at both budgets, FedAvg first among them as the suites list it
+    rounds: int  # the long runs' rounds
+    rho: float  # Spearman's rank correlation of the methods' last-k means between the budgets
+    flipped: list[str]  # above FedAvg at the short budget, below it at the long one (those seeds)
+
+
+def looks(board: Board, runs: Board | None) -> list[Look]:
+    """Each setting of the convergence runs (`runs`) that also holds FedAvg at the short budget."""
+    if runs is None or runs.results is None:
+        return []
+    out = []
+    for p in runs.partitions:
+        seeds = set(runs.seeds(p))
+        methods = [m for m in runs.methods if _on_seeds(runs, p, m, seeds) and _on_seeds(board, p, m, seeds)]
+        if not seeds or BASELINE not in methods:
+            continue
+        short = [float(np.mean(list(_on_seeds(board, p, m, seeds).values()))) for m in methods]
+        at_long = [float(np.mean(list(_on_seeds(runs, p, m, seeds).values()))) for m in methods]
+        rho = rank_correlation(short, at_long) if len(methods) >= 3 else float("nan")
+        base_short, base_long = short[methods.index(BASELINE)], at_long[methods.index(BASELINE)]
+        flipped = [m for m, a, b in zip(methods, short, at_long, strict=True) if a > base_short and b < base_long]
+        rounds = max((c.rounds for m in methods if (c := runs.cell(p, m)) and c.rounds), default=runs.rounds or 0)
+        out.append(Look(p, sorted(seeds), methods, rounds, rho, flipped))
+    return out
+
+
+def first_look(board: Board, runs: Board | None) -> list[str]:
+    """The convergence runs' gains over FedAvg beside the same seeds' at the short budget, under the
+    last-k mean and the best round, with the rank correlation of the methods' last-k means between
+    the budgets: which verdicts the budget may move. Their seeds are few (no interval at one seed)."""
+    lines: list[str] = []
+    for look in looks(board, runs):
+        p, seeds = look.partition, set(look.seeds)
+        lines += [
+            f"**{md(p)}**, seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, look.seeds))}: the rank "
+            f"correlation of the last-{board.last} means between {board.rounds} and {look.rounds} rounds is "
+            f"{look.rho:.2f} over {len(look.methods)} methods.",
+            "",
+            f"| method | last {board.last}, {board.rounds} rounds | {look.rounds} rounds | best round, "
+            f"{board.rounds} rounds | {look.rounds} rounds |",
+            "|---|---|---|---|---|",
+        ]
+        for m in look.methods:
+            if m != BASELINE:
+                gains = [_seed_gain(b, p, m, seeds, stat) for stat in ("", "global.best") for b in (board, runs)]
+                lines.append(f"| {md(m)} | " + " | ".join(gains) + " |")
+        lines.append("")
+    if not lines:
+        return []
+    return [
+        f"**A first look** from the convergence runs ([`{CONVERGED_RUNS.as_posix()}`](../{CONVERGED_RUNS.as_posix()}), "
+        "their result file): the gain over FedAvg of the leading methods at a long budget beside the same seeds' "
+        "at this one. Too few seeds for an interval (one seed: its gain alone): these rows say which verdicts "
+        "the budget may move, not that it does.",
+        "",
+        *lines,
+    ]
+
+
+def looks_sentence(board: Board, runs: Board | None) -> str:
+    """README's line under the headline: what the first look at a long budget says ('' before it)."""
+    found = looks(board, runs)
+    if not found:
+        return ""
+    parts = []
+    for look in found:
+        part = f"{md(look.partition)} {look.rho:.2f} at {look.rounds} rounds"
+        if look.flipped:
+            part += f" ({', '.join(map(md, look.flipped))} there below FedAvg)"
+        parts.append(part)
+    seeds = sorted({s for look in found for s in look.seeds})
+    return (
+        f"**These are gains at {board.rounds} rounds.** A first look at a long budget (the convergence runs, seed"
+        f"{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}, the leading methods) gives the rank "
+        f"correlation of their last-{board.last} means with this budget's: {'; '.join(parts)}. "
+        '[docs/leaderboard.md](docs/leaderboard.md), "Budget", until the converged leaderboard has run.'
+    )
+
+
+def _on_seeds(board: Board, partition: str, method: str, seeds: set[int], stat: str = "") -> dict[int, float]:
+    return {s: v for s, v in (board.values(partition, method, stat) or {}).items() if s in seeds}
+
+
+def _seed_gain(board: Board, partition: str, method: str, seeds: set[int], stat: str) -> str:
+    """The gain over FedAvg on `seeds`: `_gain_cell`, or the signed gain alone at one seed."""
+    iv = paired_gain(
+        _on_seeds(board, partition, method, seeds, stat), _on_seeds(board, partition, BASELINE, seeds, stat)
+    )
+    if iv is None or iv.n >= 2:
+        return _gain_cell(iv)
+    return f"{iv.mean:+.1f}"
 
 
 def where_ran(board: Board) -> str:
@@ -325,7 +428,9 @@ def clipped_line(board: Board) -> str:
     )
 
 
-def leaderboard_md(suite_path: Path, board: Board, root: Path = Path("."), long: Board | None = None) -> str:
+def leaderboard_md(
+    suite_path: Path, board: Board, root: Path = Path("."), long: Board | None = None, first: Board | None = None
+) -> str:
     last, partitions = board.last, board.partitions
     header = [line[2:] if line.startswith("# ") else line[1:] for line in _header_comment(root / suite_path)]
     lines = ["# Leaderboard: every method on three label-skew settings", "", GENERATED, ""]
@@ -395,7 +500,7 @@ def leaderboard_md(suite_path: Path, board: Board, root: Path = Path("."), long:
         )
     lines += [
         "",
-        *budget_section(board, long),
+        *budget_section(board, long, first),
         "## Protocol, as the suite's header gives it",
         "",
         *md_code_block(header),
@@ -422,8 +527,9 @@ def leaderboard_rows(board: Board) -> list[tuple[str, str, CellResult | None]]:
     return [(m, p, board.cell(p, m)) for m in board.methods for p in board.partitions]
 
 
-def leaderboard_headline(board: Board) -> list[str]:
-    """README's table: each method's paired gain over FedAvg per setting, with its interval."""
+def leaderboard_headline(board: Board, runs: Board | None = None) -> list[str]:
+    """README's table: each method's paired gain over FedAvg per setting, with its interval; under it
+    the verdict and, from the convergence runs `runs`, what a long budget may move (`looks_sentence`)."""
     if board.results is None or not board.results.cells:
         return [
             "The leaderboard ([docs/leaderboard.md](docs/leaderboard.md): every method on Dirichlet 0.1, 2 classes "
@@ -450,7 +556,8 @@ def leaderboard_headline(board: Board) -> list[str]:
         own = [c.stats[key].mean for p in board.partitions if (c := board.cell(p, m)) and key in c.stats]
         own_text = f"{np.mean(own):.2f}" if own and len(own) == len(board.partitions) else "n/a"
         lines.append(f"| {md(m)} | " + " | ".join(cells) + f" | {own_text} |")
-    return [*lines, "", leaderboard_verdict(board)]
+    said = looks_sentence(board, runs)
+    return [*lines, "", leaderboard_verdict(board), *(["", said] if said else [])]
 
 
 def leaderboard_figure(board: Board, path: Path) -> None:

@@ -64,6 +64,7 @@ import yaml
 from fedskew.config import ConfigError
 from fedskew.files import locked, write_text
 from fedskew.reports.leaderboard import (
+    CONVERGED_RUNS,
     CONVERGED_SUITE,
     LEADERBOARD_SUITE,
     Board,
@@ -543,7 +544,7 @@ def replace_block(text: str, name: str, body: list[str], file: str = "README.md"
     return head + begin + "\n" + "\n".join(body) + "\n" + end + tail
 
 
-def readme(text: str, points: list[ClaimPoint], board: Board) -> str:
+def readme(text: str, points: list[ClaimPoint], board: Board, runs: Board | None = None) -> str:
     headline = [p for p in points if p.headline]
     counts = sorted({p.seeds for p in headline if p.seeds})
     seeds = f"{counts[0]}-{counts[-1]}" if len(counts) > 1 else (str(counts[0]) if counts else "no")
@@ -556,7 +557,7 @@ def readme(text: str, points: list[ClaimPoint], board: Board) -> str:
         "![each claim's gain in its paper against ours](docs/img/claims.png)",
     ]
     text = replace_block(text, "claims", claims)
-    return replace_block(text, "leaderboard", leaderboard_headline(board))
+    return replace_block(text, "leaderboard", leaderboard_headline(board, runs))
 
 
 # ---------------------------------------------------------------------------------------------- main
@@ -589,11 +590,15 @@ def generate(root: Path, figures: bool = True) -> dict[Path, str]:
     if (root / CONVERGED_SUITE).is_file():
         long_suite = yaml.safe_load((root / CONVERGED_SUITE).read_text())
         long = Board(long_suite, ev.sets.get(long_suite.get("name", "leaderboard-converged")))
+    first = None
+    if (root / CONVERGED_RUNS).is_file():
+        runs_suite = yaml.safe_load((root / CONVERGED_RUNS).read_text())
+        first = Board(runs_suite, ev.sets.get(runs_suite.get("name", "leaderboard-long")))
     points = claim_points(claims, ev)
     out = {
         root / "docs" / "results.md": results_md(claims, ev),
-        root / "docs" / "leaderboard.md": leaderboard_md(LEADERBOARD_SUITE, board, root, long),
-        root / "README.md": readme((root / "README.md").read_text(), points, board),
+        root / "docs" / "leaderboard.md": leaderboard_md(LEADERBOARD_SUITE, board, root, long, first),
+        root / "README.md": readme((root / "README.md").read_text(), points, board, first),
         root / PEERS_PAGE: replace_block(
             (root / PEERS_PAGE).read_text(), PEERS_BLOCK, peers_table(load_rows(root, ev.sets)), PEERS_PAGE.as_posix()
         ),
