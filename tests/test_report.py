@@ -491,6 +491,18 @@ def test_leaderboard_pages_give_paired_gains_with_intervals_and_the_seed_counts(
     )
     chance = board.top_chance("c2")
     assert chance["fedrs"] == 1.0 and chance["fedlc"] < 0.5  # always above FedAvg, fedlc always below it
+    # a seed only some cells have reached (FedAvg and FedLC, where it would make FedLC first): every
+    # method still ranks, on the seeds all of them hold
+    ahead = [
+        replace(
+            c, seeds=[0, 1, 2, 3, 4], stats={"global.last10": Stat(0.0, 0.0, [*c.stats["global.last10"].per_seed, v])}
+        )
+        for c, v in zip(cells[:1] + cells[3:4], (0.0, 99.0), strict=True)
+    ]
+    partial = Board(
+        suite, ResultSet("leaderboard", "leaderboard", "", [ahead[0], cells[1], cells[2], ahead[1], cells[4]])
+    )
+    assert partial.top_chance("c2") == chance and set(chance) == {"fedavg", "fedrs", "moon", "fedlc", "fedprox"}
     headline = "\n".join(leaderboard_headline(board))
     assert "| fedrs | - | **+2.0 [+1.7, +2.3]**† | - | n/a |" in headline and "c2 4" in headline
     assert leaderboard_verdict(Board(suite, None)) == ""

@@ -112,15 +112,15 @@ class Board:
         return len(suite_seeds(self.suite, partition))
 
     def top_chance(self, partition: str, stat: str = "") -> dict[str, float]:
-        """Each method's chance of ranking in the top `TOP` of the setting over seed resamples, among
-        the methods holding every one of the setting's seeds (`seeds`)."""
-        seeds = set(self.seeds(partition))
-        full = {}
-        for m in self.methods:
-            v = self.values(partition, m, stat)
-            if v is not None and seeds and seeds <= set(v):
-                full[m] = {s: v[s] for s in seeds}
-        return top_k_chance(full, TOP) if len(full) > TOP else {}
+        """Each method's chance of ranking in the top `TOP` of the setting over seed resamples, on the
+        seeds every method run there holds (a seed some cells have not reached yet is left out, so
+        that every method takes part in the ranking)."""
+        values = {m: v for m in self.methods if (v := self.values(partition, m, stat))}
+        if not values:
+            return {}
+        seeds = set.intersection(*(set(v) for v in values.values()))
+        full = {m: {s: v[s] for s in seeds} for m, v in values.items()}
+        return top_k_chance(full, TOP) if seeds and len(full) > TOP else {}
 
     def gain_sds(self, partition: str) -> list[float]:
         """The std over seeds of every method's paired gain there (n >= 3)."""
