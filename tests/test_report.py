@@ -567,6 +567,10 @@ def test_before_the_converged_budget_the_page_gives_a_first_look_at_the_long_run
     assert "c2 0.20 at 300 rounds (fedrs, fedlc there below FedAvg)" in said
     assert "These are gains at" not in "\n".join(leaderboard_headline(short))  # no long runs: no line
     assert looks(short, Board(runs_suite, None)) == []
+    longer = [cell("fedavg", [1], [85.0], [86.0], 1000), *at_300[1:3], cell("fedlc", [1], [82.0], [86.0], 1000)]
+    (look,) = looks(short, Board(runs_suite, ResultSet("leaderboard-long", "leaderboard-long", "", longer)))
+    assert (look.methods, look.rounds) == (["fedavg", "fedlc"], 1000)  # fedrs, moon still at 300: left out
+    assert look.rho_text == "n/a (fewer than 3 methods)"
 
 
 def test_the_leaderboard_suite_runs_every_registered_method_on_three_settings() -> None:

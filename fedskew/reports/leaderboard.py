@@ -290,6 +290,10 @@ class Look:
     rho: float  # Spearman's rank correlation of the methods' last-k means between the budgets
     flipped: list[str]  # above FedAvg at the short budget, below it at the long one (those seeds)
 
+    @property
+    def rho_text(self) -> str:
+        return "n/a (fewer than 3 methods)" if math.isnan(self.rho) else f"{self.rho:.2f}"
+
 
 def looks(board: Board, runs: Board | None) -> list[Look]:
     """Each setting of the convergence runs (`runs`) that also holds FedAvg at the short budget."""
@@ -298,7 +302,16 @@ def looks(board: Board, runs: Board | None) -> list[Look]:
     out = []
     for p in runs.partitions:
         seeds = set(runs.seeds(p))
-        methods = [m for m in runs.methods if _on_seeds(runs, p, m, seeds) and _on_seeds(board, p, m, seeds)]
+        base = runs.cell(p, BASELINE)
+        methods = [
+            m
+            for m in runs.methods
+            if _on_seeds(runs, p, m, seeds)
+            and _on_seeds(board, p, m, seeds)
+            and (c := runs.cell(p, m)) is not None
+            and base is not None
+            and c.rounds == base.rounds  # a cell still at an earlier budget is not compared
+        ]
         if not seeds or BASELINE not in methods:
             continue
         short = [float(np.mean(list(_on_seeds(board, p, m, seeds).values()))) for m in methods]
@@ -321,7 +334,7 @@ def first_look(board: Board, runs: Board | None) -> list[str]:
         lines += [
             f"**{md(p)}**, seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, look.seeds))}: the rank "
             f"correlation of the last-{board.last} means between {board.rounds} and {look.rounds} rounds is "
-            f"{look.rho:.2f} over {len(look.methods)} methods.",
+            f"{look.rho_text} over {len(look.methods)} methods.",
             "",
             f"| method | last {board.last}, {board.rounds} rounds | {look.rounds} rounds | best round, "
             f"{board.rounds} rounds | {look.rounds} rounds |",
@@ -351,7 +364,7 @@ def looks_sentence(board: Board, runs: Board | None) -> str:
         return ""
     parts = []
     for look in found:
-        part = f"{md(look.partition)} {look.rho:.2f} at {look.rounds} rounds"
+        part = f"{md(look.partition)} {look.rho_text} at {look.rounds} rounds"
         if look.flipped:
             part += f" ({', '.join(map(md, look.flipped))} there below FedAvg)"
         parts.append(part)
