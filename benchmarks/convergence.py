@@ -15,7 +15,8 @@ uncertainty). The budget is the largest round that the chosen reading finds, rou
 
     .venv/bin/python benchmarks/convergence.py outputs/suites/leaderboard-long/* [--doc docs/notes/convergence.md]
 
-`--doc` writes the tables, the command and the machine into the file's `convergence` block. The
+`--doc` writes the tables, the command and the machine into the file's `convergence` block (or
+`--block NAME`'s: one page holds several budgets' tables). The
 leaderboard's statistic is the mean of the last 10 rounds: a budget at which that mean still drifts
 ranks methods by how fast they learn, not by where they end (docs/leaderboard.md, "Budget").
 """
@@ -108,6 +109,7 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=50)
     ap.add_argument("--tolerance", type=float, default=0.5, help="points")
     ap.add_argument("--doc", type=Path, help="also write the tables, command and machine into this file's block")
+    ap.add_argument("--block", default="convergence", help="with --doc: the block's name (default: convergence)")
     args = ap.parse_args()
     runs = {}
     for run in map(Path, args.runs):
@@ -118,10 +120,10 @@ def main() -> None:
     if args.doc:
         parents = {Path(r).parent for r in args.runs}
         where = [f"{parents.pop()}/*"] if len(parents) == 1 else args.runs
-        changed = [k for k in ("last", "window", "tolerance") if getattr(args, k) != ap.get_default(k)]
+        changed = [k for k in ("last", "window", "tolerance", "block") if getattr(args, k) != ap.get_default(k)]
         options = [f"--{k} {getattr(args, k)}" for k in changed]
         command = " ".join([*where, *options, f"--doc {args.doc}"])
-        write_block(args.doc, "convergence", f".venv/bin/python benchmarks/convergence.py {command}", lines)
+        write_block(args.doc, args.block, f".venv/bin/python benchmarks/convergence.py {command}", lines)
 
 
 if __name__ == "__main__":

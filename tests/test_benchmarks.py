@@ -373,3 +373,24 @@ def test_convergence_finds_where_a_curve_flattens_and_blocks_see_through_the_sca
     low, high = (float(v) for v in row.split("[")[1].rstrip(" |]").split(", "))
     assert 4.0 < low < high < 6.0  # +4.9 on both runs: an interval above 0
     assert "Budget covering every run: literal 1 of 2 runs not within their rounds; by blocks 200 rounds." in lines
+
+
+def test_convergence_writes_its_tables_into_the_named_block_of_a_page(tmp_path: Path) -> None:
+    """`--doc F --block NAME`: the tables and the command (with `--block`) go into F's block NAME; the
+    page's other block (another budget's runs) is left as it was."""
+    for name, level in (("a--fedavg--s0", 0.6), ("a--fedrs--s0", 0.7)):
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        rows = [{"round": r, "global-accuracy": level} for r in range(1, 101)]
+        (tmp_path / "runs" / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    page = tmp_path / "note.md"
+    page.write_text(
+        "<!-- report:convergence begin -->\nthe 300-round runs\n<!-- report:convergence end -->\n"
+        "<!-- report:long begin -->\nold\n<!-- report:long end -->\n"
+    )
+    runs = sorted(str(p) for p in (tmp_path / "runs").iterdir())
+    res = run_benchmark("convergence.py", *runs, "--doc", str(page), "--block", "long")
+    assert res.returncode == 0, res.stderr[-2000:]
+    text = page.read_text()
+    assert "the 300-round runs" in text and "\nold\n" not in text
+    assert f"benchmarks/convergence.py {tmp_path / 'runs'}/* --block long --doc {page}" in text, text
+    assert "| a--fedrs--s0 | 100 | 60 | 100 | 70.0, 70.0 |" in text, text  # flat: from round 10 + 50
