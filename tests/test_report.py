@@ -586,6 +586,24 @@ def test_the_leaderboard_suite_runs_every_registered_method_on_three_settings() 
         assert first == list(range(len(first))) and len(first) >= 10 and all(v == first for v in seeds.values())
 
 
+def test_the_converged_leaderboard_runs_the_leaderboard_s_methods_and_settings_at_another_budget() -> None:
+    """`suites/leaderboard-converged.yaml` is the leaderboard at a longer budget: the same methods with
+    the same keys, the same settings and protocol; only rounds, checkpoints and seeds may differ."""
+    short = yaml.safe_load((ROOT / "suites" / "leaderboard.yaml").read_text())
+    long = yaml.safe_load((ROOT / "suites" / "leaderboard-converged.yaml").read_text())
+    assert long["methods"] == short["methods"]
+    budget = {"num-server-rounds", "checkpoint-every", "seeds"}
+
+    def setting(d: dict) -> dict:
+        return {k: v for k, v in (d or {}).items() if k not in budget}
+
+    assert setting(long["base"]) == setting(short["base"])
+    assert {p: setting(d) for p, d in long["partitions"].items()} == {
+        p: setting(d) for p, d in short["partitions"].items()
+    }
+    assert (long["num-supernodes"], long["last-rounds"]) == (short["num-supernodes"], short["last-rounds"])
+
+
 def test_readme_is_short_and_reaches_every_doc() -> None:
     readme = (ROOT / "README.md").read_text()
     assert len(readme.splitlines()) < 200
