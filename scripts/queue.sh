@@ -22,7 +22,7 @@
 # rounds the leaderboard's leading methods need to converge (`suites/leaderboard-long.yaml`, read by
 # `benchmarks/convergence.py`); PFLlib (the second peer, about 20 h here); FedGELA's and FedMR's 57
 # cells the pages need again (about a day here); the leaderboard at a converged budget
-# (`suites/leaderboard-converged.yaml`, 300 rounds, about 48 h here: a GPU's job); last, the papers' suites
+# (`suites/leaderboard-converged.yaml`, 500 rounds, about 80 h here: a GPU's job); last, the papers' suites
 # whole, cheapest first (a cell recorded without per-seed values, or under an earlier config, is not
 # skipped, so these run exactly those: the reference rows beside the claims).
 set -euo pipefail
