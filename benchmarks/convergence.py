@@ -4,7 +4,10 @@
 - literal (`converged_round`): the first round R at which the last-`last` mean, and every such mean
   of the `window` rounds before R, lie within `tolerance` of each other;
 - by blocks (`settled_round`): the first R, a multiple of `window`, at which the mean of rounds
-  R - window + 1 .. R differs from the mean of the `window` rounds before by less than `tolerance`.
+  R - window + 1 .. R differs from the mean of the `window` rounds before by less than `tolerance`;
+- by trend (`trend_round`): the first R, a multiple of `window`, at which the least-squares slope
+  of the last 4 block means is under `tolerance` a block (one block against the next can pass by
+  chance where blocks still scatter by more than the tolerance, as on 2 classes a client).
 
 One seed's rounds scatter by several points when a quarter of the clients train each round, so its
 last-10 means scatter by about sd / sqrt(10), more than the tolerance: the literal test then never
@@ -32,6 +35,8 @@ from _common import write_block
 
 from fedskew.reports.stats import t_interval
 from fedskew.server_app.results import read_jsonl
+
+TREND_BLOCKS = 4  # the block means a trend is fitted to (200 rounds at the default window)
 
 
 def last_means(accuracy: list[float], last: int) -> np.ndarray:
@@ -64,6 +69,18 @@ def settled_round(accuracy: list[float], window: int = 50, tolerance: float = 0.
     return next(((k + 1) * window for k in range(1, len(b)) if abs(b[k] - b[k - 1]) < tolerance), None)
 
 
+def trend_round(accuracy: list[float], window: int = 50, tolerance: float = 0.5, blocks: int = 4) -> int | None:
+    """The first R = k window (k >= `blocks`) at which the least-squares slope of the last `blocks`
+    block means is under `tolerance` points a block: a drift, read through the blocks' scatter that
+    one block against the next mistakes for a plateau (or for a climb); None if no R of the run."""
+    b = np.asarray(block_means(accuracy, window))
+    x = np.arange(blocks) - (blocks - 1) / 2
+    for k in range(blocks, len(b) + 1):
+        if abs(float(x @ b[k - blocks : k]) / float(x @ x)) < tolerance:
+            return k * window
+    return None
+
+
 def _budget(found: list[int | None], window: int) -> str:
     if not found or None in found:
         return f"{found.count(None)} of {len(found)} runs not within their rounds"
@@ -75,19 +92,22 @@ def table(runs: dict[str, list[float]], last: int, window: int, tolerance: float
     each block's change from the one before averaged over the runs (95 % t interval over them)."""
     lines = [
         f"| run | rounds | literal: last-{last} mean within {tolerance} over {window} | by blocks: a {window}-round "
-        f"mean within {tolerance} of the one before | {window}-round means |",
-        "|---|---|---|---|---|",
+        f"mean within {tolerance} of the one before | by trend: the slope of the last {TREND_BLOCKS} {window}-round "
+        f"means under {tolerance} a block | {window}-round means |",
+        "|---|---|---|---|---|---|",
     ]
-    literal, blocks = [], []
+    literal, blocks, trend = [], [], []
     for name, acc in runs.items():
         literal.append(converged_round(acc, last, window, tolerance))
         blocks.append(settled_round(acc, window, tolerance))
+        trend.append(trend_round(acc, window, tolerance, TREND_BLOCKS))
         means = ", ".join(f"{m:.1f}" for m in block_means(acc, window))
-        at = [str(r) if r is not None else "not within the run" for r in (literal[-1], blocks[-1])]
-        lines.append(f"| {name} | {len(acc)} | {at[0]} | {at[1]} | {means} |")
+        at = [str(r) if r is not None else "not within the run" for r in (literal[-1], blocks[-1], trend[-1])]
+        lines.append(f"| {name} | {len(acc)} | {at[0]} | {at[1]} | {at[2]} | {means} |")
     lines += [
         "",
-        f"Budget covering every run: literal {_budget(literal, window)}; by blocks {_budget(blocks, window)}.",
+        f"Budget covering every run: literal {_budget(literal, window)}; by blocks {_budget(blocks, window)}; "
+        f"by trend {_budget(trend, window)}.",
     ]
     changes: dict[int, list[float]] = {}
     for acc in runs.values():

@@ -368,11 +368,24 @@ def test_convergence_finds_where_a_curve_flattens_and_blocks_see_through_the_sca
     assert convergence.converged_round(noisy) is None
     assert convergence.settled_round(noisy) in (200, 250, 300)
     lines = convergence.table({"climb": climb, "noisy": noisy}, 10, 50, 0.5)
-    assert lines[2].startswith("| climb | 300 | 153 | 200 | 55.1, 65.1, 70.0")
+    assert convergence.trend_round(climb) == 300  # the slope of 65.1, 70, 70, 70 is 1.5 a block; then 0
+    assert lines[2].startswith("| climb | 300 | 153 | 200 | 300 | 55.1, 65.1, 70.0")
     row = next(line for line in lines if line.startswith("| 101-150 | 2 |"))  # the last climbing block
     low, high = (float(v) for v in row.split("[")[1].rstrip(" |]").split(", "))
     assert 4.0 < low < high < 6.0  # +4.9 on both runs: an interval above 0
-    assert "Budget covering every run: literal 1 of 2 runs not within their rounds; by blocks 200 rounds." in lines
+    budget = next(line for line in lines if line.startswith("Budget covering every run"))
+    assert budget.startswith("Budget covering every run: literal 1 of 2 runs not within their rounds; by blocks 200")
+    # blocks that scatter by 2 points about a flat line never pass one against the next, while their
+    # slope over 4 blocks is 0.4 a block; a climb of 2 a block with one chance pair (62, 62.2) passes
+    # block against block at 150 rounds, never by trend (slopes 1.2-2.0)
+
+    def curve(blocks: list[float]) -> list[float]:
+        return [b / 100 for b in blocks for _ in range(50)]
+
+    flat = curve([69.0, 71.0] * 4)
+    assert (convergence.settled_round(flat), convergence.trend_round(flat)) == (None, 200)
+    climbing = curve([60.0, 62.0, 62.2, 64.0, 66.0, 68.0])
+    assert (convergence.settled_round(climbing), convergence.trend_round(climbing)) == (150, None)
 
 
 def test_convergence_writes_its_tables_into_the_named_block_of_a_page(tmp_path: Path) -> None:
@@ -393,4 +406,6 @@ def test_convergence_writes_its_tables_into_the_named_block_of_a_page(tmp_path: 
     text = page.read_text()
     assert "the 300-round runs" in text and "\nold\n" not in text
     assert f"benchmarks/convergence.py {tmp_path / 'runs'}/* --block long --doc {page}" in text, text
-    assert "| a--fedrs--s0 | 100 | 60 | 100 | 70.0, 70.0 |" in text, text  # flat: from round 10 + 50
+    assert "| a--fedrs--s0 | 100 | 60 | 100 | not within the run | 70.0, 70.0 |" in text, (
+        text
+    )  # flat: from round 10 + 50
