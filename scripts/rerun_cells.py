@@ -61,11 +61,12 @@ def main() -> None:
         path = ROOT / "suites" / f"{name}.yaml"
         try:
             suite = load_suite(path, defaults)
-            need = set(pending_cells(suite, args.pending, args.rerun_changed)) if args.pending is not None else None
+            if args.pending is not None:
+                need = set(pending_cells(suite, args.pending, args.rerun_changed))
+            else:
+                need = {*stale_cells(suite, ROOT, defaults), *claims.get(path.stem, [])}
         except ConfigError as e:
             ap.error(str(e))
-        if need is None:
-            need = {*stale_cells(suite, ROOT, defaults), *claims.get(path.stem, [])}
         order = [c for c in dict.fromkeys(c.cell for c in suite.cells) if c in need]
         for i in range(0, len(order), args.group):
             print(path.stem, ",".join(order[i : i + args.group]))

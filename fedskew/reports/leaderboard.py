@@ -301,25 +301,22 @@ def looks(board: Board, runs: Board | None) -> list[Look]:
         return []
     out = []
     for p in runs.partitions:
-        seeds = set(runs.seeds(p))
-        base = runs.cell(p, BASELINE)
-        methods = [
-            m
-            for m in runs.methods
-            if _on_seeds(runs, p, m, seeds)
-            and _on_seeds(board, p, m, seeds)
-            and (c := runs.cell(p, m)) is not None
-            and base is not None
-            and c.rounds == base.rounds  # a cell still at an earlier budget is not compared
-        ]
-        if not seeds or BASELINE not in methods:
+        seeds, base = set(runs.seeds(p)), runs.cell(p, BASELINE)
+        if not seeds or base is None:
             continue
-        short = [float(np.mean(list(_on_seeds(board, p, m, seeds).values()))) for m in methods]
-        at_long = [float(np.mean(list(_on_seeds(runs, p, m, seeds).values()))) for m in methods]
-        rho = rank_correlation(short, at_long) if len(methods) >= 3 else float("nan")
-        base_short, base_long = short[methods.index(BASELINE)], at_long[methods.index(BASELINE)]
-        flipped = [m for m, a, b in zip(methods, short, at_long, strict=True) if a > base_short and b < base_long]
-        rounds = max((c.rounds for m in methods if (c := runs.cell(p, m)) and c.rounds), default=runs.rounds or 0)
+        # a cell still at an earlier budget than FedAvg's is not compared
+        same = [m for m in runs.methods if (c := runs.cell(p, m)) is not None and c.rounds == base.rounds]
+        at_long = {m: v for m in same if (v := _on_seeds(runs, p, m, seeds))}
+        short = {m: v for m in at_long if (v := _on_seeds(board, p, m, seeds))}
+        methods = list(short)
+        if BASELINE not in methods:
+            continue
+        a = [float(np.mean(list(short[m].values()))) for m in methods]
+        b = [float(np.mean(list(at_long[m].values()))) for m in methods]
+        rho = rank_correlation(a, b) if len(methods) >= 3 else float("nan")
+        i = methods.index(BASELINE)
+        flipped = [m for m, x, y in zip(methods, a, b, strict=True) if x > a[i] and y < b[i]]
+        rounds = base.rounds or runs.rounds or 0
         out.append(Look(p, sorted(seeds), methods, rounds, rho, flipped))
     return out
 
