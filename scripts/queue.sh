@@ -35,27 +35,31 @@ EARLY="rerun/paper-mupfl,paper-map,paper-fedrs:0-2" LATE="rerun/paper-fedgela,pa
 ORDER="leaderboard:0-9 each/peer-niid-bench:0-2 leaderboard:10-16 $EARLY each/leaderboard-long:0-0"
 ORDER+=" each/peer-pfllib:0-2 $LATE"
 QUEUE=${QUEUE:-"$ORDER each/leaderboard-converged:0-4 $PAPERS"}
+# Each line `<suite> <partition/method>,...` on stdin: run those cells for the seeds $1 (two at once,
+# further options such as --rerun-changed after it), then export them.
+run_batches() {
+    local seeds=$1 name cells
+    shift
+    while read -r name cells; do
+        echo "== $name, cells $cells, seeds $seeds: $(date -u +%H:%M)"
+        $PY benchmarks/suite_in_process.py "suites/$name.yaml" --into-suite --jobs "$JOBS" --every 600 \
+            --seeds "$seeds" --cells "$cells" "$@" || true
+        $FEDSKEW experiment "suites/$name.yaml" --export --seeds "$seeds" --cells "$cells" || true
+    done
+}
 for item in $QUEUE; do
     suite=${item%%:*} range=${item#*:}
     if [[ $suite == rerun/* ]]; then
         seeds=$(seq -s, "${range%-*}" "${range#*-}")
-        $PY scripts/rerun_cells.py --suites "${suite#rerun/}" --group "$JOBS" | while read -r name cells; do
-            echo "== $name, cells $cells, seeds $seeds: $(date -u +%H:%M)"
-            $PY benchmarks/suite_in_process.py "suites/$name.yaml" --into-suite --jobs "$JOBS" --every 600 \
-                --seeds "$seeds" --cells "$cells" --rerun-changed || true
-            $FEDSKEW experiment "suites/$name.yaml" --export --seeds "$seeds" --cells "$cells" || true
-        done || echo "== $item: its cells could not be listed, skipped"
+        $PY scripts/rerun_cells.py --suites "${suite#rerun/}" --group "$JOBS" | run_batches "$seeds" --rerun-changed \
+            || echo "== $item: its cells could not be listed, skipped"
         continue
     fi
     if [[ $suite == each/* ]]; then
         for seed in $(seq "${range%-*}" "${range#*-}"); do
             $PY scripts/rerun_cells.py --suites "${suite#each/}" --pending "$seed" --group "$JOBS" \
-                ${RERUN:+--rerun-changed} | while read -r name cells; do
-                echo "== $name, seed $seed, cells $cells: $(date -u +%H:%M)"
-                $PY benchmarks/suite_in_process.py "suites/$name.yaml" --into-suite --jobs "$JOBS" --every 600 \
-                    --seeds "$seed" --cells "$cells" ${RERUN:+--rerun-changed} || true
-                $FEDSKEW experiment "suites/$name.yaml" --export --seeds "$seed" --cells "$cells" || true
-            done || echo "== $item, seed $seed: its cells could not be listed, skipped"
+                ${RERUN:+--rerun-changed} | run_batches "$seed" ${RERUN:+--rerun-changed} \
+                || echo "== $item, seed $seed: its cells could not be listed, skipped"
         done
         continue
     fi
