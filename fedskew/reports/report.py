@@ -579,21 +579,19 @@ FIGURES = ("claims.png", "leaderboard-gain.png")
 PEERS_PAGE = Path("docs/notes/peers.md")
 
 
+def _board(root: Path, suite_file: Path, ev: Evidence) -> Board:
+    """The board of the suite at `root / suite_file` over its result file (named by the suite's `name`)."""
+    suite = yaml.safe_load((root / suite_file).read_text())
+    return Board(suite, ev.sets.get(suite.get("name", suite_file.stem)))
+
+
 def generate(root: Path, figures: bool = True) -> dict[Path, str]:
     """The generated text files under `root` (path -> content); with `figures`, also draw the PNGs."""
     ev = Evidence(load_all(root / "results"))
     claims = load_claims(root / "results" / "claims.yaml")
-    suite_path = root / LEADERBOARD_SUITE
-    suite = yaml.safe_load(suite_path.read_text())
-    board = Board(suite, ev.sets.get(suite.get("name", "leaderboard")))
-    long = None
-    if (root / CONVERGED_SUITE).is_file():
-        long_suite = yaml.safe_load((root / CONVERGED_SUITE).read_text())
-        long = Board(long_suite, ev.sets.get(long_suite.get("name", "leaderboard-converged")))
-    first = None
-    if (root / CONVERGED_RUNS).is_file():
-        runs_suite = yaml.safe_load((root / CONVERGED_RUNS).read_text())
-        first = Board(runs_suite, ev.sets.get(runs_suite.get("name", "leaderboard-long")))
+    board = _board(root, LEADERBOARD_SUITE, ev)
+    long = _board(root, CONVERGED_SUITE, ev) if (root / CONVERGED_SUITE).is_file() else None
+    first = _board(root, CONVERGED_RUNS, ev) if (root / CONVERGED_RUNS).is_file() else None
     points = claim_points(claims, ev)
     out = {
         root / "docs" / "results.md": results_md(claims, ev),
