@@ -18,6 +18,10 @@ uncertainty). The budget is the largest round that the chosen reading finds, rou
 
     .venv/bin/python benchmarks/convergence.py outputs/suites/leaderboard-long/* [--doc docs/notes/convergence.md]
 
+`--classes` adds each run's global per-class accuracy over the rounds the leaderboard reads (31-40)
+and over its last `window` rounds: which classes a method gains or loses with the budget (the
+mechanism behind a verdict that turns over).
+
 `--doc` writes the tables, the command and the machine into the file's `convergence` block (or
 `--block NAME`'s: one page holds several budgets' tables). The
 leaderboard's statistic is the mean of the last 10 rounds: a budget at which that mean still drifts
@@ -37,6 +41,7 @@ from fedskew.reports.stats import t_interval
 from fedskew.server_app.results import read_jsonl
 
 TREND_BLOCKS = 4  # the block means a trend is fitted to (200 rounds at the default window)
+LEADERBOARD_ROUNDS = 40  # the leaderboard's budget: --classes reads its last 10 rounds beside a run's end
 
 
 def last_means(accuracy: list[float], last: int) -> np.ndarray:
@@ -122,26 +127,60 @@ def table(runs: dict[str, list[float]], last: int, window: int, tolerance: float
     return lines
 
 
+def class_means(rows: list[dict], first: int, last: int) -> list[float] | None:
+    """Each class's global accuracy (%) averaged over rounds first..last; None where no round there has it."""
+    per = [
+        r["global-per-class-accuracy"]
+        for r in rows
+        if first <= r.get("round", 0) <= last and r.get("global-per-class-accuracy")
+    ]
+    return [100 * float(v) for v in np.mean(per, axis=0)] if per else None
+
+
+def class_table(rows: dict[str, list[dict]], early: int, window: int) -> list[str]:
+    """Each run's per-class global accuracy over rounds early-9..early and over its last `window` rounds."""
+    lines = [
+        f"| run | rounds | per-class accuracy (%), rounds {early - 9}-{early} "
+        f"| per-class accuracy (%), last {window} rounds |",
+        "|---|---|---|---|",
+    ]
+    for name, run in rows.items():
+        end = max((int(r.get("round", 0)) for r in run), default=0)
+        cells = [class_means(run, early - 9, early), class_means(run, end - window + 1, end)]
+        text = [" ".join(f"{v:.0f}" for v in c) if c else "-" for c in cells]
+        lines.append(f"| {name} | {end} | {text[0]} | {text[1]} |")
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("runs", nargs="+", help="run folders (each with its metrics.jsonl)")
     ap.add_argument("--last", type=int, default=10)
     ap.add_argument("--window", type=int, default=50)
     ap.add_argument("--tolerance", type=float, default=0.5, help="points")
+    ap.add_argument(
+        "--classes", action="store_true", help="also each run's per-class accuracy at 40 rounds and at its end"
+    )
     ap.add_argument("--doc", type=Path, help="also write the tables, command and machine into this file's block")
     ap.add_argument("--block", default="convergence", help="with --doc: the block's name (default: convergence)")
     args = ap.parse_args()
-    runs = {}
+    rows = {}
     for run in map(Path, args.runs):
-        if rows := read_jsonl(run / "metrics.jsonl"):  # a torn or damaged line skipped, not the run
-            runs[run.name] = [float(r["global-accuracy"]) for r in rows if r.get("global-accuracy") is not None]
+        if found := read_jsonl(run / "metrics.jsonl"):  # a torn or damaged line skipped, not the run
+            rows[run.name] = found
+    runs = {
+        name: [float(r["global-accuracy"]) for r in run if r.get("global-accuracy") is not None]
+        for name, run in rows.items()
+    }
     lines = table(runs, args.last, args.window, args.tolerance)
+    if args.classes:
+        lines += ["", *class_table(rows, LEADERBOARD_ROUNDS, args.window)]
     print("\n".join(lines))
     if args.doc:
         parents = {Path(r).parent for r in args.runs}
         where = [f"{parents.pop()}/*"] if len(parents) == 1 else args.runs
         changed = [k for k in ("last", "window", "tolerance", "block") if getattr(args, k) != ap.get_default(k)]
-        options = [f"--{k} {getattr(args, k)}" for k in changed]
+        options = ["--classes"] * args.classes + [f"--{k} {getattr(args, k)}" for k in changed]
         command = " ".join([*where, *options, f"--doc {args.doc}"])
         write_block(args.doc, args.block, f".venv/bin/python benchmarks/convergence.py {command}", lines)
 

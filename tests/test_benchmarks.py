@@ -409,3 +409,30 @@ def test_convergence_writes_its_tables_into_the_named_block_of_a_page(tmp_path: 
     assert "| a--fedrs--s0 | 100 | 60 | 100 | not within the run | 70.0, 70.0 |" in text, (
         text
     )  # flat: from round 10 + 50
+
+
+def test_convergence_classes_show_each_class_at_the_leaderboards_rounds_and_at_the_runs_end(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """`--classes`: a run whose class 1 climbs from 0.2 (rounds 1-40) to 0.9 (rounds 41-100) while
+    class 0 stays at 0.5 reads 50 20 over rounds 31-40 and 50 90 over its last 50 rounds; a run
+    without per-class records reads '-'; the option reaches the page's command."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import convergence
+
+    rows = [
+        {"round": r, "global-accuracy": 0.5, "global-per-class-accuracy": [0.5, 0.2 if r <= 40 else 0.9]}
+        for r in range(1, 101)
+    ]
+    assert convergence.class_means(rows, 31, 40) == pytest.approx([50.0, 20.0])
+    assert convergence.class_means(rows, 101, 150) is None
+    bare = [{"round": r, "global-accuracy": 0.5} for r in range(1, 101)]
+    lines = convergence.class_table({"a": rows, "b": bare}, 40, 50)
+    assert lines[2:] == ["| a | 100 | 50 20 | 50 90 |", "| b | 100 | - | - |"]
+    (tmp_path / "runs" / "a").mkdir(parents=True)
+    (tmp_path / "runs" / "a" / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    page = tmp_path / "note.md"
+    page.write_text("<!-- report:convergence begin -->\n<!-- report:convergence end -->\n")
+    res = run_benchmark("convergence.py", str(tmp_path / "runs" / "a"), "--classes", "--doc", str(page))
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "| a | 100 | 50 20 | 50 90 |" in page.read_text() and "--classes --doc" in page.read_text()
