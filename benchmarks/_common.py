@@ -250,10 +250,7 @@ def write_block(doc: Path, block: str, command: str, table: list[str]) -> None:
 
 def machine() -> str:
     """'Machine: <CPU model>, N cores, CPU only; load average L at the end.' for a benchmark's table."""
-    import platform
+    from fedskew.resources import available_cores, processor_name
 
-    from fedskew.resources import available_cores
-
-    info = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").is_file() else []
-    cpu = next((line.split(":", 1)[1].strip() for line in info if "model name" in line), platform.processor())
-    return f"Machine: {cpu}, {available_cores()} cores, CPU only; load average {os.getloadavg()[0]:.1f} at the end."
+    load = os.getloadavg()[0]
+    return f"Machine: {processor_name()}, {available_cores()} cores, CPU only; load average {load:.1f} at the end."

@@ -85,6 +85,20 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+def processor_name() -> str:
+    """This machine's CPU model (`/proc/cpuinfo`'s model name, else `platform.processor()`), at most 200
+    characters: float32 sums differ between CPUs (AVX2 against AVX-512 kernels), so a run records it."""
+    import platform
+
+    info = Path("/proc/cpuinfo")
+    try:
+        lines = info.read_text().splitlines() if info.is_file() else []
+    except OSError:
+        lines = []
+    name = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
+    return " ".join((name or platform.processor() or platform.machine() or "unknown").split())[:200]
+
+
 def available_gpus() -> int:
     """CUDA GPUs as torch sees them; without an NVIDIA driver, 0 without importing torch (1 s)."""
     if not (Path("/proc/driver/nvidia/gpus").is_dir() or shutil.which("nvidia-smi")):

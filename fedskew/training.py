@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
+from fedskew.resources import processor_name
 from fedskew.schema import ConfigError
 
 Loss = torch.Tensor | tuple[torch.Tensor, torch.Tensor]  # a batch's loss, or (loss, the training loss reported)
@@ -64,6 +65,15 @@ def pick_device(name: str = "auto") -> torch.device:
             raise ConfigError(f"device={name!r} is not allowed: this machine has {count} CUDA devices")
         cuda_deterministic()
     return device
+
+
+def processor(device: torch.device) -> str:
+    """What ran a run's arithmetic: the GPU's name on cuda, else the CPU model with the vector kernels
+    torch picked (AVX2, AVX512). One seed gives the same metrics only on the same processor: the
+    kernels sum float32 in different orders, which 40 rounds amplify."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)[:200]
+    return f"{processor_name()} ({torch.backends.cpu.get_cpu_capability()})"
 
 
 def cuda_deterministic() -> None:

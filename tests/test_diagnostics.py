@@ -27,7 +27,7 @@ from fedskew.diagnostics import (
 )
 from fedskew.partitions import class_counts, dirichlet, iid, partition_skew
 from fedskew.server_app.results import round_statistics
-from fedskew.training import confusion, evaluate
+from fedskew.training import confusion, evaluate, processor
 
 CPU = torch.device("cpu")
 
@@ -248,6 +248,8 @@ def test_a_run_records_every_class_and_reports_the_missing_test_class_absent(lon
         np.mean([r["global-balanced-accuracy"] for r in rows])
     )
     assert summary["dominated_classes"] == part["skew"]["dominated-classes"]
+    # what ran its arithmetic: this CPU with torch's vector kernels (a result file pairs seeds by it)
+    assert summary["processor"] == processor(torch.device("cpu")) and summary["processor"].endswith(")")
     assert "classes held > 90 % by one client" in (long_tail_run / "partition.txt").read_text()
     assert (long_tail_run / "per-class.png").stat().st_size > 5000
 

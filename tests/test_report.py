@@ -225,6 +225,11 @@ def test_the_cells_to_run_again_are_those_of_claims_without_a_paired_interval() 
         (lambda c: c.update({"wall-seconds": {0: -1.0}}), "wall-seconds[0]"),
         (lambda c: c.update({"wall-seconds": {0: 1e300}}), "must be seconds in"),
         (lambda c: c.update({"wall-seconds": [1.0]}), "a mapping of seed to seconds"),
+        (lambda c: c.update({"processor": {"cpu (AVX2)": [0, 5]}}), "some of the cell's seeds [0, 1], each once"),
+        (lambda c: c.update({"processor": {"a": [0], "b": [0]}}), "processor['b']"),
+        (lambda c: c.update({"processor": {"x" * 201: [0]}}), "printable text of 1 to 200"),
+        (lambda c: c.update({"processor": {"a\x1b[2J": [0]}}), "printable text"),
+        (lambda c: c.update({"processor": ["a"]}), "a mapping of a processor's name"),
         (lambda c: c.pop("method"), "no method"),
     ],
 )
@@ -241,6 +246,7 @@ def test_a_damaged_result_file_is_refused_naming_the_key(tmp_path: Path, edit, n
 def test_a_result_file_reads_back_what_was_written(tmp_path: Path) -> None:
     cell = CellResult("p", "m", [0, 1], {"global.last10": Stat(50.0, 1.5, [48.5, 51.5])}, rounds=30, note="n")
     cell.wall_seconds = {1: 282.1}
+    cell.processor = {0: "AMD EPYC 7B13 (AVX2)", 1: "Intel(R) Xeon(R) Processor (AVX512)"}
     dump_results(ResultSet("x", "s", "suites/s.yaml", [cell], {"model": "tfcnn"}), tmp_path / "x.yaml")
     back = load_results(tmp_path / "x.yaml")
     assert back.cells == [cell] and back.overrides == {"model": "tfcnn"} and back.suite_file == "suites/s.yaml"
@@ -727,20 +733,22 @@ def test_text_from_files_is_shown_as_text_in_every_markdown_table(tmp_path: Path
 
 
 def test_an_export_records_the_device_and_keeps_revisions_apart(tmp_path: Path) -> None:
-    """The runs' summaries name their device (`device="auto"` resolved) and their method's revision:
-    the cell records the devices, and a run of another revision does not join the recorded seeds."""
+    """The runs' summaries name their device (`device="auto"` resolved), processor and method's
+    revision: the cell records the devices and each seed's processor (a name that is not printable
+    text is left out), and a run of another revision does not join the recorded seeds."""
     suite, cells = export_setup(tmp_path)
     fake_run(suite, cells[("fedavg", 0)], [0.5, 0.6, 0.7])
     summary = suite.folder / cells[("fedavg", 0)].run_name / "summary.json"
-    summary.write_text(json.dumps({"method-revision": 0, "device": "cuda", "wall_seconds": 12.5}))
+    summary.write_text(json.dumps({"method-revision": 0, "device": "cuda", "wall_seconds": 12.5, "processor": "H100"}))
     rs = load_results(export_suite(suite, "suites/t.yaml", app_defaults(), tmp_path / "results"))
-    assert rs.cell("iid", "fedavg").device == "cuda"
+    assert rs.cell("iid", "fedavg").device == "cuda" and rs.cell("iid", "fedavg").processor == {0: "H100"}
     shutil.rmtree(suite.folder)
     fake_run(suite, cells[("fedavg", 1)], [0.4, 0.5, 0.6])
     summary = suite.folder / cells[("fedavg", 1)].run_name / "summary.json"
-    summary.write_text(json.dumps({"method-revision": 0, "device": "cpu"}))
+    summary.write_text(json.dumps({"method-revision": 0, "device": "cpu", "processor": "cpu\x1b[2J"}))
     rs = load_results(export_suite(suite, "suites/t.yaml", app_defaults(), tmp_path / "results"))
     assert rs.cell("iid", "fedavg").seeds == [0, 1] and rs.cell("iid", "fedavg").device == "cpu, cuda"
+    assert rs.cell("iid", "fedavg").processor == {0: "H100"}  # seed 0's kept; seed 1's name is not printable
     assert rs.cell("iid", "fedavg").wall_seconds == {0: 12.5}  # seed 0's as recorded; seed 1's summary has none
     summary.write_text(json.dumps({"method-revision": 7, "device": "cpu"}))  # the method's arithmetic changed
     with pytest.warns(UserWarning, match=r"seeds \[0\] were recorded under another config"):
@@ -818,3 +826,37 @@ def test_the_leaderboard_says_where_each_setting_ran_and_how_long() -> None:
         "as their result file records: a cpu, cuda, 2.0 h over the 3 of 4 runs timed; b cpu."
     )
     assert where_ran(Board(suite, ResultSet("x", "s", "s.yaml", [CellResult("b", "fedavg", [0], stat)]))) == ""
+
+
+def test_the_leaderboard_names_each_settings_processors_and_where_fedavgs_twin_parts_from_it() -> None:
+    """Setting a: seed 1's two cells ran on two processors (named as mixed), and Ditto, FedAvg's twin,
+    differs there (two processors) but not on seed 0; setting b records no processor, and its twin
+    gap on seed 0 says so. Without processors or gaps the line is empty."""
+    from fedskew.reports.leaderboard import processors_line
+
+    def cell(p: str, m: str, values: list[float], ran: dict[int, str]) -> CellResult:
+        seeds = list(range(len(values)))
+        return CellResult(p, m, seeds, {"global.last10": Stat(50.0, None, values)}, processor=ran)
+
+    amd, intel = "AMD EPYC (AVX2)", "Intel Xeon (AVX512)"
+    cells = [
+        cell("a", "fedavg", [50.0, 60.0], {0: intel, 1: amd}),
+        cell("a", "ditto", [50.0, 61.5], {0: intel, 1: intel}),
+        cell("b", "fedavg", [40.0], {}),
+        cell("b", "ditto", [39.0], {}),
+    ]
+    suite = {
+        "methods": {"fedavg": {}, "ditto": {}},
+        "partitions": {"a": {}, "b": {}},
+        "base": {"num-server-rounds": 40},
+    }
+    text = processors_line(Board(suite, ResultSet("x", "s", "suites/s.yaml", cells)))
+    assert (
+        f"a: {amd} 1 run, {intel} 3 runs, 0 not recorded. Seeds whose recorded runs span processors: a seed 1." in text
+    )
+    assert "they differ on a seed 1 (+1.50, two), b seed 0 (-1.00, processors not recorded)" in text
+    assert "a seed 0" not in text.split("differ on")[1] and "40 rounds amplify" in text
+    same = [cell("a", "fedavg", [50.0], {0: intel}), cell("a", "ditto", [50.5], {0: intel})]
+    assert "a seed 0 (+0.50, one processor)" in processors_line(Board(suite, ResultSet("x", "s", "s.yaml", same)))
+    equal = [cell("a", "fedavg", [50.0], {}), cell("a", "ditto", [50.0], {})]
+    assert processors_line(Board(suite, ResultSet("x", "s", "s.yaml", equal))) == ""

@@ -412,6 +412,54 @@ def where_ran(board: Board) -> str:
     )
 
 
+# a method whose global model is FedAvg's by design (the same local training and averaging; Ditto adds
+# a personalized model beside it): on one seed and one processor their global accuracies are equal
+TWIN_OF_FEDAVG = "ditto"
+
+
+def processors_line(board: Board) -> str:
+    """Which processors ran each setting's runs (float32 sums differ between them, so a seed's cells
+    are paired to the last digit only on one), the seeds whose recorded runs span several, and where
+    FedAvg's twin (`TWIN_OF_FEDAVG`) parts from FedAvg: the rounding a pair of cells can carry."""
+    parts, mixed, twins = [], [], []
+    for p in board.partitions:
+        cells = [c for m in board.methods if (c := board.cell(p, m))]
+        runs = sum(len(c.seeds) for c in cells)
+        counts: dict[str, int] = {}
+        by_seed: dict[int, set[str]] = {}
+        for c in cells:
+            for seed, name in c.processor.items():
+                counts[name] = counts.get(name, 0) + 1
+                by_seed.setdefault(seed, set()).add(name)
+        if counts:
+            named = [f"{md(n)} {k} run{'s' * (k != 1)}" for n, k in sorted(counts.items())]
+            parts.append(f"{md(p)}: {', '.join(named)}, {runs - sum(counts.values())} not recorded")
+        mixed += [f"{md(p)} seed {s}" for s, names in sorted(by_seed.items()) if len(names) > 1]
+        fedavg, twin = board.values(p, "fedavg"), board.values(p, TWIN_OF_FEDAVG)
+        base, other = board.cell(p, "fedavg"), board.cell(p, TWIN_OF_FEDAVG)
+        for s in sorted(set(fedavg or {}) & set(twin or {})):
+            if twin[s] != fedavg[s]:
+                ran = {c.processor.get(s) for c in (base, other) if c is not None}
+                why = "processors not recorded" if None in ran else ("one processor" if len(ran) == 1 else "two")
+                twins.append(f"{md(p)} seed {s} ({twin[s] - fedavg[s]:+.2f}, {why})")
+    if not parts and not twins:
+        return ""
+    text = "Processors, as the runs record them (float32 sums differ between processors, so a seed's cells are "
+    text += "paired to the last digit only where one processor ran them): "
+    if parts:
+        text += f"{'; '.join(parts)}. Seeds whose recorded runs span processors: {', '.join(mixed) or 'none'}."
+    else:
+        text += "none of these runs records one."
+    if twins:
+        text += (
+            f" The global model of {TWIN_OF_FEDAVG} is FedAvg's by design, and on one processor their values are "
+            f"equal; they differ on {', '.join(twins)}. Between two processors that is the float32 rounding "
+            f"{board.rounds} rounds amplify, noise inside each interval, not a bias "
+            "([notes/pairing.md](notes/pairing.md)); on one processor it would be a defect."
+        )
+    return text
+
+
 def clipped_line(board: Board) -> str:
     """How often `update-norm-bound` clipped an honest update, per setting, over the runs whose count
     the result file records ('' when none does): the numbers hold under that default."""
@@ -463,6 +511,8 @@ def leaderboard_md(
         lines += [verdict, ""]
     if ran := where_ran(board):
         lines += [ran, ""]
+    if chips := processors_line(board):
+        lines += [chips, ""]
     if clipped := clipped_line(board):
         lines += [clipped, ""]
     lines += [

@@ -17,6 +17,8 @@ entry per cell (a suite's partition label x method label)::
       wall-seconds: {0: 84.2, ...}        # optional: each seed's run, its wall time
       clipped-updates: {0: 0, 1: 3, ...}  # optional: each seed's run, the updates `update-norm-bound`
                                           #   clipped (seeds exported before it was kept: absent)
+      processor: {AMD EPYC 7B13 (AVX2): [0, 1], ...}  # optional: what ran each seed's arithmetic
+                                          #   (`fedskew.training.processor`; absent: not recorded)
       stats:
         global.last50: {mean: 85.28, std: 0.43, per-seed: [85.6, 85.1, 85.2]}
 
@@ -84,10 +86,11 @@ STAT_NAME = re.compile(r"^[a-z][a-z0-9-]*\.(last\d+|osc\d+|osc\d+-\d+|r\d+-\d+|f
 FILE_KEYS = {"suite", "suite-file", "overrides", "cells"}
 CELL_KEYS = {
     *("partition", "method", "seeds", "rounds", "config", "config-sha256", "device", "wall-seconds", "source"),
-    *("note", "stats", "clipped-updates"),
+    *("note", "stats", "clipped-updates", "processor"),
 }
 MAX_WALL_SECONDS = 365 * 86400.0  # a run's wall time in a result file: a year at most
 MAX_CLIPPED = 10**9  # a run's clipped updates in a result file
+MAX_PROCESSOR = 200  # characters of a processor's name in a result file
 STAT_KEYS = {"mean", "std", "per-seed", "seeds"}
 # where and how, not what (the trackers only copy the metrics)
 UNHASHED = ("seed", *PLACE_KEYS, *START_KEYS, *OUTPUT_KEYS)
@@ -120,6 +123,8 @@ class CellResult:
     # each seed's run: how many updates `update-norm-bound` clipped, where recorded (a seed exported
     # before this was kept is absent: unknown, not 0)
     clipped: dict[int, int] = field(default_factory=dict)
+    # each seed's run: the processor that ran it (`summary.json`'s processor), where recorded
+    processor: dict[int, str] = field(default_factory=dict)
 
     def stat_seeds(self, name: str) -> list[int]:
         return self.stats[name].seeds or self.seeds
@@ -252,6 +257,7 @@ def _cell(path: Path, i: int, raw: Any) -> CellResult:
             "a count of updates",
             MAX_CLIPPED,
         ),
+        processor=_processors(path, f"{where}.processor", raw.get("processor", {}), seeds),
     )
 
 
@@ -279,6 +285,27 @@ def _per_seed(
         if (taken := accept(value)) is None:
             raise refused(path, f"{where}[{seed}]", value, f"must be {what} in [0, {most:g}]")
         out[seed] = taken
+    return out
+
+
+def processor_text(value: Any) -> str | None:
+    """A processor's name: printable text of 1 to MAX_PROCESSOR characters; None for anything else."""
+    ok = isinstance(value, str) and 0 < len(value) <= MAX_PROCESSOR and value.isprintable() and value.strip() == value
+    return value if ok else None
+
+
+def _processors(path: Path, where: str, raw: Any, seeds: list[int]) -> dict[int, str]:
+    """{seed: processor} from the file's {processor: [seeds]} (each seed one of the cell's, named once)."""
+    if not isinstance(raw, dict):
+        raise refused(path, where, raw, "must be a mapping of a processor's name to the seeds it ran")
+    out: dict[int, str] = {}
+    for name, ran in raw.items():
+        if processor_text(name) is None:
+            raise refused(path, where, name, f"a key must be printable text of 1 to {MAX_PROCESSOR} characters")
+        ok = isinstance(ran, list) and all(isinstance(s, int) and not isinstance(s, bool) for s in ran)
+        if not ok or not set(ran) <= set(seeds) or len(set(ran)) != len(ran) or set(ran) & set(out):
+            raise refused(path, f"{where}[{name!r}]", ran, f"must list some of the cell's seeds {seeds}, each once")
+        out |= dict.fromkeys(ran, name)
     return out
 
 
@@ -365,6 +392,9 @@ def dump_results(results: ResultSet, path: str | Path) -> None:
             raw["wall-seconds"] = _Flow({s: round(v, 1) for s, v in sorted(c.wall_seconds.items())})
         if c.clipped:
             raw["clipped-updates"] = _Flow(dict(sorted(c.clipped.items())))
+        if c.processor:
+            names = sorted(set(c.processor.values()))
+            raw["processor"] = _Flow({n: _FlowList(sorted(s for s, v in c.processor.items() if v == n)) for n in names})
         raw["stats"] = {name: _stat_raw(s) for name, s in c.stats.items()}
         cells.append(raw)
     top: dict[str, Any] = {"suite": results.suite, "suite-file": results.suite_file}
@@ -477,7 +507,9 @@ def merge_seeds(old: CellResult, fresh: CellResult) -> CellResult | None:
     source = f"{fresh.source}; seeds {kept} as recorded before"
     walls = {s: v for s, v in old.wall_seconds.items() if s in kept} | fresh.wall_seconds
     clipped = {s: v for s, v in old.clipped.items() if s in kept} | fresh.clipped
-    return replace(fresh, seeds=seeds, stats=stats, source=source, device=devices, wall_seconds=walls, clipped=clipped)
+    ran = {s: v for s, v in old.processor.items() if s in kept} | fresh.processor
+    kept_fields = {"wall_seconds": walls, "clipped": clipped, "processor": ran}
+    return replace(fresh, seeds=seeds, stats=stats, source=source, device=devices, **kept_fields)
 
 
 def cell_stats(runs: list[dict[str, Any]], seeds: list[int], last: int) -> dict[str, Stat]:
@@ -581,6 +613,7 @@ def _export(
             per_run, seeds, hashes, rounds, config, devices = [], [], set(), 0, None, set()
             walls: dict[int, float] = {}
             clipped: dict[int, int] = {}
+            ran: dict[int, str] = {}
             for c in (c for c in (suite.cells if cells is None else cells) if c.partition == p and c.method == m):
                 run_dir = run_folder / c.run_name
                 if not (run_dir / ("metrics.jsonl" if upto else "summary.json")).is_file():
@@ -610,6 +643,8 @@ def _export(
                 devices.add(str(summary.get("device", "")))
                 if (wall := _seconds(summary.get("wall_seconds"))) is not None:
                     walls[c.seed] = wall
+                if (name := processor_text(summary.get("processor"))) is not None:
+                    ran[c.seed] = name
                 if any("update-clipped" in r for r in rows):  # a run from before the bound logs none: unknown
                     # each round's count as data (anything else counts 0: the run's own log, still a file)
                     clipped[c.seed] = min(MAX_CLIPPED, sum(_count(r.get("update-clipped")) or 0 for r in rows))
@@ -634,6 +669,7 @@ def _export(
                         device=", ".join(sorted(devices - {""})),
                         wall_seconds=walls,
                         clipped=clipped,
+                        processor=ran,
                         source=f"{source}, from the runs' metrics.jsonl"
                         + (f", their first {upto} rounds (runs stopped part-way included)" if upto else ""),
                     )

@@ -35,7 +35,7 @@ from fedskew.registry import get_method
 from fedskew.server_app.results import RESUME_FIXED, RunOutput, class_labels, read_jsonl, round_statistics, write_json
 from fedskew.server_app.tracking import Trackers
 from fedskew.strategies.base import BaseStrategy
-from fedskew.training import confusion, evaluate, pick_device, seed_everything
+from fedskew.training import confusion, evaluate, pick_device, processor, seed_everything
 
 log = logging.getLogger("flwr.fedskew")  # a child of Flower's logger, so it shows in `flwr log`
 app = ServerApp()
@@ -349,6 +349,7 @@ def main(grid: Grid, context: Context) -> None:
             "method": cfg["method"],
             "method-revision": get_method(cfg["method"]).revision,  # its arithmetic's (`MethodSpec.revision`)
             "device": device.type,  # the server's: `device="auto"` says which it was
+            "processor": processor(device),  # the server's (in simulation, its clients' too)
             "dataset": cfg["dataset"],
             "model": cfg["model"],
             "partition": cfg["partition"],
