@@ -85,9 +85,12 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+MAX_PROCESSOR_NAME = 200  # characters of a processor's name, as runs and result files record it
+
+
 def processor_name() -> str:
-    """This machine's CPU model (`/proc/cpuinfo`'s model name, else `platform.processor()`), at most 200
-    characters: float32 sums differ between CPUs (AVX2 against AVX-512 kernels), so a run records it."""
+    """This machine's CPU model (`/proc/cpuinfo`'s model name, else `platform.processor()`), at most
+    MAX_PROCESSOR_NAME characters: float32 sums differ between CPUs (AVX2 against AVX-512 kernels)."""
     import platform
 
     info = Path("/proc/cpuinfo")
@@ -96,7 +99,7 @@ def processor_name() -> str:
     except OSError:
         lines = []
     name = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
-    return " ".join((name or platform.processor() or platform.machine() or "unknown").split())[:200]
+    return " ".join((name or platform.processor() or platform.machine() or "unknown").split())[:MAX_PROCESSOR_NAME]
 
 
 def available_gpus() -> int:

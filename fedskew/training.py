@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.func import functional_call
 
-from fedskew.resources import processor_name
+from fedskew.resources import MAX_PROCESSOR_NAME, processor_name
 from fedskew.schema import ConfigError
 
 Loss = torch.Tensor | tuple[torch.Tensor, torch.Tensor]  # a batch's loss, or (loss, the training loss reported)
@@ -72,8 +72,10 @@ def processor(device: torch.device) -> str:
     torch picked (AVX2, AVX512). One seed gives the same metrics only on the same processor: the
     kernels sum float32 in different orders, which 40 rounds amplify."""
     if device.type == "cuda":
-        return torch.cuda.get_device_name(device)[:200]
-    return f"{processor_name()} ({torch.backends.cpu.get_cpu_capability()})"
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = f"{processor_name()} ({torch.backends.cpu.get_cpu_capability()})"
+    return name.strip()[:MAX_PROCESSOR_NAME].strip()  # within what a result file keeps
 
 
 def cuda_deterministic() -> None:

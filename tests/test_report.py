@@ -828,6 +828,18 @@ def test_the_leaderboard_says_where_each_setting_ran_and_how_long() -> None:
     assert where_ran(Board(suite, ResultSet("x", "s", "s.yaml", [CellResult("b", "fedavg", [0], stat)]))) == ""
 
 
+def test_a_long_processor_name_is_cut_to_what_a_result_file_keeps(monkeypatch) -> None:
+    """A CPU model of 200 characters plus torch's kernel suffix is cut to 200, so the export keeps it."""
+    import torch
+
+    from fedskew import training
+    from fedskew.reports.resultfile import processor_text
+
+    monkeypatch.setattr(training, "processor_name", lambda: "x" * 200)
+    name = training.processor(torch.device("cpu"))
+    assert name == "x" * 200 and processor_text(name) == name
+
+
 def test_the_leaderboard_names_each_settings_processors_and_where_fedavgs_twin_parts_from_it() -> None:
     """Setting a: seed 1's two cells ran on two processors (named as mixed), and Ditto, FedAvg's twin,
     differs there (two processors) but not on seed 0; setting b records no processor, and its twin

@@ -435,8 +435,8 @@ def processors_line(board: Board) -> str:
             named = [f"{md(n)} {k} run{'s' * (k != 1)}" for n, k in sorted(counts.items())]
             parts.append(f"{md(p)}: {', '.join(named)}, {runs - sum(counts.values())} not recorded")
         mixed += [f"{md(p)} seed {s}" for s, names in sorted(by_seed.items()) if len(names) > 1]
-        fedavg, twin = board.values(p, "fedavg"), board.values(p, TWIN_OF_FEDAVG)
-        base, other = board.cell(p, "fedavg"), board.cell(p, TWIN_OF_FEDAVG)
+        fedavg, twin = board.values(p, BASELINE), board.values(p, TWIN_OF_FEDAVG)
+        base, other = board.cell(p, BASELINE), board.cell(p, TWIN_OF_FEDAVG)
         for s in sorted(set(fedavg or {}) & set(twin or {})):
             if twin[s] != fedavg[s]:
                 ran = {c.processor.get(s) for c in (base, other) if c is not None}

@@ -61,6 +61,7 @@ import yaml
 from fedskew.config import OUTPUT_KEYS, PLACE_KEYS, START_KEYS, ConfigError, all_params, validate
 from fedskew.files import locked, write_text
 from fedskew.registry import METHODS, config_keys, get_method
+from fedskew.resources import MAX_PROCESSOR_NAME
 
 # metric -> the `round_statistics` name of its accuracy (`<stat>_<name>`)
 METRICS = {
@@ -90,7 +91,6 @@ CELL_KEYS = {
 }
 MAX_WALL_SECONDS = 365 * 86400.0  # a run's wall time in a result file: a year at most
 MAX_CLIPPED = 10**9  # a run's clipped updates in a result file
-MAX_PROCESSOR = 200  # characters of a processor's name in a result file
 STAT_KEYS = {"mean", "std", "per-seed", "seeds"}
 # where and how, not what (the trackers only copy the metrics)
 UNHASHED = ("seed", *PLACE_KEYS, *START_KEYS, *OUTPUT_KEYS)
@@ -289,8 +289,13 @@ def _per_seed(
 
 
 def processor_text(value: Any) -> str | None:
-    """A processor's name: printable text of 1 to MAX_PROCESSOR characters; None for anything else."""
-    ok = isinstance(value, str) and 0 < len(value) <= MAX_PROCESSOR and value.isprintable() and value.strip() == value
+    """A processor's name: printable text of 1 to MAX_PROCESSOR_NAME characters; None for anything else."""
+    ok = (
+        isinstance(value, str)
+        and 0 < len(value) <= MAX_PROCESSOR_NAME
+        and value.isprintable()
+        and value.strip() == value
+    )
     return value if ok else None
 
 
@@ -301,7 +306,7 @@ def _processors(path: Path, where: str, raw: Any, seeds: list[int]) -> dict[int,
     out: dict[int, str] = {}
     for name, ran in raw.items():
         if processor_text(name) is None:
-            raise refused(path, where, name, f"a key must be printable text of 1 to {MAX_PROCESSOR} characters")
+            raise refused(path, where, name, f"a key must be printable text of 1 to {MAX_PROCESSOR_NAME} characters")
         ok = isinstance(ran, list) and all(isinstance(s, int) and not isinstance(s, bool) for s in ran)
         if not ok or not set(ran) <= set(seeds) or len(set(ran)) != len(ran) or set(ran) & set(out):
             raise refused(path, f"{where}[{name!r}]", ran, f"must list some of the cell's seeds {seeds}, each once")
