@@ -18,9 +18,9 @@ uncertainty). The budget is the largest round that the chosen reading finds, rou
 
     .venv/bin/python benchmarks/convergence.py outputs/suites/leaderboard-long/* [--doc docs/notes/convergence.md]
 
-`--classes` adds each run's global per-class accuracy over the rounds the leaderboard reads (31-40)
-and over its last `window` rounds: which classes a method gains or loses with the budget (the
-mechanism behind a verdict that turns over).
+`--classes` adds each run's global per-class accuracy over the rounds the leaderboard reads (the
+last 10 of `suites/leaderboard.yaml`'s budget: 31-40) and over its last `window` rounds: which
+classes a method gains or loses with the budget (the mechanism behind a verdict that turns over).
 
 `--doc` writes the tables, the command and the machine into the file's `convergence` block (or
 `--block NAME`'s: one page holds several budgets' tables). The
@@ -35,13 +35,14 @@ import math
 from pathlib import Path
 
 import numpy as np
-from _common import write_block
+import yaml
+from _common import ROOT, write_block
 
+from fedskew.reports.leaderboard import LEADERBOARD_SUITE
 from fedskew.reports.stats import t_interval
 from fedskew.server_app.results import read_jsonl
 
 TREND_BLOCKS = 4  # the block means a trend is fitted to (200 rounds at the default window)
-LEADERBOARD_ROUNDS = 40  # the leaderboard's budget: --classes reads its last 10 rounds beside a run's end
 
 
 def last_means(accuracy: list[float], last: int) -> np.ndarray:
@@ -159,7 +160,9 @@ def main() -> None:
     ap.add_argument("--window", type=int, default=50)
     ap.add_argument("--tolerance", type=float, default=0.5, help="points")
     ap.add_argument(
-        "--classes", action="store_true", help="also each run's per-class accuracy at 40 rounds and at its end"
+        "--classes",
+        action="store_true",
+        help="also each run's per-class accuracy at the leaderboard's budget and at its end",
     )
     ap.add_argument("--doc", type=Path, help="also write the tables, command and machine into this file's block")
     ap.add_argument("--block", default="convergence", help="with --doc: the block's name (default: convergence)")
@@ -173,8 +176,9 @@ def main() -> None:
         for name, run in rows.items()
     }
     lines = table(runs, args.last, args.window, args.tolerance)
-    if args.classes:
-        lines += ["", *class_table(rows, LEADERBOARD_ROUNDS, args.window)]
+    if args.classes:  # beside a run's end, the last 10 of the leaderboard's rounds
+        budget = yaml.safe_load((ROOT / LEADERBOARD_SUITE).read_text())["base"]["num-server-rounds"]
+        lines += ["", *class_table(rows, int(budget), args.window)]
     print("\n".join(lines))
     if args.doc:
         parents = {Path(r).parent for r in args.runs}
