@@ -17,7 +17,9 @@ are locked for the whole call (`fedskew.files.locked`), so a second writer (anot
 experiment`) is refused in one line naming the holder.
 `--into-suite` writes into the suite's own folder instead and does there what `fedskew experiment`
 does (`plan_cells`: a finished cell is skipped, a stopped one resumed, one of another config left as
-it is), so that `fedskew experiment --export` and the suite's report read its cells as their own.
+it is), so that `fedskew experiment --export` and the suite's report read its cells as their own;
+unlike `fedskew experiment`, it also resumes a method whose clients keep state, from the nodes'
+states its grid kept at the checkpoint's round (`fedskew.run.node_states`; not on the batched engine).
 `--export NAME` runs nothing and writes the finished cells of that folder into `results/NAME.yaml`
 (with `--upto R`: every run's first R rounds, runs stopped at the deadline included),
 checked against the suite's config plus the `--set` overrides, which the file records (e.g.
@@ -150,7 +152,7 @@ def run_one(spec: str) -> None:
         return
     from tests.harness import run_in_process
 
-    run_in_process(job["cfg"], job["nodes"])
+    run_in_process(job["cfg"], job["nodes"], keep_node_states=True)
 
 
 def start(group: list[tuple[Cell, dict[str, Any]]], folder: Path, threads: int) -> subprocess.Popen:
@@ -292,7 +294,7 @@ def run_cells(args: argparse.Namespace, suite: Suite, cells: list[Cell], sets: d
     """Plan (`--into-suite`) and run the chosen cells `--jobs` at a time up to `--deadline`, then print
     their table: under the locks of their run folders."""
     if args.into_suite:
-        plans = plan_cells(suite, ROOT, cells, rerun_changed=args.rerun_changed)
+        plans = plan_cells(suite, ROOT, cells, rerun_changed=args.rerun_changed, node_states=True)
         for plan in plans:
             if plan.action != "run":
                 print(f"{plan.cell.run_name}: {plan.action}{f' ({plan.note})' if plan.note else ''}", flush=True)

@@ -16,7 +16,11 @@ from flwr.app import Context, Error, Message, RecordDict
 from fedskew.client_app.app import app as client_app
 from fedskew.client_app.base import TrainerContext
 from fedskew.client_app.state import ClientState
+from fedskew.config import validate
 from fedskew.data.clients import ClientData
+from fedskew.registry import get_method
+from fedskew.run.experiments import stopped_round
+from fedskew.run.node_states import kept_rounds, load_node_states, node_states_path, save_node_states
 from fedskew.server_app.app import main as server_main
 from fedskew.server_app.results import resumed_rounds
 
@@ -39,10 +43,13 @@ class InProcessGrid:
         num_partitions: int | None = None,
         extra_nodes: dict[int, dict[str, Any]] | None = None,
         node_config: dict[str, Any] | None = None,
+        keep_node_states: bool = False,
     ):
         """Node i serves partition i of `num_partitions` (default: one partition per node); every
         such node's config adds `node_config` (e.g. a `state-dir` that outlives the grid);
-        `extra_nodes` adds nodes by id with their own node config (ids below 1000 answer first)."""
+        `extra_nodes` adds nodes by id with their own node config (ids below 1000 answer first).
+        `keep_node_states`: each run on this grid keeps its nodes' states at its checkpoint rounds
+        and a resume puts them back (`fedskew.run.node_states`)."""
         self.run_config = run_config
         self.faults = faults or {}
         configs = {
@@ -57,11 +64,60 @@ class InProcessGrid:
         self.sent: list[Message] = []
         self.unreachable: set[int] = set()  # rounds whose train messages reach no node (the SuperLink answers)
         self._ids = itertools.count(1)
+        self.keep_node_states = keep_node_states
+        self._run_dir: Path | None = None  # the run whose nodes' states are kept
+        self._kept = 0  # the last round whose nodes' states are kept
+        self._cfg: dict[str, Any] = {}  # the run's validated config
+
+    def start_run(self, run_config: dict[str, Any]) -> None:
+        """Before a run under `run_config`: with `keep_node_states`, note its folder and, on a
+        resume, put back its nodes' states at the checkpoint's round. A method whose clients keep
+        state is refused there without them (its resumed rounds would differ); another resumes
+        without them, as on Flower's runtime."""
+        self._run_dir = None
+        if not self.keep_node_states:
+            return
+        self._cfg = cfg = validate(run_config)
+        if not cfg["checkpoint-every"]:
+            return
+        if not cfg["run-name"] or any("state-dir" in c.node_config for c in self.contexts.values()):
+            raise ValueError("keep_node_states needs a run-name and nodes without a state-dir")
+        self._run_dir = Path(cfg["out-dir"]).expanduser().absolute() / cfg["run-name"]
+        self._kept = 0
+        if not (cfg["resume"] and (stopped := stopped_round(self._run_dir, cfg))):
+            return
+        try:
+            states = load_node_states(self._run_dir, stopped, cfg, self.contexts)
+        except ValueError as e:
+            if note := get_method(cfg["method"]).resume_note(cfg):
+                raise RuntimeError(f"cannot resume after round {stopped}: {note}, and {e}") from None
+            return
+        for node, state in states.items():
+            self.contexts[node].state = state
+        self._kept = stopped
+
+    def _keep_states(self, messages: list[Message]) -> None:
+        """At the first train message of round R + 1, R a checkpoint round: keep the nodes' states."""
+        cfg = self._cfg
+        rounds = [int(m.content["config"]["server-round"]) for m in messages if m.metadata.message_type == "train"]
+        done = max(rounds, default=0) - 1
+        if self._run_dir is None or done <= self._kept or done % cfg["checkpoint-every"]:
+            return
+        save_node_states(self._run_dir, done, cfg, {node: ctx.state for node, ctx in self.contexts.items()})
+        self._kept = done
+
+    def end_run(self) -> None:
+        """After a finished run: its nodes' states are no longer needed."""
+        if self._run_dir is not None and (self._run_dir / "summary.json").is_file():
+            for r in kept_rounds(self._run_dir):
+                node_states_path(self._run_dir, r).unlink(missing_ok=True)
 
     def get_node_ids(self) -> Iterable[int]:
         return list(self.contexts)
 
     def send_and_receive(self, messages: Iterable[Message], timeout: float | None = None) -> Iterable[Message]:
+        messages = list(messages)
+        self._keep_states(messages)
         replies = []
         for msg in messages:
             msg.metadata.__dict__["_message_id"] = f"m{next(self._ids)}"  # normally set by the SuperLink
@@ -134,9 +190,11 @@ def run_in_process(
     num_partitions: int | None = None,
     extra_nodes: dict[int, dict[str, Any]] | None = None,
     node_config: dict[str, Any] | None = None,
+    keep_node_states: bool = False,
 ) -> InProcessGrid:
-    """Run the whole ServerApp main in this process; returns the grid (its contexts hold client state)."""
-    grid = InProcessGrid(num_nodes, {}, faults, num_partitions, extra_nodes, node_config)
+    """Run the whole ServerApp main in this process; returns the grid (its contexts hold client state).
+    `keep_node_states`: as `InProcessGrid`'s (a cell of a suite that may resume)."""
+    grid = InProcessGrid(num_nodes, {}, faults, num_partitions, extra_nodes, node_config, keep_node_states)
     run_on(grid, overrides)
     return grid
 
@@ -147,7 +205,9 @@ def run_on(grid: InProcessGrid, overrides: dict[str, Any]) -> None:
     grid.run_config = cfg
     for ctx in grid.contexts.values():
         ctx.run_config = cfg
+    grid.start_run(cfg)
     server_main(grid, Context(run_id=1, node_id=0, node_config={}, state=RecordDict(), run_config=cfg))
+    grid.end_run()
 
 
 def cut_and_resume(

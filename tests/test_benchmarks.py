@@ -227,6 +227,24 @@ def test_suite_in_process_into_suite_fills_the_suite_s_own_folder_as_fedskew_exp
     assert list((tmp_path / "s" / run_name("default", "fedavg", 0)).glob("aside-*")), "earlier files not set aside"
 
 
+def test_suite_in_process_resumes_a_cell_whose_clients_keep_state_with_the_nodes_states_kept(
+    tmp_path: Path, task_identity
+) -> None:
+    """A SCAFFOLD cell stopped in round 3 on the in-process grid: `--into-suite` resumes it after
+    round 2 with its nodes' states put back and ends as the uninterrupted run."""
+    from tests.harness import run_in_process
+    from tests.test_experiments import stopped_in_round_3
+
+    suite, cell, cfg = stopped_in_round_3(tmp_path, "scaffold", keep_node_states=True)
+    only = ("--methods", cell.method, "--partitions", cell.partition, "--seeds", str(cell.seed))
+    out = run_benchmark("suite_in_process.py", str(tmp_path / "suite.yaml"), "--into-suite", *only)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert f"{cell.run_name}: resume (after round 2, its nodes' states kept)" in out.stdout, out.stdout
+    run_in_process({**cfg, "run-name": "full"}, cell.num_supernodes)
+    metrics = [(suite.folder / name / "metrics.jsonl").read_text() for name in (cell.run_name, "full")]
+    assert metrics[0] == metrics[1] and len(metrics[0].splitlines()) == 3
+
+
 def test_update_ratio_reports_each_cell_s_largest_ratio_and_refusals_and_fills_the_note(
     tmp_path: Path,
 ) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -146,9 +147,10 @@ def test_a_partition_may_set_its_own_seeds(tmp_path) -> None:
     assert [c.overrides for c in plain.cells] == [c.overrides for c in suite.cells if c.partition == "wide"][:2]
 
 
-def stopped_in_round_3(tmp_path: Path, method: str = "fedavg"):
+def stopped_in_round_3(tmp_path: Path, method: str = "fedavg", keep_node_states: bool = False):
     """(the suite, its first cell, the cell's config) after a real run of the cell, `method` in place
-    of fedavg, stopped in round 3 (checkpoint after round 2)."""
+    of fedavg, stopped in round 3 (checkpoint after round 2), on a grid that keeps its nodes'
+    states with `keep_node_states`."""
     from flwr.app import Error, Message
 
     from tests.harness import run_in_process
@@ -163,7 +165,7 @@ def stopped_in_round_3(tmp_path: Path, method: str = "fedavg"):
     cfg, _ = experiments.prepare_config(ROOT, over, cell.num_supernodes)
     crash = {(p, 3): lambda msg, reply: Message(Error(code=0, reason="stop"), reply_to=msg) for p in range(5)}
     with pytest.raises(RuntimeError):
-        run_in_process(cfg, cell.num_supernodes, crash)
+        run_in_process(cfg, cell.num_supernodes, crash, keep_node_states=keep_node_states)
     assert experiments.stopped_round(suite.folder / cell.run_name, cfg) == 2
     return suite, cell, cfg
 
@@ -208,6 +210,65 @@ def test_a_stopped_run_whose_clients_keep_state_runs_afresh(tmp_path, method, ta
         + ("the control variate c_i" if method == "scaffold" else "the previous local model")
         + " across rounds, which a resumed simulation starts without"
     )
+
+
+@pytest.mark.parametrize("method", ["scaffold", "ditto"])
+def test_a_stopped_run_whose_clients_keep_state_resumes_with_the_nodes_states_kept(
+    tmp_path, method, task_identity
+) -> None:
+    """On an engine that keeps its nodes' states at each checkpoint round (the in-process grid of
+    `suite_in_process.py`), the stopped run resumes on new nodes with the states put back and ends
+    with the uninterrupted run's metrics to the last digit; its kept states go once it finishes.
+    Resumed on new nodes without them, the same run differs: the states act."""
+    from fedskew.run.node_states import kept_rounds
+    from tests.harness import run_in_process
+
+    suite, cell, cfg = stopped_in_round_3(tmp_path, method, keep_node_states=True)
+    run_dir = suite.folder / cell.run_name
+    assert kept_rounds(run_dir) == [1, 2]  # the checkpoint's round and the one before
+    [plan] = experiments.plan_cells(suite, ROOT, [cell], node_states=True)
+    assert (plan.action, plan.note) == ("resume", "after round 2, its nodes' states kept")
+    assert plan.overrides["resume"] is True
+
+    full = {**cfg, "run-name": "full"}
+    run_in_process(full, cell.num_supernodes)
+    blank = tmp_path / "blank"
+    shutil.copytree(run_dir, blank)
+    run_in_process({**cfg, "resume": True}, cell.num_supernodes, keep_node_states=True)
+    expected = (suite.folder / "full" / "metrics.jsonl").read_text()
+    assert (run_dir / "metrics.jsonl").read_text() == expected
+    assert kept_rounds(run_dir) == []
+
+    run_in_process({**cfg, "out-dir": str(tmp_path), "run-name": "blank", "resume": True}, cell.num_supernodes)
+    assert (blank / "metrics.jsonl").read_text() != expected
+
+
+def test_a_resume_without_its_nodes_states_starts_afresh_and_says_why(tmp_path, task_identity) -> None:
+    """The kept states missing, damaged or of another config: the plan starts the cell afresh naming
+    the file and the fault, and the grid refuses to resume such a method without them."""
+    from fedskew.run.node_states import node_states_path, save_node_states
+    from tests.harness import run_in_process
+
+    suite, cell, cfg = stopped_in_round_3(tmp_path, "moon", keep_node_states=True)
+    path = node_states_path(suite.folder / cell.run_name, 2)
+
+    def note() -> str:
+        [plan] = experiments.plan_cells(suite, ROOT, [cell], node_states=True)
+        assert plan.action == "afresh" and not plan.overrides.get("resume")
+        return plan.note
+
+    full = experiments.validate({**app_defaults(), **cfg})
+    save_node_states(path.parent, 2, {**full, "lr": full["lr"] / 2}, {})
+    assert note().endswith(f"{path}: kept by a run of another config: lr")
+    path.write_bytes(b"not a torch file")
+    assert f"{path} does not load" in note()
+    path.unlink()
+    assert note() == (
+        "not resumed after round 2: moon's clients keep the previous local model across rounds, which a resumed "
+        f"simulation starts without, and {path} is missing: the nodes' states after round 2 were not kept"
+    )
+    with pytest.raises(RuntimeError, match="cannot resume after round 2: moon's clients keep"):
+        run_in_process({**cfg, "resume": True}, cell.num_supernodes, keep_node_states=True)
 
 
 def test_the_cli_runs_only_the_chosen_cells_and_reports_every_finished_one(tmp_path, monkeypatch, capsys) -> None:

@@ -72,6 +72,7 @@ from fedskew.reports.markdown import md
 from fedskew.reports.resultfile import config_sha256, load_results, read_rounds, suite_config, suite_seeds
 from fedskew.run.cluster import RayCluster
 from fedskew.run.launcher import RunFailed, app_defaults, prepare_config, resources_for, run_simulation, simulation_link
+from fedskew.run.node_states import load_node_states
 from fedskew.server_app.results import LAST_ROUNDS, RESULTS, round_statistics, saved_changes
 
 SUITE_KEYS = {"name", "num-supernodes", "seeds", "out-dir", "base", "methods", "partitions", "last-rounds"}
@@ -283,10 +284,13 @@ def plan_cells(
     actors: int | None = None,
     rerun_changed: bool = False,
     cluster: RayCluster | None = None,
+    node_states: bool = False,
 ) -> list[CellPlan]:
     """Check each cell (default: all the suite's) as its run would (`prepare_config`: config, data,
     device, results folder, checkpoint; `resources_for`: actors, here or on `cluster`) and decide its
-    action from what its folder holds. Raises ConfigError naming the first cell a run would refuse."""
+    action from what its folder holds. `node_states`: the engine puts back the nodes' states a
+    stopped run kept (`fedskew.run.node_states`), so a method whose clients keep state resumes where
+    they are kept. Raises ConfigError naming the first cell a run would refuse."""
     plans = []
     recorded = recorded_seeds(suite, app_dir)
     for cell in suite.cells if cells is None else cells:
@@ -295,7 +299,7 @@ def plan_cells(
         try:
             cfg, subm = prepare_config(app_dir, {**over, "overwrite": True}, cell.num_supernodes)
             resources_for(cfg, actors, cluster)
-            plan = _plan(cell, run_dir, cfg, subm, app_dir, rerun_changed)
+            plan = _plan(cell, run_dir, cfg, subm, app_dir, rerun_changed, node_states)
         except (ConfigError, PartitionError, FileNotFoundError) as e:
             raise ConfigError(f"suite {suite.name}: cell {cell.run_name}: {e}") from None
         sha = recorded.get((cell.partition, cell.method, cell.seed))
@@ -342,7 +346,9 @@ def stale_cells(suite: Suite, app_dir: Path, app_defaults: dict[str, Any]) -> li
     return stale
 
 
-def _plan(cell: Cell, run_dir: Path, cfg: dict, subm: dict, app_dir: Path, rerun_changed: bool) -> CellPlan:
+def _plan(
+    cell: Cell, run_dir: Path, cfg: dict, subm: dict, app_dir: Path, rerun_changed: bool, node_states: bool = False
+) -> CellPlan:
     """One cell's action; `subm` are its overrides with overwrite=true."""
     if (run_dir / "summary.json").is_file():
         changes = saved_changes(run_dir, cfg) or revision_change(run_dir, cfg["method"])
@@ -355,13 +361,20 @@ def _plan(cell: Cell, run_dir: Path, cfg: dict, subm: dict, app_dir: Path, rerun
     stopped_at = stopped_round(run_dir, cfg)
     if not stopped_at:
         return CellPlan(cell, "afresh", subm, "no usable checkpoint of this config")
+    kept = ""
     if note := get_method(cfg["method"]).resume_note(cfg):
-        return CellPlan(cell, "afresh", subm, f"not resumed after round {stopped_at}: {note}")
+        if not node_states or cfg["engine"] == "batched":
+            return CellPlan(cell, "afresh", subm, f"not resumed after round {stopped_at}: {note}")
+        try:
+            load_node_states(run_dir, stopped_at, cfg)
+        except ValueError as e:
+            return CellPlan(cell, "afresh", subm, f"not resumed after round {stopped_at}: {note}, and {e}")
+        kept = ", its nodes' states kept"
     try:  # the resume's own checks: checkpoint, config.json and the per-round files
         _, resumed = prepare_config(app_dir, {**fresh, "resume": True}, cell.num_supernodes)
     except ConfigError as e:
         return CellPlan(cell, "afresh", subm, str(e))
-    return CellPlan(cell, "resume", resumed, f"after round {stopped_at}")
+    return CellPlan(cell, "resume", resumed, f"after round {stopped_at}{kept}")
 
 
 def revision_change(run_dir: Path, method: str) -> str:
