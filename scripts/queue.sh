@@ -14,7 +14,8 @@
 # for its paired interval), two cells with all their seeds at a time, each pair exported when done.
 # An item `each/<suite>:<seeds>` runs a seed's cells two at a time, each pair exported when done
 # (`rerun_cells.py --pending`): for the suites whose cells take an hour, so that a session's machine
-# that goes away mid-seed loses at most the pair it was running.
+# that goes away mid-seed loses at most the pair it was running; where outputs/ stays, only the
+# rounds since the pair's last checkpoint (a stopped cell resumes, clients' states included).
 # Order: the leaderboard's first 10 seeds at 40 rounds (the floor its page holds to); niid_bench (the
 # first peer's protocol); the leaderboard's seeds 10-16 (dir01 runs 13, c2 17: the suite's `seeds:`,
 # what its measured spread asks; about 6 h here, so before the day-long suites); MuPFL's, MAP's and
