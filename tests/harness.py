@@ -68,13 +68,14 @@ class InProcessGrid:
         self._run_dir: Path | None = None  # the run whose nodes' states are kept
         self._kept = 0  # the last round whose nodes' states are kept
         self._cfg: dict[str, Any] = {}  # the run's validated config
+        self.node_states_restored: int | None = None  # the round whose states a resume put back (the server reads it)
 
     def start_run(self, run_config: dict[str, Any]) -> None:
         """Before a run under `run_config`: with `keep_node_states`, note its folder and, on a
         resume, put back its nodes' states at the checkpoint's round. A method whose clients keep
         state is refused there without them (its resumed rounds would differ); another resumes
         without them, as on Flower's runtime."""
-        self._run_dir = None
+        self._run_dir, self.node_states_restored = None, None
         if not self.keep_node_states:
             return
         self._cfg = cfg = validate(run_config)
@@ -94,7 +95,7 @@ class InProcessGrid:
             return
         for node, state in states.items():
             self.contexts[node].state = state
-        self._kept = stopped
+        self._kept = self.node_states_restored = stopped
 
     def _keep_states(self, messages: list[Message]) -> None:
         """At the first train message of round R + 1, R a checkpoint round: keep the nodes' states."""

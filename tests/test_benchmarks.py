@@ -232,6 +232,8 @@ def test_suite_in_process_resumes_a_cell_whose_clients_keep_state_with_the_nodes
 ) -> None:
     """A SCAFFOLD cell stopped in round 3 on the in-process grid: `--into-suite` resumes it after
     round 2 with its nodes' states put back and ends as the uninterrupted run."""
+    from fedskew.reports.resultfile import export_suite, load_results
+    from fedskew.run.launcher import app_defaults
     from tests.harness import run_in_process
     from tests.test_experiments import stopped_in_round_3
 
@@ -243,6 +245,9 @@ def test_suite_in_process_resumes_a_cell_whose_clients_keep_state_with_the_nodes
     run_in_process({**cfg, "run-name": "full"}, cell.num_supernodes)
     metrics = [(suite.folder / name / "metrics.jsonl").read_text() for name in (cell.run_name, "full")]
     assert metrics[0] == metrics[1] and len(metrics[0].splitlines()) == 3
+    written = export_suite(suite, "suite.yaml", app_defaults(ROOT), tmp_path / "results", cells=[cell])
+    [exported] = load_results(written).cells
+    assert (exported.method, exported.seeds) == (cell.method, [cell.seed])  # resumed with its states: exported
 
 
 def test_update_ratio_reports_each_cell_s_largest_ratio_and_refusals_and_fills_the_note(

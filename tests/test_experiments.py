@@ -221,6 +221,7 @@ def test_a_stopped_run_whose_clients_keep_state_resumes_with_the_nodes_states_ke
     with the uninterrupted run's metrics to the last digit; its kept states go once it finishes.
     Resumed on new nodes without them, the same run differs: the states act."""
     from fedskew.run.node_states import kept_rounds
+    from fedskew.server_app.results import resumed_rounds
     from tests.harness import run_in_process
 
     suite, cell, cfg = stopped_in_round_3(tmp_path, method, keep_node_states=True)
@@ -238,9 +239,11 @@ def test_a_stopped_run_whose_clients_keep_state_resumes_with_the_nodes_states_ke
     expected = (suite.folder / "full" / "metrics.jsonl").read_text()
     assert (run_dir / "metrics.jsonl").read_text() == expected
     assert kept_rounds(run_dir) == []
+    assert resumed_rounds(run_dir) == [2] and resumed_rounds(run_dir, without_node_states=True) == []
 
     run_in_process({**cfg, "out-dir": str(tmp_path), "run-name": "blank", "resume": True}, cell.num_supernodes)
     assert (blank / "metrics.jsonl").read_text() != expected
+    assert resumed_rounds(blank, without_node_states=True) == [2]  # what an export leaves out
 
 
 def test_a_resume_without_its_nodes_states_starts_afresh_and_says_why(tmp_path, task_identity) -> None:

@@ -552,11 +552,12 @@ def export_suite(
     keeping the file's others. The runs are in `runs` (default: the suite's folder), computed with the
     suite's config plus `overrides` (recorded in the file, e.g. `device: cuda`). A run computed under
     another config than that (`changes_from`) is left out, with a warning; a cell with no finished
-    run is not written, nor a run resumed part-way of a method whose clients keep state (their state
-    restarted: `MethodSpec.resume_note`). `source` says which command made the runs (default
-    `fedskew experiment`). `upto` R > 0: every run's first R rounds, finished or stopped part-way
-    (a run that has not reached round R is left out, with a warning), the cell's `rounds` R and its
-    source saying so: runs of a lent machine cut at its deadline, compared at the rounds all reached.
+    run is not written, nor a run resumed part-way of a method whose clients keep state without the
+    nodes' states put back (their state restarted: `MethodSpec.resume_note`). `source` says which
+    command made the runs (default `fedskew experiment`). `upto` R > 0: every run's first R rounds,
+    finished or stopped part-way (a run that has not reached round R is left out, with a warning),
+    the cell's `rounds` R and its source saying so: runs of a lent machine cut at its deadline,
+    compared at the rounds all reached.
     `cells`: only these of the suite's cells (`fedskew experiment --export --methods/--partitions/
     --seeds`); the file's other cells are kept. `name` must be a file stem (`check_result_name`)."""
     name = check_result_name(name or suite.name)
@@ -631,7 +632,9 @@ def _export(
                 if changes := changes_from(saved, cfg):
                     warnings.warn(f"{run_dir}: not exported, computed under another config ({changes})", stacklevel=2)
                     continue
-                if (note := get_method(cfg["method"]).resume_note(cfg)) and (resumed := resumed_rounds(run_dir)):
+                if (note := get_method(cfg["method"]).resume_note(cfg)) and (
+                    resumed := resumed_rounds(run_dir, without_node_states=True)
+                ):
                     warnings.warn(f"{run_dir}: not exported, resumed after round {resumed[0]}: {note}", stacklevel=2)
                     continue
                 rows = read_rounds(run_dir / "metrics.jsonl")

@@ -268,6 +268,7 @@ class RoundFailedError(RuntimeError):
 def main(grid: Grid, context: Context) -> None:
     t_start, started_at = time.perf_counter(), time.time()
     batched_engine = getattr(grid, "batched_engine", False) is True  # `fedskew.batched.grid.BatchedGrid`
+    restored = getattr(grid, "node_states_restored", None)  # the round whose nodes' states an in-process grid put back
     if hasattr(grid, "push_messages"):  # Flower's Grids (the tests' in-process one has no push/pull)
         grid = PromptGrid(grid)
     try:  # the config and the results folder: refused with one line before anything starts
@@ -291,6 +292,7 @@ def main(grid: Grid, context: Context) -> None:
         )
     try:
         ckpt = out.resume(strategy)  # a resume's checkpoint, checked against the strategy and restored into it
+        out.node_states_restored = ckpt is not None and type(restored) is int and restored == out.resumed_after
     except ConfigError as e:
         background.shutdown(wait=False, cancel_futures=True)
         log.error("fedskew: config error: %s", e)

@@ -5,7 +5,8 @@
 - `metrics.jsonl`   one line per round (deterministic: no timings), appended and flushed each round;
                     with `class-metrics` also the global model's per-class record (`fedskew.diagnostics`)
 - `timings.jsonl`   seconds per round and per step, and each client's participation count (client state);
-                    `resumed-after: R` on the first row a resumed run wrote
+                    `resumed-after: R` on the first row a resumed run wrote (with
+                    `node-states-restored: true` where its engine put the nodes' states of round R back)
 - `failures.jsonl`  every lost or dropped reply: round, node, partition, reason
 - `summary.json`    method (and its `revision`), the device, rounds, wall time and, for global,
                     client-global and personalized accuracy, the final value, the best and the mean
@@ -114,15 +115,17 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 RESUMED = re.compile(r"resume after round (\d+)")
 
 
-def resumed_rounds(run_dir: Path) -> list[int]:
+def resumed_rounds(run_dir: Path, without_node_states: bool = False) -> list[int]:
     """The checkpoint rounds the run now in `run_dir` was resumed from, in order: the `resumed-after`
     of its `timings.jsonl` and, for a run from before that record, the reasons of the `aside-*/`
-    folders written since the run's start (the last one set aside by `overwrite`, if any)."""
-    marked = {  # a value that is not a round (an edited file) still says the run was resumed: 0
-        v if isinstance(v := row["resumed-after"], int) and not isinstance(v, bool) else 0
-        for row in read_jsonl(run_dir / "timings.jsonl")
-        if "resumed-after" in row
-    }
+    folders written since the run's start (the last one set aside by `overwrite`, if any).
+    `without_node_states`: only the resumes whose nodes started without their states (the row does
+    not say `node-states-restored: true`)."""
+    rows = [row for row in read_jsonl(run_dir / "timings.jsonl") if "resumed-after" in row]
+    # a value that is not a round (an edited file) still says the run was resumed: 0
+    every = {v if isinstance(v := row["resumed-after"], int) and not isinstance(v, bool) else 0 for row in rows}
+    restored = {row["resumed-after"] for row in rows if row.get("node-states-restored") is True}
+    marked = every - restored if without_node_states else every
     legacy: set[int] = set()
     for reason in sorted(run_dir.glob("aside-*/reason.txt"), key=lambda p: (p.stat().st_mtime, p.parent.name)):
         text = reason.read_text(errors="replace")
@@ -130,7 +133,7 @@ def resumed_rounds(run_dir: Path) -> list[int]:
             legacy.clear()
         elif match := RESUMED.match(text):
             legacy.add(int(match.group(1)))
-    return sorted(marked | legacy)
+    return sorted(marked | (legacy - every))  # the aside folders of the marked resumes say the same
 
 
 @dataclass
@@ -453,6 +456,7 @@ class RunOutput:
         check_folder(self.dir, "out-dir")
         self.pending: Resume | None = None
         self.resumed_after: int | None = None  # marks the first timings row after a resume
+        self.node_states_restored = False  # the engine put the nodes' states of the resumed round back
         if resumes(self.dir, cfg):
             self.pending = read_resume(self.dir, cfg)
             return
@@ -496,10 +500,14 @@ class RunOutput:
 
     def log_round(self, metrics: dict[str, Any], timings: dict[str, Any], failures: list[dict[str, Any]] = ()) -> None:
         """Append the round's metrics, timings and lost replies (`failures.jsonl`); the first timings
-        row after a resume from round R holds `resumed-after`: R (`resumed_rounds`)."""
+        row after a resume from round R holds `resumed-after`: R (`resumed_rounds`), and
+        `node-states-restored`: true where the engine put the nodes' states back."""
         append_jsonl(self.dir / "metrics.jsonl", metrics)
         if self.resumed_after is not None:
-            timings, self.resumed_after = {**timings, "resumed-after": self.resumed_after}, None
+            mark = {"resumed-after": self.resumed_after}
+            if self.node_states_restored:
+                mark["node-states-restored"] = True
+            timings, self.resumed_after = {**timings, **mark}, None
         append_jsonl(self.dir / "timings.jsonl", timings)
         self.log_failures(metrics["round"], failures)
 
