@@ -20,11 +20,13 @@ does (`plan_cells`: a finished cell is skipped, a stopped one resumed, one of an
 it is), so that `fedskew experiment --export` and the suite's report read its cells as their own;
 unlike `fedskew experiment`, it also resumes a method whose clients keep state, from the nodes'
 states its grid kept at the checkpoint's round (`fedskew.run.node_states`; not on the batched engine).
+`--export-each` (with `--into-suite`) exports each cell into `results/<suite>.yaml` as soon as it
+finishes, as `fedskew experiment --export` would: a long call that is cut keeps every finished cell.
 `--export NAME` runs nothing and writes the finished cells of that folder into `results/NAME.yaml`
 (with `--upto R`: every run's first R rounds, runs stopped at the deadline included),
 checked against the suite's config plus the `--set` overrides, which the file records (e.g.
 `device: cuda`), so GPU rows stand beside the suite's own CPU rows under another name. NAME is a file
-stem (letters, digits, '.', '-', '_'): the file stays in `results/`.
+stem (letters, digits, '.', '-', '_'): the file stays in `--results-dir` (default `results/`).
 
 The in-process grid serves the same partitions and samples the same clients as `flwr run`'s
 simulation, so for a seed it writes the same metrics to the last digit (`tests/test_end_to_end.py`)
@@ -191,6 +193,17 @@ def stop(procs: list[subprocess.Popen], grace: float = 10.0) -> None:
             proc.wait()
 
 
+def export_finished(suite_file: str, suite: Suite, cells: list[Cell], results: Path) -> None:
+    """`--export-each`: write `cells` (just finished) into `results`/<suite>.yaml, saying so; a failed
+    export is said, and the other cells run on (`fedskew experiment --export` can write them later)."""
+    try:
+        path = export_suite(suite, suite_file, app_defaults(ROOT), results, cells=cells)
+    except (ConfigError, OSError, ValueError) as e:
+        print(f"{', '.join(c.run_name for c in cells)}: not exported: {type(e).__name__}: {e}", flush=True)
+        return
+    print(f"{', '.join(c.run_name for c in cells)}: exported into {path}", flush=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("suite", nargs="?", help="the suite's YAML file")
@@ -221,6 +234,13 @@ def main() -> None:
         action="store_true",
         help="with --into-suite: run again a finished cell whose config has changed (its earlier files set aside)",
     )
+    ap.add_argument(
+        "--export-each",
+        action="store_true",
+        help="with --into-suite: export each cell into results/<suite>.yaml as soon as it finishes (as "
+        "`fedskew experiment --export` would), so that a long call loses no finished cell",
+    )
+    ap.add_argument("--results-dir", default=str(ROOT / "results"), help="where --export and --export-each write")
     ap.add_argument("--every", type=float, default=30.0, help="progress every this many s")
     ap.add_argument(
         "--export",
@@ -260,12 +280,14 @@ def main() -> None:
         if sets or args.out_dir or args.tag != ap.get_default("tag") or args.export:
             ap.error("--into-suite runs the suite's own cells: no --set, --tag, --out-dir or --export")
         folder = suite.folder.absolute()
+    elif args.export_each:
+        ap.error("--export-each is for --into-suite (a suite's own cells go into its result file)")
     check_sets(suite, cells, sets, folder)
     if args.export:
         if args.upto < 0:
             ap.error(f"--upto {args.upto}: must be a number of rounds, 1 or more (0: finished runs only)")
         command = f"`benchmarks/suite_in_process.py {args.suite} --set {' '.join(args.set)}`"
-        defaults, results = app_defaults(ROOT), ROOT / "results"
+        defaults, results = app_defaults(ROOT), Path(args.results_dir)
         try:
             path = export_suite(
                 suite,
@@ -331,6 +353,9 @@ def run_cells(args: argparse.Namespace, suite: Suite, cells: list[Cell], sets: d
                     del running[name]
                     if proc.returncode:
                         print(f"{name}: exit {proc.returncode}, see its run.log", flush=True)
+                    elif args.export_each:
+                        finished = [c for c in cells if c.run_name in members[name]]
+                        export_finished(args.suite, suite, finished, Path(args.results_dir))
             if args.deadline and now >= args.deadline:
                 stop([proc for proc, _ in running.values()])
                 for name, (_, began) in running.items():

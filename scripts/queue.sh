@@ -12,10 +12,11 @@
 # An item `rerun/<suites>:<seeds>` runs, suite by suite, only the cells the pages need again
 # (`scripts/rerun_cells.py`: those recorded under an earlier config, and those a claim's gain needs
 # for its paired interval), two cells with all their seeds at a time, each pair exported when done.
-# An item `each/<suite>:<seeds>` runs a seed's cells two at a time, each pair exported when done
-# (`rerun_cells.py --pending`): for the suites whose cells take an hour, so that a session's machine
-# that goes away mid-seed loses at most the pair it was running; where outputs/ stays, only the
-# rounds since the pair's last checkpoint (a stopped cell resumes, clients' states included).
+# An item `each/<suite>:<seeds>` runs a seed's pending cells (`rerun_cells.py --pending`) in one call,
+# two at a time, each cell exported as soon as it finishes (`--export-each`): for the suites whose
+# cells take an hour, so that a session's machine that goes away mid-seed loses at most the two cells
+# it was running (where outputs/ stays, only the rounds since their last checkpoint: a stopped cell
+# resumes, clients' states included), and no core waits for a slower partner.
 # Order: the leaderboard's first 10 seeds at 40 rounds (the floor its page holds to); niid_bench (the
 # first peer's protocol); the leaderboard's seeds 10-16 (dir01 runs 13, c2 17: the suite's `seeds:`,
 # what its measured spread asks; about 6 h here, so before the day-long suites); MuPFL's, MAP's and
@@ -58,8 +59,8 @@ for item in $QUEUE; do
     fi
     if [[ $suite == each/* ]]; then
         for seed in $(seq "${range%-*}" "${range#*-}"); do
-            $PY scripts/rerun_cells.py --suites "${suite#each/}" --pending "$seed" --group "$JOBS" \
-                ${RERUN:+--rerun-changed} | run_batches "$seed" ${RERUN:+--rerun-changed} \
+            $PY scripts/rerun_cells.py --suites "${suite#each/}" --pending "$seed" --group 0 \
+                ${RERUN:+--rerun-changed} | run_batches "$seed" --export-each ${RERUN:+--rerun-changed} \
                 || echo "== $item, seed $seed: its cells could not be listed, skipped"
         done
         continue

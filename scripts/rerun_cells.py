@@ -9,8 +9,9 @@ then exports it (`scripts/queue.sh`, item `rerun`) never writes a cell with part
 one recorded with all of them.
 With `--pending SEED` it lists instead the cells a run of that seed still runs (`plan_cells`: not
 recorded in the result file, not finished in the suite's folder; with `--rerun-changed`, also those
-finished under another config), for the queue's item `each`, which exports after every batch so that
-a session that ends mid-seed keeps the cells it finished.
+finished under another config), for the queue's item `each`, which runs them all in one call
+(`--group 0`), two at a time, exporting each cell as it finishes, so that a session that ends mid-seed
+keeps the cells it finished and no core waits for a pair's slower cell.
 
     .venv/bin/python scripts/rerun_cells.py [--group 2] [--suites paper-mupfl,paper-map]
     .venv/bin/python scripts/rerun_cells.py --suites peer-niid-bench --pending 1 [--rerun-changed]
@@ -32,7 +33,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--group", type=int, default=2, help="cells a line (default 2: a pair of cells keeps 2 cores busy)")
+    ap.add_argument(
+        "--group", type=int, default=2, help="cells a line (default 2: a pair of cells keeps 2 cores busy; 0: all)"
+    )
     ap.add_argument(
         "--suites", metavar="A,B", help="only these suites, in this order (default: every suite with a result file)"
     )
@@ -41,8 +44,8 @@ def main() -> None:
         "--rerun-changed", action="store_true", help="with --pending: count a cell finished under another config"
     )
     args = ap.parse_args()
-    if args.group < 1:
-        ap.error(f"--group {args.group} is not allowed: must be 1 or more")
+    if args.group < 0:
+        ap.error(f"--group {args.group} is not allowed: must be 1 or more, or 0 (every cell on one line)")
     if args.rerun_changed and args.pending is None:
         ap.error("--rerun-changed is for --pending SEED")
     defaults = app_defaults(ROOT)
@@ -68,8 +71,14 @@ def main() -> None:
         except ConfigError as e:
             ap.error(str(e))
         order = [c for c in dict.fromkeys(c.cell for c in suite.cells) if c in need]
-        for i in range(0, len(order), args.group):
-            print(path.stem, ",".join(order[i : i + args.group]))
+        for batch in batches(order, args.group):
+            print(path.stem, ",".join(batch))
+
+
+def batches(cells: list[str], group: int) -> list[list[str]]:
+    """`cells` in order, `group` a batch (0: all in one)."""
+    size = group or max(1, len(cells))
+    return [cells[i : i + size] for i in range(0, len(cells), size)]
 
 
 def pending_cells(suite: Suite, seed: int, rerun_changed: bool) -> list[str]:

@@ -182,6 +182,7 @@ def test_suite_in_process_into_suite_fills_the_suite_s_own_folder_as_fedskew_exp
     """`--into-suite`: the cells land in the suite's folder, where `plan_cells` (what `fedskew
     experiment` runs and exports) counts them done; a second call skips them; --set is refused. The
     queue's `each` item lists from `scripts/rerun_cells.py`'s `pending_cells` the cells a seed still runs."""
+    from fedskew.reports.resultfile import load_results
     from fedskew.run.experiments import load_suite, plan_cells
     from fedskew.run.launcher import app_defaults
 
@@ -198,9 +199,18 @@ def test_suite_in_process_into_suite_fills_the_suite_s_own_folder_as_fedskew_exp
     )
     pending = rerun_cells.pending_cells(load_suite(str(suite), app_defaults(ROOT)), 0, rerun_changed=False)
     assert pending == ["default/fedavg", "default/fedrs-0.5"], pending
-    ok = run_benchmark("suite_in_process.py", str(suite), "--into-suite", "--jobs", "2")
+    assert rerun_cells.batches(pending, 0) == [pending] and rerun_cells.batches(pending, 1) == [[c] for c in pending]
+    assert rerun_cells.batches([], 0) == []
+    results = tmp_path / "results"
+    results.mkdir()
+    ok = run_benchmark(
+        "suite_in_process.py", str(suite), "--into-suite", "--jobs", "2", "--export-each", "--results-dir", str(results)
+    )
     assert ok.returncode == 0, ok.stderr[-3000:]
     assert "2 cells of s, 2 at once" in ok.stdout, ok.stdout
+    for cell in ("fedavg", "fedrs-0.5"):  # each exported as it finished
+        assert f"{run_name('default', cell, 0)}: exported into {results / 's.yaml'}" in ok.stdout, ok.stdout
+    assert sorted(c.method for c in load_results(results / "s.yaml").cells) == ["fedavg", "fedrs-0.5"]
     loaded = load_suite(str(suite), app_defaults(ROOT))
     plans = plan_cells(loaded, ROOT)
     assert [p.action for p in plans] == ["done", "done"], [(p.cell.run_name, p.action, p.note) for p in plans]
