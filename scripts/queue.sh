@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The project's background queue on a CPU machine (2 cores): the suites that the leaderboard and
 # the peers' tables need, in their order, one seed after the other, two cells at once, in process
-# (`benchmarks/suite_in_process.py --into-suite`: the same metrics.jsonl as `flwr run`). After each
-# seed the suite's finished cells are exported into results/<suite>.yaml, which keeps their per-seed
+# (`benchmarks/suite_in_process.py --into-suite`: the same metrics.jsonl as `flwr run`). Each cell is
+# exported into results/<suite>.yaml as soon as it finishes (`--export-each`), which keeps the per-seed
 # values: a later session (another machine, no outputs/) skips every seed recorded there with the
 # same config and method revision ('recorded') and adds its own seeds to them on export. So the queue
 # resumes across sessions from the committed result files: commit them before a session ends.
@@ -68,7 +68,7 @@ for item in $QUEUE; do
     for seed in $(seq "${range%-*}" "${range#*-}"); do
         echo "== $suite, seed $seed: $(date -u +%H:%M)"
         $PY benchmarks/suite_in_process.py "suites/$suite.yaml" --into-suite --jobs "$JOBS" --every 600 \
-            --seeds "$seed" ${METHODS:+--methods "$METHODS"} ${RERUN:+--rerun-changed} || true
+            --seeds "$seed" ${METHODS:+--methods "$METHODS"} ${RERUN:+--rerun-changed} --export-each || true
         $FEDSKEW experiment "suites/$suite.yaml" --export || true
     done
 done
