@@ -67,6 +67,7 @@ class InProcessGrid:
         self.keep_node_states = keep_node_states
         self._run_dir: Path | None = None  # the run whose nodes' states are kept
         self._kept = 0  # the last round whose nodes' states are kept
+        self._clear_above: int | None = None  # at the run's first message, kept states after this round go
         self._cfg: dict[str, Any] = {}  # the run's validated config
         self.node_states_restored: int | None = None  # the round whose states a resume put back (the server reads it)
 
@@ -84,7 +85,7 @@ class InProcessGrid:
         if not cfg["run-name"] or any("state-dir" in c.node_config for c in self.contexts.values()):
             raise ValueError("keep_node_states needs a run-name and nodes without a state-dir")
         self._run_dir = Path(cfg["out-dir"]).expanduser().absolute() / cfg["run-name"]
-        self._kept = 0
+        self._kept = self._clear_above = 0
         if not (cfg["resume"] and (stopped := stopped_round(self._run_dir, cfg))):
             return
         try:
@@ -95,10 +96,17 @@ class InProcessGrid:
             return
         for node, state in states.items():
             self.contexts[node].state = state
-        self._kept = self.node_states_restored = stopped
+        self._kept = self.node_states_restored = self._clear_above = stopped
 
     def _keep_states(self, messages: list[Message]) -> None:
-        """At the first train message of round R + 1, R a checkpoint round: keep the nodes' states."""
+        """At the first train message of round R + 1, R a checkpoint round: keep the nodes' states (the
+        server writes that checkpoint while round R + 1 trains)."""
+        if self._run_dir is not None and self._clear_above is not None:
+            # the server has taken the run: states kept by an earlier run, or of rounds it computes again, go
+            for r in kept_rounds(self._run_dir):
+                if r > self._clear_above:
+                    node_states_path(self._run_dir, r).unlink(missing_ok=True)
+            self._clear_above = None
         cfg = self._cfg
         rounds = [int(m.content["config"]["server-round"]) for m in messages if m.metadata.message_type == "train"]
         done = max(rounds, default=0) - 1

@@ -246,6 +246,28 @@ def test_a_stopped_run_whose_clients_keep_state_resumes_with_the_nodes_states_ke
     assert resumed_rounds(blank, without_node_states=True) == [2]  # what an export leaves out
 
 
+def test_states_an_earlier_run_kept_go_once_a_new_run_in_the_folder_starts(tmp_path, task_identity) -> None:
+    """Kept states of an earlier run of the same config stay while the server may still refuse the new
+    run, and go at its first message, so that its checkpoint is never paired with them."""
+    from flwr.app import Error, Message
+
+    from fedskew.run.node_states import kept_rounds, save_node_states
+    from tests.harness import run_in_process
+
+    cfg = {"model": "mlp", "partition": "iid", "num-server-rounds": 3, "checkpoint-every": 1, "round-retries": 0}
+    cfg |= {"method": "scaffold", "out-dir": str(tmp_path), "run-name": "r"}
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "metrics.jsonl").write_text('{"round": 1}\n')  # an earlier run's results: refused
+    save_node_states(tmp_path / "r", 2, experiments.validate({**app_defaults(), **cfg}), {})
+    with pytest.raises(ConfigError):
+        run_in_process(cfg, 2, num_partitions=50, keep_node_states=True)
+    assert kept_rounds(tmp_path / "r") == [2]
+    crash = {(p, 1): lambda msg, reply: Message(Error(code=0, reason="stop"), reply_to=msg) for p in range(2)}
+    with pytest.raises(RuntimeError):
+        run_in_process({**cfg, "overwrite": True}, 2, crash, num_partitions=50, keep_node_states=True)
+    assert kept_rounds(tmp_path / "r") == []
+
+
 def test_a_resume_without_its_nodes_states_starts_afresh_and_says_why(tmp_path, task_identity) -> None:
     """The kept states missing, damaged or of another config: the plan starts the cell afresh naming
     the file and the fault, and the grid refuses to resume such a method without them."""

@@ -35,6 +35,10 @@ def test_states_read_back_as_written_and_only_the_newest_two_stay(tmp_path, cfg)
     for r in (2, 4, 6):
         save_node_states(tmp_path, r, cfg, states())
     assert kept_rounds(tmp_path) == [4, 6]
+    save_node_states(tmp_path, 2, cfg, states())  # a new run, or a resume from round 2: 4 and 6 are not its
+    assert kept_rounds(tmp_path) == [2]
+    for r in (4, 6):
+        save_node_states(tmp_path, r, cfg, states())
     back = load_node_states(tmp_path, 6, cfg, [1017, 1000])
     assert len(back[1017]) == 0
     a, b = back[1000]["model"].to_torch_state_dict(), states()[1000]["model"].to_torch_state_dict()

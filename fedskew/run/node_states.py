@@ -49,7 +49,8 @@ def save_node_states(
     run_dir: Path, server_round: int, cfg: Mapping[str, Any], states: Mapping[int, RecordDict], keep: int = 2
 ) -> Path:
     """Write the nodes' `states` (node id -> context.state) after round `server_round` atomically,
-    then remove all but the newest `keep` such files; the file written."""
+    then remove those of later rounds (an earlier run's, or of rounds a resume computes again) and
+    all but the newest `keep`; the file written."""
     blob = {
         "round": server_round,
         "config": json.dumps(saved_config(cfg), sort_keys=True),
@@ -59,7 +60,8 @@ def save_node_states(
     }
     path = node_states_path(run_dir, server_round)
     atomic_write(path, lambda f: torch.save(blob, f))
-    for r in kept_rounds(run_dir)[:-keep]:
+    rounds = kept_rounds(run_dir)
+    for r in [r for r in rounds if r > server_round] + [r for r in rounds if r <= server_round][:-keep]:
         node_states_path(run_dir, r).unlink(missing_ok=True)
     return path
 
