@@ -101,7 +101,9 @@ class InProcessGrid:
     def _keep_states(self, messages: list[Message]) -> None:
         """At the first train message of round R + 1, R a checkpoint round: keep the nodes' states (the
         server writes that checkpoint while round R + 1 trains)."""
-        if self._run_dir is not None and self._clear_above is not None:
+        if self._run_dir is None:
+            return
+        if self._clear_above is not None:
             # the server has taken the run: states kept by an earlier run, or of rounds it computes again, go
             for r in kept_rounds(self._run_dir):
                 if r > self._clear_above:
@@ -110,7 +112,7 @@ class InProcessGrid:
         cfg = self._cfg
         rounds = [int(m.content["config"]["server-round"]) for m in messages if m.metadata.message_type == "train"]
         done = max(rounds, default=0) - 1
-        if self._run_dir is None or done <= self._kept or done % cfg["checkpoint-every"]:
+        if done <= self._kept or done % cfg["checkpoint-every"]:
             return
         save_node_states(self._run_dir, done, cfg, {node: ctx.state for node, ctx in self.contexts.items()})
         self._kept = done
