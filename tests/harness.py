@@ -20,7 +20,7 @@ from fedskew.config import validate
 from fedskew.data.clients import ClientData
 from fedskew.registry import get_method
 from fedskew.run.experiments import stopped_round
-from fedskew.run.node_states import kept_rounds, load_node_states, node_states_path, save_node_states
+from fedskew.run.node_states import drop_node_states, load_node_states, save_node_states
 from fedskew.server_app.app import main as server_main
 from fedskew.server_app.results import resumed_rounds
 
@@ -105,9 +105,7 @@ class InProcessGrid:
             return
         if self._clear_above is not None:
             # the server has taken the run: states kept by an earlier run, or of rounds it computes again, go
-            for r in kept_rounds(self._run_dir):
-                if r > self._clear_above:
-                    node_states_path(self._run_dir, r).unlink(missing_ok=True)
+            drop_node_states(self._run_dir, after=self._clear_above)
             self._clear_above = None
         cfg = self._cfg
         rounds = [int(m.content["config"]["server-round"]) for m in messages if m.metadata.message_type == "train"]
@@ -120,8 +118,7 @@ class InProcessGrid:
     def end_run(self) -> None:
         """After a finished run: its nodes' states are no longer needed."""
         if self._run_dir is not None and (self._run_dir / "summary.json").is_file():
-            for r in kept_rounds(self._run_dir):
-                node_states_path(self._run_dir, r).unlink(missing_ok=True)
+            drop_node_states(self._run_dir)
 
     def get_node_ids(self) -> Iterable[int]:
         return list(self.contexts)

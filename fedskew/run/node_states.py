@@ -60,10 +60,17 @@ def save_node_states(
     }
     path = node_states_path(run_dir, server_round)
     atomic_write(path, lambda f: torch.save(blob, f))
-    rounds = kept_rounds(run_dir)
-    for r in [r for r in rounds if r > server_round] + [r for r in rounds if r <= server_round][:-keep]:
+    drop_node_states(run_dir, after=server_round)
+    for r in kept_rounds(run_dir)[:-keep]:
         node_states_path(run_dir, r).unlink(missing_ok=True)
     return path
+
+
+def drop_node_states(run_dir: Path, after: int = 0) -> None:
+    """Remove the nodes' states `run_dir` keeps of the rounds after `after` (0: all)."""
+    for r in kept_rounds(run_dir):
+        if r > after:
+            node_states_path(run_dir, r).unlink(missing_ok=True)
 
 
 def _bytes_tensor(data: bytes) -> torch.Tensor:
