@@ -221,7 +221,7 @@ def test_a_stopped_run_whose_clients_keep_state_resumes_with_the_nodes_states_ke
     with the uninterrupted run's metrics to the last digit; its kept states go once it finishes.
     Resumed on new nodes without them, the same run differs: the states act."""
     from fedskew.run.node_states import kept_rounds
-    from fedskew.server_app.results import resumed_rounds
+    from fedskew.server_app.results import read_jsonl, resumed_rounds, run_seconds
     from tests.harness import run_in_process
 
     suite, cell, cfg = stopped_in_round_3(tmp_path, method, keep_node_states=True)
@@ -240,6 +240,8 @@ def test_a_stopped_run_whose_clients_keep_state_resumes_with_the_nodes_states_ke
     assert (run_dir / "metrics.jsonl").read_text() == expected
     assert kept_rounds(run_dir) == []
     assert resumed_rounds(run_dir) == [2] and resumed_rounds(run_dir, without_node_states=True) == []
+    first = [row["seconds"] for row in read_jsonl(run_dir / "timings.jsonl") if row["round"] <= 2]
+    assert run_seconds(run_dir, 0.0) == sum(first) > 0  # its wall time counts the stopped process's rounds
 
     run_in_process({**cfg, "out-dir": str(tmp_path), "run-name": "blank", "resume": True}, cell.num_supernodes)
     assert (blank / "metrics.jsonl").read_text() != expected

@@ -51,7 +51,7 @@ from fedskew.reports.resultfile import (
 )
 from fedskew.reports.stats import Interval, rank_correlation
 from fedskew.run.experiments import load_suite, select, stale_cells
-from fedskew.server_app.results import resumed_rounds, saved_config
+from fedskew.server_app.results import resumed_rounds, run_seconds, saved_config
 from tests.harness import ROOT, app_defaults
 
 GENERATED = ("docs/results.md", "docs/leaderboard.md", "README.md", "docs/notes/peers.md")
@@ -754,6 +754,27 @@ def test_an_export_records_the_device_and_keeps_revisions_apart(tmp_path: Path) 
     with pytest.warns(UserWarning, match=r"seeds \[0\] were recorded under another config"):
         rs = load_results(export_suite(suite, "suites/t.yaml", app_defaults(), tmp_path / "results"))
     assert rs.cell("iid", "fedavg").seeds == [1]
+
+
+def test_a_resumed_runs_wall_time_counts_the_rounds_its_earlier_processes_ran(tmp_path: Path) -> None:
+    """`summary.json`'s `wall_seconds` is the last process's: the export adds the `seconds` that
+    `timings.jsonl` records for the rounds kept from earlier processes (up to the last resume's round;
+    a value that is not a finite, non-negative number counts 0), and no more for an unresumed run."""
+    suite, cells = export_setup(tmp_path)
+    for seed in (0, 1):
+        fake_run(suite, cells[("fedavg", seed)], [0.5, 0.6, 0.7, 0.8])
+    timings = [
+        {"round": 1, "seconds": 10.0},  # the first process: rounds 1-2 kept
+        {"round": 2, "seconds": float("nan")},  # an edited file: counts 0
+        {"round": 3, "seconds": 100.0, "resumed-after": 2},  # the second process: rounds 3 (kept) and 4
+        {"round": 4, "seconds": "x", "resumed-after": 3},  # the third process's, after a second resume
+    ]
+    run_dir = suite.folder / cells[("fedavg", 0)].run_name
+    (run_dir / "timings.jsonl").write_text("".join(json.dumps(r) + "\n" for r in timings))
+    (suite.folder / cells[("fedavg", 1)].run_name / "timings.jsonl").write_text(json.dumps(timings[0]) + "\n")
+    assert run_seconds(run_dir, 1.0) == 1.0 + 10.0 + 0.0 + 100.0
+    rs = load_results(export_suite(suite, "suites/t.yaml", app_defaults(), tmp_path / "results"))
+    assert rs.cell("iid", "fedavg").wall_seconds == {0: 111.0, 1: 1.0}
 
 
 def test_an_export_records_each_seeds_clipped_updates_and_the_page_counts_them(tmp_path: Path) -> None:

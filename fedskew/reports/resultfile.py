@@ -118,7 +118,8 @@ class CellResult:
     source: str = ""
     note: str = ""
     device: str = ""  # where its runs ran ("cpu", "cuda", "cpu, cuda"), '' where not recorded
-    # each seed's run: its wall time in seconds (`summary.json`'s wall_seconds), where recorded
+    # each seed's run: its wall time in seconds (`summary.json`'s wall_seconds, plus the rounds a
+    # resumed run kept from earlier processes: `run_seconds`), where recorded
     wall_seconds: dict[int, float] = field(default_factory=dict)
     # each seed's run: how many updates `update-norm-bound` clipped, where recorded (a seed exported
     # before this was kept is absent: unknown, not 0)
@@ -606,7 +607,7 @@ def _export(
 ) -> Path:
     """`export_suite` under the result file's lock."""
     # late: the run folder's module imports torch, which `fedskew report` never needs
-    from fedskew.server_app.results import changes_from, read_saved, resumed_rounds, round_statistics
+    from fedskew.server_app.results import changes_from, read_saved, resumed_rounds, round_statistics, run_seconds
 
     overrides = dict(overrides or {})
     name = path.stem
@@ -649,8 +650,9 @@ def _export(
                 # a run that predates revisions (no `method-revision` in its summary) is revision 0
                 hashes.add(config_sha256(saved, int(summary.get("method-revision", 0))))
                 devices.add(str(summary.get("device", "")))
-                if (wall := _seconds(summary.get("wall_seconds"))) is not None:
-                    walls[c.seed] = wall
+                if (last := _seconds(summary.get("wall_seconds"))) is not None:
+                    wall = _seconds(run_seconds(run_dir, last))  # a resumed run's: its earlier rounds too
+                    walls |= {} if wall is None else {c.seed: wall}
                 if (name := processor_text(summary.get("processor"))) is not None:
                     ran[c.seed] = name
                 if any("update-clipped" in r for r in rows):  # a run from before the bound logs none: unknown

@@ -73,7 +73,7 @@ from fedskew.reports.resultfile import config_sha256, load_results, read_rounds,
 from fedskew.run.cluster import RayCluster
 from fedskew.run.launcher import RunFailed, app_defaults, prepare_config, resources_for, run_simulation, simulation_link
 from fedskew.run.node_states import load_node_states
-from fedskew.server_app.results import LAST_ROUNDS, RESULTS, round_statistics, saved_changes
+from fedskew.server_app.results import LAST_ROUNDS, RESULTS, round_statistics, run_seconds, saved_changes
 
 SUITE_KEYS = {"name", "num-supernodes", "seeds", "out-dir", "base", "methods", "partitions", "last-rounds"}
 # the run-config keys that decide which data a cell's clients hold (the partition's, where the data lives
@@ -532,8 +532,9 @@ def columns(last: int) -> list[tuple[str, str]]:
 
 def collect(suite: Suite) -> list[dict[str, Any]]:
     """One row per (partition, method): mean and std over the finished seeds of every numeric
-    `round_statistics` value (computed from each run's `metrics.jsonl`) and the wall time (the
-    per-class lists and the worst class's id are not averaged: `per_class_table` has them)."""
+    `round_statistics` value (computed from each run's `metrics.jsonl`) and the wall time
+    (`run_seconds`: a resumed run's counts its earlier processes' rounds; the per-class lists and the
+    worst class's id are not averaged: `per_class_table` has them)."""
     table = []
     for p in suite.partition_labels:
         for m in suite.method_labels:
@@ -546,7 +547,7 @@ def collect(suite: Suite) -> list[dict[str, Any]]:
                     numbers = {
                         k: v for k, v in stats.items() if not k.endswith(("_per_class_accuracy", "_worst_class"))
                     }
-                    runs.append({**numbers, "wall_seconds": summary["wall_seconds"]})
+                    runs.append({**numbers, "wall_seconds": run_seconds(run_dir, summary["wall_seconds"])})
             if not runs:
                 continue
             row: dict[str, Any] = {"partition": p, "method": m, "seeds": len(runs)}

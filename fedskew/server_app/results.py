@@ -136,6 +136,21 @@ def resumed_rounds(run_dir: Path, without_node_states: bool = False) -> list[int
     return sorted(marked | (legacy - every))  # the aside folders of the marked resumes say the same
 
 
+def run_seconds(run_dir: Path, last: float) -> float:
+    """A run's wall time: `last`, its last process's (`summary.json`'s `wall_seconds`), plus the
+    `seconds` its `timings.jsonl` records for the rounds kept from earlier processes (those up to the
+    round of its last resume; a value that is not a finite, non-negative number counts 0). Earlier
+    processes' start-up and the rounds they ran past their checkpoint are not counted: this is the
+    time of one run's rounds, not of every attempt. An unresumed run's is `last`."""
+    rows = read_jsonl(run_dir / "timings.jsonl")
+    marks = [v for row in rows if isinstance(v := row.get("resumed-after"), int) and not isinstance(v, bool)]
+    if not marks:
+        return last
+    kept = (row.get("seconds") for row in rows if row["round"] <= marks[-1])
+    ok = (s for s in kept if isinstance(s, (int, float)) and not isinstance(s, bool) and 0 <= s < math.inf)
+    return last + sum(ok)
+
+
 @dataclass
 class Records:
     """A per-round jsonl file as a resume reads it: its rows and a torn last line ('' if none)."""
