@@ -100,8 +100,9 @@ COMMON: dict[str, Param] = {
     "classes-per-client-mode": Param(
         str,
         "pmcn",
-        "'pmcn': FedGELA/FedMR PmCn dealing (any m); 'shards': FedRS exact-m shards (m divides C)",
-        choices=("pmcn", "shards"),
+        "'pmcn': FedGELA/FedMR PmCn dealing (any m); 'shards': FedRS exact-m shards (m divides C); "
+        "'label-quantity': NIID-Bench #C=m (client k holds class k mod C plus m-1 random; >= C clients)",
+        choices=("pmcn", "shards", "label-quantity"),
     ),
     "dirichlet-alpha": Param(float, 0.5, "Dirichlet concentration", low=0.0, low_open=True),
     "min-partition-size": Param(int, 10, "Dirichlet resamples until every client has this many", low=1),

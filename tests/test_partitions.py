@@ -9,6 +9,7 @@ from fedskew.config import validate
 from fedskew.partitions import (
     PartitionError,
     class_counts,
+    classes_per_client_label_quantity,
     classes_per_client_pmcn,
     classes_per_client_shards,
     dirichlet,
@@ -106,6 +107,44 @@ def test_shards_require_m_to_divide_classes() -> None:
         classes_per_client_shards(LABELS, 10, 3, rng())
 
 
+@pytest.mark.parametrize(("k", "m"), [(10, 2), (20, 2), (13, 3), (10, 1), (10, 10)])
+def test_label_quantity_gives_client_k_class_k_mod_c_and_m_classes(k: int, m: int) -> None:
+    """NIID-Bench #C=m: client k holds class k mod C and exactly m distinct classes; every sample is
+    used, each class split evenly among its holders."""
+    parts = classes_per_client_label_quantity(LABELS, k, m, rng(11))
+    assert_disjoint(parts, len(LABELS))
+    counts = class_counts(LABELS, parts, 10)
+    assert ((counts > 0).sum(1) == m).all()
+    assert all(counts[i, i % 10] > 0 for i in range(k))
+    for c in range(10):
+        held = counts[:, c][counts[:, c] > 0]
+        assert held.max() - held.min() <= 1
+
+
+def test_label_quantity_draws_the_other_classes_uniformly() -> None:
+    """Client 0's second class over 900 seeds: each of the 9 others about 100 times (a binomial's
+    sd is 9.4: 5 sd either side), never class 0 itself; and the holders differ from seed to seed,
+    unlike pmcn's fixed first pairs."""
+    seen = np.zeros(10, dtype=int)
+    for seed in range(900):
+        counts = class_counts(LABELS, classes_per_client_label_quantity(LABELS, 10, 2, rng(seed)), 10)
+        seen[np.flatnonzero(counts[0])] += 1
+    assert seen[0] == 900 and (abs(seen[1:] - 100) < 47).all()
+
+
+def test_the_run_config_picks_label_quantity() -> None:
+    cfg = validate({"partition": "classes-per-client", "classes-per-client-mode": "label-quantity"})
+    expected = classes_per_client_label_quantity(LABELS, 10, 2, rng(5))
+    assert all(np.array_equal(a, b) for a, b in zip(partition(LABELS, 10, cfg, seed=5), expected, strict=True))
+
+
+def test_label_quantity_needs_a_client_per_class() -> None:
+    with pytest.raises(PartitionError, match="at least 10 clients"):
+        classes_per_client_label_quantity(LABELS, 9, 2, rng())
+    with pytest.raises(PartitionError, match="11 > 10 classes"):
+        classes_per_client_label_quantity(LABELS, 10, 11, rng())
+
+
 def test_long_tail_profile_then_dirichlet() -> None:
     labels = np.repeat(np.arange(10), 1000)
     parts = long_tail(labels, 10, 10.0, 0.5, rng(6), min_size=5)
@@ -138,9 +177,13 @@ def test_split_local_test_follows_the_label_distribution() -> None:
     assert len(te) == 1 and len(tr) == 2
 
 
-@pytest.mark.parametrize("name", ["iid", "dirichlet", "classes-per-client", "long-tail", "map-random"])
-def test_partition_is_deterministic_for_a_seed(name: str) -> None:
-    cfg = validate({"partition": name})
+@pytest.mark.parametrize(
+    ("name", "mode"),
+    [(n, "pmcn") for n in ("iid", "dirichlet", "classes-per-client", "long-tail", "map-random")]
+    + [("classes-per-client", "shards"), ("classes-per-client", "label-quantity")],
+)
+def test_partition_is_deterministic_for_a_seed(name: str, mode: str) -> None:
+    cfg = validate({"partition": name, "classes-per-client-mode": mode})
     a, b = partition(LABELS, 10, cfg, seed=3), partition(LABELS, 10, cfg, seed=3)
     c = partition(LABELS, 10, cfg, seed=4)
     assert all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))

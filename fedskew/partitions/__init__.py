@@ -8,6 +8,7 @@ client's label distribution, and `stats` counts, measures the skew of and draws 
 
 from fedskew.partitions.core import (
     PartitionError,
+    classes_per_client_label_quantity,
     classes_per_client_pmcn,
     classes_per_client_shards,
     dirichlet,
@@ -22,6 +23,7 @@ from fedskew.partitions.stats import class_counts, format_counts, format_skew, p
 __all__ = [
     "PartitionError",
     "class_counts",
+    "classes_per_client_label_quantity",
     "classes_per_client_pmcn",
     "classes_per_client_shards",
     "dirichlet",

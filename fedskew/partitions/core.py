@@ -115,6 +115,31 @@ def classes_per_client_shards(labels: np.ndarray, num_clients: int, m: int, rng:
     return _split_class_among(labels, holders, num_clients, rng)
 
 
+def classes_per_client_label_quantity(labels: np.ndarray, num_clients: int, m: int, rng: np.random.Generator) -> Parts:
+    """NIID-Bench "#C=m" (Li et al., ICDE'22, §4.1; their `partition_data` "noniid-#label<m>", run by
+    Flower's niid_bench as `partition_data_label_quantity`): client k holds class k mod C plus m - 1
+    other distinct classes drawn uniformly at random (their rejection draw has the same law); each
+    class's shuffled samples are split evenly among its holders in client order. Client sizes vary
+    with the number of holders a class draws. Needs at least C clients, so that every class has one.
+    """
+    classes = np.unique(labels)
+    num_classes = len(classes)
+    if m > num_classes:
+        raise PartitionError(f"classes-per-client={m} > {num_classes} classes")
+    if num_clients < num_classes:
+        raise PartitionError(
+            f"label-quantity: {num_clients} clients < {num_classes} classes: client k holds class k mod "
+            f"{num_classes}, so some class would have no client; use at least {num_classes} clients"
+        )
+    holders: dict[int, list[int]] = {int(c): [] for c in classes}
+    for k in range(num_clients):
+        own = int(classes[k % num_classes])
+        others = rng.choice([int(c) for c in classes if c != own], m - 1, replace=False)
+        for c in (own, *others.tolist()):
+            holders[c].append(k)
+    return _split_class_among(labels, holders, num_clients, rng)
+
+
 def long_tail(
     labels: np.ndarray,
     num_clients: int,
@@ -208,7 +233,11 @@ def partition(labels: np.ndarray, num_clients: int, cfg: dict[str, Any], seed: i
     if name == "dirichlet":
         return dirichlet(labels, num_clients, cfg["dirichlet-alpha"], rng, cfg["min-partition-size"])
     if name == "classes-per-client":
-        fn = classes_per_client_shards if cfg["classes-per-client-mode"] == "shards" else classes_per_client_pmcn
+        fn = {
+            "pmcn": classes_per_client_pmcn,
+            "shards": classes_per_client_shards,
+            "label-quantity": classes_per_client_label_quantity,
+        }[cfg["classes-per-client-mode"]]
         return fn(labels, num_clients, cfg["classes-per-client"], rng)
     if name == "long-tail":
         return long_tail(
