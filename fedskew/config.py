@@ -101,8 +101,10 @@ COMMON: dict[str, Param] = {
         str,
         "pmcn",
         "'pmcn': FedGELA/FedMR PmCn dealing (any m); 'shards': FedRS exact-m shards (m divides C); "
-        "'label-quantity': NIID-Bench #C=m (client k holds class k mod C plus m-1 random; >= C clients)",
-        choices=("pmcn", "shards", "label-quantity"),
+        "'label-quantity': NIID-Bench #C=m (client k holds class k mod C plus m-1 random; >= C clients); "
+        "'pfllib-pat': PFLlib's pathological split (classes in order to the first clients with room, "
+        "unequal random parts)",
+        choices=("pmcn", "shards", "label-quantity", "pfllib-pat"),
     ),
     "dirichlet-alpha": Param(float, 0.5, "Dirichlet concentration", low=0.0, low_open=True),
     "min-partition-size": Param(int, 10, "Dirichlet resamples until every client has this many", low=1),

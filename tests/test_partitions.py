@@ -10,6 +10,7 @@ from fedskew.partitions import (
     PartitionError,
     class_counts,
     classes_per_client_label_quantity,
+    classes_per_client_pfllib_pat,
     classes_per_client_pmcn,
     classes_per_client_shards,
     dirichlet,
@@ -145,6 +146,28 @@ def test_label_quantity_needs_a_client_per_class() -> None:
         classes_per_client_label_quantity(LABELS, 10, 11, rng())
 
 
+def test_pfllib_pat_deals_classes_in_order_in_unequal_random_parts() -> None:
+    """PFLlib's pathological split, 20 clients x 2 classes: clients 4j..4j+3 hold classes 2j and
+    2j+1; each class's first three parts lie in [int(s / 10), int(s)), s = 500 / 4, the fourth is the
+    rest; client sizes differ and move with the seed."""
+    parts = classes_per_client_pfllib_pat(LABELS, 20, 2, rng(12))
+    assert_disjoint(parts, len(LABELS))
+    counts = class_counts(LABELS, parts, 10)
+    for k in range(20):
+        assert set(np.flatnonzero(counts[k])) == {2 * (k // 4), 2 * (k // 4) + 1}
+    for c in range(10):
+        first = counts[4 * (c // 2) : 4 * (c // 2) + 3, c]
+        assert ((first >= 12) & (first < 125)).all() and counts[:, c].sum() == 500
+    sizes = [len(p) for p in parts]
+    assert len(set(sizes)) > 10
+    assert sizes != [len(p) for p in classes_per_client_pfllib_pat(LABELS, 20, 2, rng(13))]
+
+
+def test_pfllib_pat_refuses_a_class_without_a_client() -> None:
+    with pytest.raises(PartitionError, match=r"class 8 \(500 samples\) finds 0 clients with room"):
+        classes_per_client_pfllib_pat(LABELS, 7, 2, rng())
+
+
 def test_long_tail_profile_then_dirichlet() -> None:
     labels = np.repeat(np.arange(10), 1000)
     parts = long_tail(labels, 10, 10.0, 0.5, rng(6), min_size=5)
@@ -180,7 +203,7 @@ def test_split_local_test_follows_the_label_distribution() -> None:
 @pytest.mark.parametrize(
     ("name", "mode"),
     [(n, "pmcn") for n in ("iid", "dirichlet", "classes-per-client", "long-tail", "map-random")]
-    + [("classes-per-client", "shards"), ("classes-per-client", "label-quantity")],
+    + [("classes-per-client", m) for m in ("shards", "label-quantity", "pfllib-pat")],
 )
 def test_partition_is_deterministic_for_a_seed(name: str, mode: str) -> None:
     cfg = validate({"partition": name, "classes-per-client-mode": mode})

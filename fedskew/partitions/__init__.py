@@ -9,6 +9,7 @@ client's label distribution, and `stats` counts, measures the skew of and draws 
 from fedskew.partitions.core import (
     PartitionError,
     classes_per_client_label_quantity,
+    classes_per_client_pfllib_pat,
     classes_per_client_pmcn,
     classes_per_client_shards,
     dirichlet,
@@ -24,6 +25,7 @@ __all__ = [
     "PartitionError",
     "class_counts",
     "classes_per_client_label_quantity",
+    "classes_per_client_pfllib_pat",
     "classes_per_client_pmcn",
     "classes_per_client_shards",
     "dirichlet",

@@ -140,6 +140,35 @@ def classes_per_client_label_quantity(labels: np.ndarray, num_clients: int, m: i
     return _split_class_among(labels, holders, num_clients, rng)
 
 
+def classes_per_client_pfllib_pat(labels: np.ndarray, num_clients: int, m: int, rng: np.random.Generator) -> Parts:
+    """PFLlib's "pat" split with balance off (`dataset/utils/dataset_utils.py`, `separate_data`):
+    class by class in label order, the class goes to the first h = ceil(K m / C) clients that hold
+    fewer than m classes (K = 20, m = 2: clients 0-3 hold {0, 1}, 4-7 {2, 3}, ...), its shuffled
+    samples cut into h parts, the first h - 1 of sizes drawn uniformly from [int(s / 10), int(s)),
+    s = n_c / h, the last the rest. Their floor max(s / 10, least_samples / C) is s / 10 unless s
+    is under 10 least_samples / C; they cut the class in data-set order, here after a shuffle. A
+    class that finds no client with room is refused (theirs divides by zero).
+    """
+    classes = np.unique(labels)
+    room = [m] * num_clients
+    reach = int(np.ceil(num_clients / len(classes) * m))
+    parts: list[list[int]] = [[] for _ in range(num_clients)]
+    for c in classes:
+        holders = [k for k in range(num_clients) if room[k] > 0][:reach]
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        if not holders or len(idx) < len(holders):
+            raise PartitionError(
+                f"pfllib-pat: class {int(c)} ({len(idx)} samples) finds {len(holders)} clients with room "
+                f"({num_clients} clients x classes-per-client={m}); use more clients or classes a client"
+            )
+        share = len(idx) / len(holders)
+        sizes = rng.integers(int(share / 10), int(share), size=len(holders) - 1).tolist()
+        for k, chunk in zip(holders, np.split(idx, np.cumsum(sizes)), strict=True):
+            parts[k] += chunk.tolist()
+            room[k] -= 1
+    return _as_parts(parts)
+
+
 def long_tail(
     labels: np.ndarray,
     num_clients: int,
@@ -237,6 +266,7 @@ def partition(labels: np.ndarray, num_clients: int, cfg: dict[str, Any], seed: i
             "pmcn": classes_per_client_pmcn,
             "shards": classes_per_client_shards,
             "label-quantity": classes_per_client_label_quantity,
+            "pfllib-pat": classes_per_client_pfllib_pat,
         }[cfg["classes-per-client-mode"]]
         return fn(labels, num_clients, cfg["classes-per-client"], rng)
     if name == "long-tail":
