@@ -116,11 +116,12 @@ def classes_per_client_shards(labels: np.ndarray, num_clients: int, m: int, rng:
 
 
 def classes_per_client_label_quantity(labels: np.ndarray, num_clients: int, m: int, rng: np.random.Generator) -> Parts:
-    """NIID-Bench "#C=m" (Li et al., ICDE'22, §4.1; their `partition_data` "noniid-#label<m>", run by
-    Flower's niid_bench as `partition_data_label_quantity`): client k holds class k mod C plus m - 1
-    other distinct classes drawn uniformly at random (their rejection draw has the same law); each
-    class's shuffled samples are split evenly among its holders in client order. Client sizes vary
-    with the number of holders a class draws. Needs at least C clients, so that every class has one.
+    """NIID-Bench's quantity-based label skew "#C=m" (Li et al., ICDE'22; their `partition_data`
+    "noniid-#label<m>", Flower's niid_bench `partition_data_label_quantity`): client k holds class
+    k mod C plus m - 1 other distinct classes drawn uniformly at random (their rejection draw has
+    the same law); each class's shuffled samples are split evenly among its holders in client order.
+    Client sizes vary with the number of holders a class draws. Needs at least C clients, so that
+    every class has one.
     """
     classes = np.unique(labels)
     num_classes = len(classes)

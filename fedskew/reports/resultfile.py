@@ -650,9 +650,10 @@ def _export(
                 # a run that predates revisions (no `method-revision` in its summary) is revision 0
                 hashes.add(config_sha256(saved, int(summary.get("method-revision", 0))))
                 devices.add(str(summary.get("device", "")))
-                if (last := _seconds(summary.get("wall_seconds"))) is not None:
-                    wall = _seconds(run_seconds(run_dir, last))  # a resumed run's: its earlier rounds too
-                    walls |= {} if wall is None else {c.seed: wall}
+                last = _seconds(summary.get("wall_seconds"))
+                wall = None if last is None else _seconds(run_seconds(run_dir, last))  # a resumed run's: all its rounds
+                if wall is not None:
+                    walls[c.seed] = wall
                 if (name := processor_text(summary.get("processor"))) is not None:
                     ran[c.seed] = name
                 if any("update-clipped" in r for r in rows):  # a run from before the bound logs none: unknown
