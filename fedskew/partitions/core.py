@@ -70,15 +70,21 @@ def _split_class_among(
     return _as_parts(parts)
 
 
+def _classes_for(labels: np.ndarray, m: int) -> np.ndarray:
+    """The classes of `labels`, refusing `m` classes a client when there are fewer."""
+    classes = np.unique(labels)
+    if m > len(classes):
+        raise PartitionError(f"classes-per-client={m} > {len(classes)} classes")
+    return classes
+
+
 def classes_per_client_pmcn(labels: np.ndarray, num_clients: int, m: int, rng: np.random.Generator) -> Parts:
     """FedGELA/FedMR "PρCς" (App. C.1.2): deal classes 0..C-1 in order, m per client, until each
     class is dealt once; fill the remaining slots with distinct random classes; then split each
     class evenly among its holders. Every client gets exactly m distinct classes.
     """
-    classes = np.unique(labels)
+    classes = _classes_for(labels, m)
     num_classes = len(classes)
-    if m > num_classes:
-        raise PartitionError(f"classes-per-client={m} > {num_classes} classes")
     if num_clients * m < num_classes:
         raise PartitionError(
             f"classes-per-client={m} x {num_clients} clients < {num_classes} classes: some class would have no client"
@@ -123,10 +129,8 @@ def classes_per_client_label_quantity(labels: np.ndarray, num_clients: int, m: i
     Client sizes vary with the number of holders a class draws. Needs at least C clients, so that
     every class has one.
     """
-    classes = np.unique(labels)
+    classes = _classes_for(labels, m)
     num_classes = len(classes)
-    if m > num_classes:
-        raise PartitionError(f"classes-per-client={m} > {num_classes} classes")
     if num_clients < num_classes:
         raise PartitionError(
             f"label-quantity: {num_clients} clients < {num_classes} classes: client k holds class k mod "
