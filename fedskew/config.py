@@ -151,6 +151,14 @@ COMMON: dict[str, Param] = {
         choices=("num-examples", "uniform"),
     ),
     "seed": Param(int, 0, "seed of every RNG (partition, sampling, init, training)", low=0),
+    "partition-seed": Param(
+        int,
+        -1,
+        "seed of the data split alone (the partition and each client's local test split); -1 = `seed`. A "
+        "fixed value keeps one split over the seeds, as peers whose runs share one (niid_bench: 42)",
+        low=-1,
+        neutral=True,  # at -1 every run splits as before the key
+    ),
     "eval-every": Param(int, 1, "central evaluation every N rounds (the last round always)", low=1),
     "eval-batch-size": Param(int, 1024, "batch size of evaluation", low=1),
     "class-metrics": Param(

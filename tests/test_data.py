@@ -142,6 +142,25 @@ def test_normalisation_and_client_split(tmp_path: Path) -> None:
     load_dataset.cache_clear()
 
 
+def test_partition_seed_fixes_the_split_across_seeds(tmp_path: Path) -> None:
+    """`partition-seed` -1 splits by the run's seed (as before the key); a fixed one gives every seed
+    the same partition and local test splits, which are then those of a run whose seed it is."""
+    write_mnist(tmp_path / "mnist", n_train=400)
+    load_dataset.cache_clear()
+    from fedskew.config import validate
+    from fedskew.data.clients import client_indices
+
+    base = {"dataset": "mnist", "data-root": str(tmp_path), "partition": "dirichlet", "min-partition-size": 1}
+    base["local-test-fraction"] = 0.2
+
+    def split(**keys: int) -> list[tuple[list[int], list[int]]]:
+        return [(tr.tolist(), te.tolist()) for tr, te in client_indices(validate({**base, **keys}), 4)]
+
+    assert split(seed=1) == split(seed=1, **{"partition-seed": -1}) != split(seed=2)
+    assert split(seed=1, **{"partition-seed": 42}) == split(seed=2, **{"partition-seed": 42}) == split(seed=42)
+    load_dataset.cache_clear()
+
+
 def test_real_fashion_mnist_is_complete() -> None:
     x, y, x2, y2 = load_dataset("fashion-mnist", "")
     assert x.shape == (60000, 1, 28, 28) and x2.shape == (10000, 1, 28, 28)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pytest
 
@@ -137,6 +139,39 @@ def test_the_run_config_picks_label_quantity() -> None:
     cfg = validate({"partition": "classes-per-client", "classes-per-client-mode": "label-quantity"})
     expected = classes_per_client_label_quantity(LABELS, 10, 2, rng(5))
     assert all(np.array_equal(a, b) for a, b in zip(partition(LABELS, 10, cfg, seed=5), expected, strict=True))
+
+
+def digest(parts: list[np.ndarray]) -> str:
+    return hashlib.sha256(np.concatenate([np.sort(p).astype(np.int64) for p in parts]).tobytes()).hexdigest()
+
+
+# Flower's niid_bench (`baselines/niid_bench/niid_bench/dataset_preparation.py` at 4facb3fc,
+# `partition_data_dirichlet` and `partition_data_label_quantity`) run on LABELS at its seed 42 with 10
+# clients (Dirichlet 0.5; 2 labels a client): the sizes, the classes and the sha256 of the clients'
+# sorted indices (`digest`) their code gives.
+NIID_BENCH_42 = {
+    "dirichlet": (
+        [261, 527, 533, 732, 284, 873, 516, 558, 199, 517],
+        "62868a05b76d8e409d491a8ed4f08b71c1a99b5b6b3418aee89b1efdf1590165",
+    ),
+    "label-quantity": (
+        [334, 750, 417, 667, 416, 417, 500, 333, 500, 666],
+        "066ea1dbf4717a6d7bce463fed602d1a20340cc4edca54646a08dc59c8035280",
+    ),
+}
+NIID_BENCH_42_CLASSES = [[0, 7], [1, 6], [2, 4], [3, 4], [4, 8], [0, 5], [2, 6], [0, 7], [5, 8], [7, 9]]
+
+
+def test_niid_bench_splits_are_theirs_index_for_index_at_their_seed() -> None:
+    """`dirichlet` and `label-quantity` make niid_bench's draws call for call, so the same seed gives
+    their split: the one every run of their table used (seed 42)."""
+    for name, parts in (
+        ("dirichlet", dirichlet(LABELS, 10, 0.5, rng(42))),
+        ("label-quantity", classes_per_client_label_quantity(LABELS, 10, 2, rng(42))),
+    ):
+        assert ([len(p) for p in parts], digest(parts)) == NIID_BENCH_42[name], name
+    counts = class_counts(LABELS, classes_per_client_label_quantity(LABELS, 10, 2, rng(42)), 10)
+    assert [sorted(np.flatnonzero(c).tolist()) for c in counts] == NIID_BENCH_42_CLASSES
 
 
 def test_label_quantity_needs_a_client_per_class() -> None:

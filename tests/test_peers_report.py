@@ -41,7 +41,7 @@ def test_rows_gaps_and_reasons(tmp_path: Path) -> None:
     _published(tmp_path)
     assert all(r.ours is None for r in load_rows(tmp_path, {}))  # the suite has not run
     table = peers_table(load_rows(tmp_path, {}))
-    assert table[2] == "| x | Setting A | fedavg | 80.00 ± 1.00 | not run yet (`global.best`) |  |  |"
+    assert table[2] == "| x | Setting A | fedavg | 80.00 ± 1.00 | not run yet (`global.best`) |  |  |  |"
     assert [line.split(" | ")[1:3] for line in table[2:]] == [
         ["Setting A", "fedavg"],
         ["Setting A", "fedrs"],
@@ -59,7 +59,9 @@ def test_rows_gaps_and_reasons(tmp_path: Path) -> None:
     far = rows["Setting A", "fedrs"].gap  # ours 80.5 against theirs 90: far outside
     assert far is not None and far.high < 0
     table = peers_table(list(rows.values()))
-    assert "| x | Setting A | fedavg | 80.00 ± 1.00 | 80.00 ± 0.82 (`global.best`, 3) | +0.0 [-2.3, +2.3] |  |" in table
+    assert (
+        "| x | Setting A | fedavg | 80.00 ± 1.00 | 80.00 ± 0.82 (`global.best`, 3) | +0.0 [-2.3, +2.3] |  |  |" in table
+    )
     assert any("| fedrs |" in line and "**outside the spread: no reason written yet**" in line for line in table)
 
     # one seed: its std (0 in a result file) is no spread, so no ± and no interval, and the row says so
@@ -67,13 +69,30 @@ def test_rows_gaps_and_reasons(tmp_path: Path) -> None:
     rows = load_rows(tmp_path, one)
     assert rows[0].gap is None
     assert peers_table(rows)[2] == (
-        "| x | Setting A | fedavg | 80.00 ± 1.00 | 83.00 (`global.best`, 1) | +3.00 (one seed: no interval) |  |"
+        "| x | Setting A | fedavg | 80.00 ± 1.00 | 83.00 (`global.best`, 1) | +3.00 (one seed: no interval) |  |  |"
     )
 
     reason = "their network, 582k parameters against LeNet's 44k"
     _published(tmp_path / "with-reason", {"fedrs": {"a": reason}})
     table = peers_table(load_rows(tmp_path / "with-reason", sets))
     assert any("| fedrs |" in line and line.endswith(f"| {reason} |") for line in table)
+
+
+def test_a_split_drawn_per_seed_stands_beside_ours(tmp_path: Path) -> None:
+    """A peer's `drawn` names our setting that draws a split per seed: its number, with its seeds, in
+    its own column of the setting's rows; a setting without one leaves the column empty."""
+    path = _published(tmp_path)
+    raw = yaml.safe_load(path.read_text())
+    raw["peers"]["x"]["drawn"] = {"a": "a-drawn"}
+    path.write_text(yaml.safe_dump(raw))
+    cells = [_cell("a", "fedavg", [80.0, 80.0]), _cell("a-drawn", "fedavg", [81.0, 83.0]), _cell("b", "fedavg", [70.0])]
+    sets = {"peer-x": ResultSet("peer-x", "peer-x", "suites/peer-x.yaml", cells)}
+    table = peers_table(load_rows(tmp_path, sets))
+    assert table[2].endswith("| 82.00 ± 1.00 (2) |  |") and table[4].endswith("|  |  |")
+    raw["peers"]["x"]["drawn"] = {"c": "c-drawn"}
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match=r"peers\.x\.drawn=.* is not allowed: must map a setting label"):
+        load_rows(tmp_path, {})
 
 
 def test_a_bad_published_file_names_the_key(tmp_path: Path) -> None:

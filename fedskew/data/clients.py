@@ -24,6 +24,7 @@ PARTITION_KEYS = (
     "map-sigma",
     "local-test-fraction",
     "seed",
+    "partition-seed",
     "hf-subset",
     "hf-image-column",
     "hf-label-column",
@@ -71,11 +72,17 @@ def partition_key(cfg: dict[str, Any]) -> tuple:
 def _client_indices(key: tuple, num_clients: int) -> list[tuple[np.ndarray, np.ndarray]]:
     cfg = dict(zip(PARTITION_KEYS, key, strict=True))
     _, y_train, _, _ = load_arrays(cfg)
-    parts = partition(y_train, num_clients, cfg, seed=cfg["seed"])
+    seed = split_seed(cfg)
+    parts = partition(y_train, num_clients, cfg, seed=seed)
     return [
-        split_local_test(p, y_train, cfg["local-test-fraction"], np.random.default_rng([cfg["seed"], k]))
+        split_local_test(p, y_train, cfg["local-test-fraction"], np.random.default_rng([seed, k]))
         for k, p in enumerate(parts)
     ]
+
+
+def split_seed(cfg: dict[str, Any]) -> int:
+    """The seed of the data split: `partition-seed`, or the run's `seed` where it is -1."""
+    return cfg["seed"] if cfg["partition-seed"] < 0 else cfg["partition-seed"]
 
 
 def client_indices(cfg: dict[str, Any], num_clients: int) -> list[tuple[np.ndarray, np.ndarray]]:

@@ -51,7 +51,7 @@ import numpy as np
 import torch
 
 from fedskew.data import DATASET_INFO, DatasetInfo, dataset_info, dataset_slug, is_hf, load_arrays
-from fedskew.data.clients import PARTITION_KEYS, ClientData, client_indices, to_float
+from fedskew.data.clients import PARTITION_KEYS, ClientData, client_indices, split_seed, to_float
 from fedskew.data.readers import checked_split
 from fedskew.files import arrays_digest, atomic_write
 
@@ -119,7 +119,7 @@ def cache_key(cfg: dict[str, Any], spec: NodeData) -> str:
     settings = {k: cfg[k] for k in PARTITION_KEYS}
     settings["data-root"] = str(Path(spec.data_root).expanduser().resolve()) if spec.data_root else ""
     if spec.own_data:  # the partition scheme does not apply to a node's own data
-        settings = {k: settings[k] for k in ("dataset", "data-root", "local-test-fraction", "seed")}
+        settings = {k: settings[k] for k in ("dataset", "data-root", "local-test-fraction", "seed", "partition-seed")}
     if is_hf(cfg["dataset"]):  # a changed save_to_disk folder gives new slices
         from fedskew.data import hf
 
@@ -160,7 +160,7 @@ def compute_slice(cfg: dict[str, Any], spec: NodeData) -> dict[str, np.ndarray]:
     if spec.own_data:
         from fedskew.partitions import split_local_test
 
-        rng = np.random.default_rng([cfg["seed"], spec.partition_id])
+        rng = np.random.default_rng([split_seed(cfg), spec.partition_id])
         tr, te = split_local_test(np.arange(len(y)), y, cfg["local-test-fraction"], rng)
     else:
         tr, te = client_indices({**cfg, "data-root": spec.data_root}, spec.num_partitions)[spec.partition_id]

@@ -35,7 +35,8 @@ def dirichlet(
     """NIID-Bench label skew (Li et al., ICDE'22): per class c draw q_c ~ Dir(alpha 1_K).
 
     A client already holding >= N/K samples gets no more (q_{c,k} := 0, renormalised), and the
-    whole draw is repeated until every client holds at least `min_size` samples.
+    whole draw is repeated until every client holds at least `min_size` samples. Their draws call for
+    call (Flower's niid_bench `partition_data_dirichlet`): `default_rng(s)` gives their split at s.
     """
     n, classes = len(labels), np.unique(labels)
     if num_clients * min_size > n:
@@ -124,10 +125,11 @@ def classes_per_client_shards(labels: np.ndarray, num_clients: int, m: int, rng:
 def classes_per_client_label_quantity(labels: np.ndarray, num_clients: int, m: int, rng: np.random.Generator) -> Parts:
     """NIID-Bench's quantity-based label skew "#C=m" (Li et al., ICDE'22; their `partition_data`
     "noniid-#label<m>", Flower's niid_bench `partition_data_label_quantity`): client k holds class
-    k mod C plus m - 1 other distinct classes drawn uniformly at random (their rejection draw has
-    the same law); each class's shuffled samples are split evenly among its holders in client order.
-    Client sizes vary with the number of holders a class draws. Needs at least C clients, so that
-    every class has one.
+    k mod C plus m - 1 other distinct classes drawn uniformly at random; each class's shuffled samples
+    are split evenly among its holders in client order. Client sizes vary with the number of holders
+    a class draws. Needs at least C clients, so that every class has one. The draws are theirs call
+    for call (a class index `rng.choice(C, 1)` until it is a new one, then one shuffle a class), so
+    that `np.random.default_rng(s)` gives their split at their seed s index for index.
     """
     classes = _classes_for(labels, m)
     num_classes = len(classes)
@@ -138,9 +140,12 @@ def classes_per_client_label_quantity(labels: np.ndarray, num_clients: int, m: i
         )
     holders: dict[int, list[int]] = {int(c): [] for c in classes}
     for k in range(num_clients):
-        own = int(classes[k % num_classes])
-        others = rng.choice([int(c) for c in classes if c != own], m - 1, replace=False)
-        for c in (own, *others.tolist()):
+        held = [int(classes[k % num_classes])]
+        while len(held) < m:
+            c = int(classes[rng.choice(num_classes, 1)[0]])
+            if c not in held:
+                held.append(c)
+        for c in held:
             holders[c].append(k)
     return _split_class_among(labels, holders, num_clients, rng)
 

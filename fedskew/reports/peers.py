@@ -7,8 +7,10 @@ compares (`ours`). A row's gap is ours - theirs with Welch's 95 % interval
 std is taken as the sample std of `runs` runs (the count a peer states, or the one its numbers
 imply), ours as the population std over our seeds. A row whose interval excludes 0 lies outside the
 seeds' spread and needs its reason under `gaps` (fedskew's reading, not the peer's); the table says
-so where none is written yet. A cell whose recorded config is not what the suite gives today names
-the keys that changed: its numbers are of the earlier protocol until the suite runs it again.
+so where none is written yet. A peer whose runs share one split names, under `drawn`, our setting
+that draws a split per seed instead: its number stands beside ours (what the split alone moves). A
+cell whose recorded config is not what the suite gives today names the keys that changed: its
+numbers are of the earlier protocol until the suite runs it again.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ class PeerRow:
     seeds: int
     reason: str
     changed: tuple[str, ...] = ()  # the keys whose value differs from the suite's today, as "key old → new"
+    drawn: tuple[Stat, int] | None = None  # ours on a split drawn per seed (`drawn`), with its seeds
 
     @property
     def gap(self) -> Interval | None:
@@ -106,6 +109,13 @@ def load_rows(root: Path, sets: dict[str, ResultSet]) -> list[PeerRow]:
         runs = _need(peer, "runs", int, where)
         if isinstance(runs, bool) or runs < 2:
             raise refused(path, f"peers.{key}.runs", runs, "must be an integer >= 2 (a std needs two runs)")
+        drawn = peer.get("drawn") or {}
+        if (
+            not isinstance(drawn, dict)
+            or not set(drawn) <= set(settings)
+            or not all(isinstance(v, str) for v in drawn.values())
+        ):
+            raise refused(path, f"peers.{key}.drawn", drawn, "must map a setting label to our setting label")
         gaps = peer.get("gaps") or {}
         if not isinstance(gaps, dict) or not all(isinstance(g, dict) for g in gaps.values()):
             raise refused(path, f"peers.{key}.gaps", gaps, "must map a method to {setting: reason}")
@@ -125,6 +135,8 @@ def load_rows(root: Path, sets: dict[str, ResultSet]) -> list[PeerRow]:
                 num = _theirs(path, f"peers.{key}.rows.{method}.{label}", published[method][label], runs)
                 cell = results.cell(label, method) if results is not None else None
                 stat = cell.stats.get(ours[method]) if cell is not None else None
+                other = results.cell(drawn[label], method) if results is not None and label in drawn else None
+                other_stat = other.stats.get(ours[method]) if other is not None else None
                 changed = ()
                 if cell is not None and cell.config is not None and isinstance(suite_raw, dict):
                     changed = config_changes(cell.config, suite_config(suite_raw, label, method))
@@ -139,17 +151,19 @@ def load_rows(root: Path, sets: dict[str, ResultSet]) -> list[PeerRow]:
                         seeds=len(cell.seeds) if cell is not None else 0,
                         reason=str((gaps.get(method) or {}).get(label, "")),
                         changed=changed,
+                        drawn=(other_stat, len(other.seeds)) if other is not None and other_stat is not None else None,
                     )
                 )
     return rows
 
 
 def peers_table(rows: list[PeerRow]) -> list[str]:
-    """The summary table: theirs, ours, the gap with its interval, and the gap's reason."""
+    """The summary table: theirs, ours, the gap with its interval, ours on splits drawn per seed, and
+    the gap's reason."""
     lines = [
         "| peer | setting | method | theirs | ours (statistic, seeds) | ours - theirs [95% interval] "
-        "| reason for a gap |",
-        "|---|---|---|---|---|---|---|",
+        "| ours, a split drawn per seed (seeds) | reason for a gap |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         mean, std, _ = r.theirs
@@ -167,7 +181,9 @@ def peers_table(rows: list[PeerRow]) -> list[str]:
                 gap = f"**{gap}**"
             if r.changed:  # the numbers of an earlier protocol, until the suite runs the cell again
                 ours += f"; recorded under an earlier config ({md(', '.join(r.changed))}), to run again"
+        drawn = f"{fmt_value(r.drawn[0])} ({r.drawn[1]})" if r.drawn is not None else ""
         lines.append(
-            f"| {md(r.peer)} | {md(r.setting)} | {md(r.method)} | {mean:.2f} ± {std:.2f} | {ours} | {gap} | {reason} |"
+            f"| {md(r.peer)} | {md(r.setting)} | {md(r.method)} | {mean:.2f} ± {std:.2f} | {ours} | {gap} | {drawn} "
+            f"| {reason} |"
         )
     return lines
