@@ -139,7 +139,7 @@ def test_the_committed_file_matches_its_suites() -> None:
     raw = yaml.safe_load((ROOT / PUBLISHED).read_text())
     for key, peer in raw["peers"].items():
         suite = yaml.safe_load((ROOT / peer["suite"]).read_text())
-        assert set(peer["settings"]) <= set(suite["partitions"]), key
+        assert set(peer["settings"]) | set(peer.get("drawn", {}).values()) <= set(suite["partitions"]), key
         assert set(peer["rows"]) <= set(suite["methods"]), key
     assert len(load_rows(ROOT, {})) == 24  # 8 niid_bench rows and 16 of PFLlib
 
