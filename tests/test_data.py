@@ -148,7 +148,7 @@ def test_partition_seed_fixes_the_split_across_seeds(tmp_path: Path) -> None:
     write_mnist(tmp_path / "mnist", n_train=400)
     load_dataset.cache_clear()
     from fedskew.config import validate
-    from fedskew.data.clients import client_indices
+    from fedskew.data.clients import client_indices, partition_key
 
     base = {"dataset": "mnist", "data-root": str(tmp_path), "partition": "dirichlet", "min-partition-size": 1}
     base["local-test-fraction"] = 0.2
@@ -158,6 +158,9 @@ def test_partition_seed_fixes_the_split_across_seeds(tmp_path: Path) -> None:
 
     assert split(seed=1) == split(seed=1, **{"partition-seed": -1}) != split(seed=2)
     assert split(seed=1, **{"partition-seed": 42}) == split(seed=2, **{"partition-seed": 42}) == split(seed=42)
+    # one key, so one cached split (and one node cache file) for every run that splits alike
+    keys = {partition_key(validate({**base, "seed": s, "partition-seed": 42})) for s in (1, 2)}
+    assert keys == {partition_key(validate({**base, "seed": 42}))}
     load_dataset.cache_clear()
 
 

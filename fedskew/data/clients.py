@@ -65,17 +65,19 @@ def to_float(x: np.ndarray, info: DatasetInfo | str) -> torch.Tensor:
 
 
 def partition_key(cfg: dict[str, Any]) -> tuple:
-    return tuple(cfg[k] for k in PARTITION_KEYS)
+    """`cfg`'s `PARTITION_KEYS` values with the split's seed resolved (`split_seed` as `seed`,
+    `partition-seed` -1): one key for every run that splits the data alike, whatever its own seed."""
+    resolved = {**cfg, "seed": split_seed(cfg), "partition-seed": -1}
+    return tuple(resolved[k] for k in PARTITION_KEYS)
 
 
 @functools.lru_cache(maxsize=4)
 def _client_indices(key: tuple, num_clients: int) -> list[tuple[np.ndarray, np.ndarray]]:
     cfg = dict(zip(PARTITION_KEYS, key, strict=True))
     _, y_train, _, _ = load_arrays(cfg)
-    seed = split_seed(cfg)
-    parts = partition(y_train, num_clients, cfg, seed=seed)
+    parts = partition(y_train, num_clients, cfg, seed=cfg["seed"])  # the split's seed (`partition_key`)
     return [
-        split_local_test(p, y_train, cfg["local-test-fraction"], np.random.default_rng([seed, k]))
+        split_local_test(p, y_train, cfg["local-test-fraction"], np.random.default_rng([cfg["seed"], k]))
         for k, p in enumerate(parts)
     ]
 

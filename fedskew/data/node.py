@@ -51,7 +51,7 @@ import numpy as np
 import torch
 
 from fedskew.data import DATASET_INFO, DatasetInfo, dataset_info, dataset_slug, is_hf, load_arrays
-from fedskew.data.clients import PARTITION_KEYS, ClientData, client_indices, split_seed, to_float
+from fedskew.data.clients import PARTITION_KEYS, ClientData, client_indices, partition_key, split_seed, to_float
 from fedskew.data.readers import checked_split
 from fedskew.files import arrays_digest, atomic_write
 
@@ -116,10 +116,10 @@ def _code_digest() -> str:
 
 def cache_key(cfg: dict[str, Any], spec: NodeData) -> str:
     """A file name that changes whenever anything that determines the node's slice changes."""
-    settings = {k: cfg[k] for k in PARTITION_KEYS}
+    settings = dict(zip(PARTITION_KEYS, partition_key(cfg), strict=True))  # the split's seed resolved
     settings["data-root"] = str(Path(spec.data_root).expanduser().resolve()) if spec.data_root else ""
     if spec.own_data:  # the partition scheme does not apply to a node's own data
-        settings = {k: settings[k] for k in ("dataset", "data-root", "local-test-fraction", "seed", "partition-seed")}
+        settings = {k: settings[k] for k in ("dataset", "data-root", "local-test-fraction", "seed")}
     if is_hf(cfg["dataset"]):  # a changed save_to_disk folder gives new slices
         from fedskew.data import hf
 
