@@ -95,6 +95,19 @@ def test_a_split_drawn_per_seed_stands_beside_ours(tmp_path: Path) -> None:
         load_rows(tmp_path, {})
 
 
+def test_a_seed_whose_run_stopped_is_named_in_its_row(tmp_path: Path) -> None:
+    """A diverged seed counts with the rounds it ran, and the row says which seed stopped where."""
+    from dataclasses import replace
+
+    _published(tmp_path)
+    cell = replace(_cell("a", "fedavg", [83.0, 37.6]), stopped={1: 46})
+    rows = load_rows(tmp_path, {"peer-x": ResultSet("peer-x", "peer-x", "suites/peer-x.yaml", [cell])})
+    assert (
+        "60.30 ± 22.70 (`global.best`, 2); seed 1 stopped at round 46, its statistic over the rounds before |"
+        in (peers_table(rows)[2])
+    )
+
+
 def test_a_bad_published_file_names_the_key(tmp_path: Path) -> None:
     """A file the table cannot show as it is (a wrong shape, an absurd number, Markdown in a name) is
     refused with the key named, never drawn."""

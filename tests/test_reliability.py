@@ -90,6 +90,11 @@ def test_too_few_replies_retries_then_stops_with_the_reason(job, ref, tmp_path) 
     lost = rows(tmp_path / BASE["run-name"] / "failures.jsonl")  # written although the run stopped
     assert sorted((f["round"], f["attempt"]) for f in lost) == [(2, 0)] * 3 + [(2, 1)] * 3
     assert all("injected client crash" in f["reason"] for f in lost)
+    # the stop itself is recorded (the export counts such a run, over the rounds before it)
+    stopped = json.loads((tmp_path / BASE["run-name"] / "stopped.json").read_text())
+    assert stopped["round"] == 2 and "only 0 usable replies" in stopped["reason"]
+    assert stopped["method-revision"] == 0 and stopped["device"] == "cpu"
+    assert len(rows(tmp_path / BASE["run-name"] / "metrics.jsonl")) == 1
 
 
 def test_dropped_reply_counts_as_lost_node(job, ref) -> None:
@@ -105,7 +110,10 @@ def test_resume_ends_with_the_same_metrics_as_an_uninterrupted_run(job, ref, tmp
         job(crash, **{"run-name": "cut", "num-server-rounds": 4, "checkpoint-every": 2, "round-retries": 0})
     cut = tmp_path / "cut"
     assert len(rows(cut / "metrics.jsonl")) == 2 and not (cut / "summary.json").exists()
+    assert json.loads((cut / "stopped.json").read_text())["round"] == 3
     job(**{"run-name": "cut", "num-server-rounds": 4, "checkpoint-every": 2, "resume": True})
+    assert not (cut / "stopped.json").exists()  # set aside: the resumed run did not stop
+    assert [json.loads(p.read_text())["round"] for p in cut.glob("aside-*/stopped.json")] == [3]
     assert (cut / "metrics.jsonl").read_text() == (full / "metrics.jsonl").read_text()
     a = torch.load(full / "model.pt", weights_only=True)
     b = torch.load(cut / "model.pt", weights_only=True)

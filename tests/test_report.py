@@ -809,6 +809,45 @@ def test_an_export_records_each_seeds_clipped_updates_and_the_page_counts_them(t
         load_results(path)
 
 
+def test_a_run_that_stopped_at_a_failed_round_is_exported_over_the_rounds_before(tmp_path: Path) -> None:
+    """A run whose round no retry completed (a diverged model's every reply refused) leaves
+    `stopped.json`: the export counts it with the rounds it ran and records where it stopped, rather
+    than leaving the seed out (which would keep only the seeds that did not diverge); a stop file
+    that does not describe the rows, or holds no round, is not trusted; the page names the stop."""
+    from fedskew.reports.leaderboard import stopped_line
+
+    suite, cells = export_setup(tmp_path)
+    fake_run(suite, cells[("fedavg", 0)], [0.5, 0.6, 0.7])
+    stopped = suite.folder / cells[("fedavg", 1)].run_name
+    fake_run(suite, cells[("fedavg", 1)], [0.4, 0.1])
+    (stopped / "summary.json").unlink()
+    (stopped / "stopped.json").write_text(json.dumps({"round": 3, "reason": "round 3: only 0 usable replies"}))
+    with pytest.warns(UserWarning, match="stopped at round 3: exported over the rounds before"):
+        path = export_suite(suite, "suites/t.yaml", app_defaults(), tmp_path / "results")
+    cell = load_results(path).cell("iid", "fedavg")
+    assert cell.seeds == [0, 1] and cell.rounds == 3 and cell.stopped == {1: 3} and cell.config_sha256
+    assert cell.stats["global.best"].per_seed == [70.0, 40.0] and cell.stats["global.final"].per_seed == [70.0, 10.0]
+    assert "stopped-at-round: {1: 3}" in path.read_text()
+
+    board = Board({"methods": {"fedavg": {}}, "partitions": {"iid": {}}, "seeds": [0, 1]}, load_results(path))
+    assert "iid/fedavg: seed 1 stopped at round 3" in stopped_line(board)
+    assert stopped_line(Board({"methods": {"fedavg": {}}, "partitions": {"iid": {}}}, None)) == ""
+
+    for bad, why in (({"round": 4}, "stopped.json says round 4 but metrics.jsonl holds 2"), ({"round": "3"}, None)):
+        (stopped / "stopped.json").write_text(json.dumps(bad))
+        (out := tmp_path / f"results-{bad['round']}").mkdir()
+        if why:
+            with pytest.warns(UserWarning, match=why):
+                rs = load_results(export_suite(suite, "suites/t.yaml", app_defaults(), out))
+        else:  # no round: as a run killed part-way, not read
+            rs = load_results(export_suite(suite, "suites/t.yaml", app_defaults(), out))
+        assert rs.cell("iid", "fedavg").seeds == [0]
+
+    path.write_text(path.read_text().replace("stopped-at-round: {1: 3}", "stopped-at-round: {1: 4}"))
+    with pytest.raises(ConfigError, match=r"stopped-at-round\[1\]=4 is not allowed: must be a round"):
+        load_results(path)
+
+
 def test_a_finished_run_of_an_earlier_revision_of_its_method_is_changed_not_done(tmp_path: Path) -> None:
     """A method's arithmetic fixed since a cell ran (`MethodSpec.revision`): the plan does not skip
     the cell as done, it says which revision ran (and `--rerun-changed` runs it again)."""

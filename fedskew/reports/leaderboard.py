@@ -22,7 +22,7 @@ import numpy as np
 from fedskew.config import all_params
 from fedskew.reports.markdown import md, md_code_block
 from fedskew.reports.pages import GENERATED, fmt_value, save_figure
-from fedskew.reports.resultfile import CellResult, ResultSet, per_seed_values, suite_seeds
+from fedskew.reports.resultfile import CellResult, ResultSet, per_seed_values, stopped_text, suite_seeds
 from fedskew.reports.stats import (
     LEVEL,
     Interval,
@@ -486,6 +486,23 @@ def clipped_line(board: Board) -> str:
     )
 
 
+def stopped_line(board: Board) -> str:
+    """The runs that stopped at a round no retry completed ('' when none did): their statistics are
+    over the rounds before, so a diverged run counts rather than being left out."""
+    parts = [
+        f"{md(p)}/{md(m)}: {text}"
+        for p in board.partitions
+        for m in board.methods
+        if (c := board.cell(p, m)) and (text := stopped_text(c))
+    ]
+    if not parts:
+        return ""
+    return (
+        "Runs that stopped at a round no retry completed (every reply refused or lost), counted with the "
+        "statistics of the rounds before it: " + "; ".join(parts) + "."
+    )
+
+
 def leaderboard_md(
     suite_path: Path, board: Board, root: Path = Path("."), long: Board | None = None, first: Board | None = None
 ) -> str:
@@ -515,6 +532,8 @@ def leaderboard_md(
         lines += [chips, ""]
     if clipped := clipped_line(board):
         lines += [clipped, ""]
+    if stopped := stopped_line(board):
+        lines += [stopped, ""]
     lines += [
         f"## Gain in global accuracy over FedAvg (points, mean of the last {last} rounds, paired by seed)",
         "",

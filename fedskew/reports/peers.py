@@ -25,7 +25,7 @@ import yaml
 from fedskew.config import ConfigError, all_params, validate
 from fedskew.reports.markdown import md
 from fedskew.reports.pages import fmt_value
-from fedskew.reports.resultfile import STAT_NAME, ResultSet, Stat, percent_value, refused, suite_config
+from fedskew.reports.resultfile import STAT_NAME, ResultSet, Stat, percent_value, refused, stopped_text, suite_config
 from fedskew.reports.stats import Interval, welch_interval
 
 PUBLISHED = Path("results/peers/published.yaml")
@@ -44,6 +44,7 @@ class PeerRow:
     reason: str
     changed: tuple[str, ...] = ()  # the keys whose value differs from the suite's today, as "key old → new"
     drawn: tuple[Stat, int] | None = None  # ours on a split drawn per seed (`drawn`), with its seeds
+    stopped: str = ""  # ours: the seeds whose run stopped, and at which round (`stopped_text`)
 
     @property
     def gap(self) -> Interval | None:
@@ -152,6 +153,7 @@ def load_rows(root: Path, sets: dict[str, ResultSet]) -> list[PeerRow]:
                         reason=str((gaps.get(method) or {}).get(label, "")),
                         changed=changed,
                         drawn=(other_stat, len(other.seeds)) if other is not None and other_stat is not None else None,
+                        stopped=stopped_text(cell) if cell is not None else "",
                     )
                 )
     return rows
@@ -179,6 +181,8 @@ def peers_table(rows: list[PeerRow]) -> list[str]:
             reason = md(r.reason) or ("**outside the spread: no reason written yet**" if outside else "")
             if outside:
                 gap = f"**{gap}**"
+            if r.stopped:  # a diverged run counts with the rounds it ran
+                ours += f"; {r.stopped}, its statistic over the rounds before"
             if r.changed:  # the numbers of an earlier protocol, until the suite runs the cell again
                 ours += f"; recorded under an earlier config ({md(', '.join(r.changed))}), to run again"
         drawn = f"{fmt_value(r.drawn[0])} ({r.drawn[1]})" if r.drawn is not None else ""

@@ -17,6 +17,9 @@ entry per cell (a suite's partition label x method label)::
       wall-seconds: {0: 84.2, ...}        # optional: each seed's run, its wall time
       clipped-updates: {0: 0, 1: 3, ...}  # optional: each seed's run, the updates `update-norm-bound`
                                           #   clipped (seeds exported before it was kept: absent)
+      stopped-at-round: {1: 46}           # optional: a seed whose run stopped at a round no retry
+                                          #   completed (`stopped.json`); its stats are over the rounds
+                                          #   before it (a diverged run counts, it is not left out)
       processor: {AMD EPYC 7B13 (AVX2): [0, 1], ...}  # optional: what ran each seed's arithmetic
                                           #   (`fedskew.training.processor`; absent: not recorded)
       stats:
@@ -87,7 +90,7 @@ STAT_NAME = re.compile(r"^[a-z][a-z0-9-]*\.(last\d+|osc\d+|osc\d+-\d+|r\d+-\d+|f
 FILE_KEYS = {"suite", "suite-file", "overrides", "cells"}
 CELL_KEYS = {
     *("partition", "method", "seeds", "rounds", "config", "config-sha256", "device", "wall-seconds", "source"),
-    *("note", "stats", "clipped-updates", "processor"),
+    *("note", "stats", "clipped-updates", "stopped-at-round", "processor"),
 }
 MAX_WALL_SECONDS = 365 * 86400.0  # a run's wall time in a result file: a year at most
 MAX_CLIPPED = 10**9  # a run's clipped updates in a result file
@@ -126,6 +129,9 @@ class CellResult:
     clipped: dict[int, int] = field(default_factory=dict)
     # each seed's run: the processor that ran it (`summary.json`'s processor), where recorded
     processor: dict[int, str] = field(default_factory=dict)
+    # each seed whose run stopped: the round no retry completed (`stopped.json`); its statistics are
+    # over the rounds before it
+    stopped: dict[int, int] = field(default_factory=dict)
 
     def stat_seeds(self, name: str) -> list[int]:
         return self.stats[name].seeds or self.seeds
@@ -259,6 +265,15 @@ def _cell(path: Path, i: int, raw: Any) -> CellResult:
             MAX_CLIPPED,
         ),
         processor=_processors(path, f"{where}.processor", raw.get("processor", {}), seeds),
+        stopped=_per_seed(
+            path,
+            f"{where}.stopped-at-round",
+            raw.get("stopped-at-round", {}),
+            seeds,
+            lambda v: v if _count(v) and (rounds is None or v <= rounds) else None,
+            "a round, at least 1,",
+            rounds or MAX_CLIPPED,
+        ),
     )
 
 
@@ -398,6 +413,8 @@ def dump_results(results: ResultSet, path: str | Path) -> None:
             raw["wall-seconds"] = _Flow({s: round(v, 1) for s, v in sorted(c.wall_seconds.items())})
         if c.clipped:
             raw["clipped-updates"] = _Flow(dict(sorted(c.clipped.items())))
+        if c.stopped:
+            raw["stopped-at-round"] = _Flow(dict(sorted(c.stopped.items())))
         if c.processor:
             names = sorted(set(c.processor.values()))
             raw["processor"] = _Flow({n: _FlowList(sorted(s for s, v in c.processor.items() if v == n)) for n in names})
@@ -448,13 +465,35 @@ def _summarise(values: list[float | None], seeds: list[int]) -> Stat | None:
     return Stat(round(float(arr.mean()), 4), round(float(arr.std()), 4), per_seed, partial)
 
 
-def _summary(run_dir: Path) -> dict[str, Any]:
-    """A run's `summary.json` ({} when it is not there or not an object: a run stopped part-way)."""
+def stopped_round(run_dir: Path) -> int | None:
+    """The round at which the run in `run_dir` stopped (`stopped.json`, written when no retry completed
+    a round), None when it did not stop so: it finished (`summary.json`), is still going or was killed,
+    or the file is not a positive round (a file on disk is checked, not trusted)."""
+    if (run_dir / "summary.json").is_file():
+        return None
     try:
-        summary = json.loads((run_dir / "summary.json").read_text())
+        raw = json.loads((run_dir / "stopped.json").read_text())
     except (OSError, ValueError):
-        return {}
-    return summary if isinstance(summary, dict) else {}
+        return None
+    r = raw.get("round") if isinstance(raw, dict) else None
+    return r if isinstance(r, int) and not isinstance(r, bool) and 1 <= r <= MAX_CLIPPED else None
+
+
+def stopped_text(cell: CellResult) -> str:
+    """'seed 1 stopped at round 46' for each seed whose run stopped ('' for none)."""
+    return ", ".join(f"seed {s} stopped at round {r}" for s, r in sorted(cell.stopped.items()))
+
+
+def _summary(run_dir: Path) -> dict[str, Any]:
+    """A run's `summary.json`, else its `stopped.json` (where it ran, for a run that stopped); {} when
+    neither is there or an object (a run killed part-way)."""
+    for name in ("summary.json", "stopped.json"):
+        try:
+            summary = json.loads((run_dir / name).read_text())
+        except (OSError, ValueError):
+            continue
+        return summary if isinstance(summary, dict) else {}
+    return {}
 
 
 def suite_config(suite: dict[str, Any], partition: str, method: str) -> dict[str, Any]:
@@ -514,7 +553,8 @@ def merge_seeds(old: CellResult, fresh: CellResult) -> CellResult | None:
     walls = {s: v for s, v in old.wall_seconds.items() if s in kept} | fresh.wall_seconds
     clipped = {s: v for s, v in old.clipped.items() if s in kept} | fresh.clipped
     ran = {s: v for s, v in old.processor.items() if s in kept} | fresh.processor
-    kept_fields = {"wall_seconds": walls, "clipped": clipped, "processor": ran}
+    stopped = {s: v for s, v in old.stopped.items() if s in kept} | fresh.stopped
+    kept_fields = {"wall_seconds": walls, "clipped": clipped, "processor": ran, "stopped": stopped}
     return replace(fresh, seeds=seeds, stats=stats, source=source, device=devices, **kept_fields)
 
 
@@ -621,9 +661,11 @@ def _export(
             walls: dict[int, float] = {}
             clipped: dict[int, int] = {}
             ran: dict[int, str] = {}
+            stopped: dict[int, int] = {}
             for c in (c for c in (suite.cells if cells is None else cells) if c.partition == p and c.method == m):
                 run_dir = run_folder / c.run_name
-                if not (run_dir / ("metrics.jsonl" if upto else "summary.json")).is_file():
+                stop = None if upto else stopped_round(run_dir)
+                if not (run_dir / ("metrics.jsonl" if upto else "summary.json")).is_file() and stop is None:
                     continue
                 # as the run saved it: `fedskew run` sets num-partitions to the simulated clients
                 cfg = validate({**app_defaults, **c.overrides, **overrides, "num-partitions": c.num_supernodes})
@@ -644,6 +686,13 @@ def _export(
                     if len(rows) < upto:
                         warnings.warn(f"{run_dir}: not exported, {len(rows)} of the first {upto} rounds", stacklevel=2)
                         continue
+                if stop is not None:
+                    if len(rows) != stop - 1:  # the file does not describe these rows: not trusted
+                        bad = f"not exported, stopped.json says round {stop} but metrics.jsonl holds {len(rows)}"
+                        warnings.warn(f"{run_dir}: {bad}", stacklevel=2)
+                        continue
+                    stopped[c.seed] = stop
+                    warnings.warn(f"{run_dir}: stopped at round {stop}: exported over the rounds before", stacklevel=2)
                 summary = _summary(run_dir)
                 per_run.append(round_statistics(rows, suite.last_rounds))
                 seeds.append(c.seed)
@@ -659,7 +708,7 @@ def _export(
                 if any("update-clipped" in r for r in rows):  # a run from before the bound logs none: unknown
                     # each round's count as data (anything else counts 0: the run's own log, still a file)
                     clipped[c.seed] = min(MAX_CLIPPED, sum(_count(r.get("update-clipped")) or 0 for r in rows))
-                rounds = max([rounds, *(int(r["round"]) for r in rows)])
+                rounds = max([rounds, cfg["num-server-rounds"] if stop else 0, *(int(r["round"]) for r in rows)])
                 config = {k: v for k, v in {**c.overrides, **overrides}.items() if k != "seed"}
             if hit := [s for s, n in clipped.items() if n]:  # honest updates the bound changed
                 warnings.warn(
@@ -681,6 +730,7 @@ def _export(
                         wall_seconds=walls,
                         clipped=clipped,
                         processor=ran,
+                        stopped=stopped,
                         source=f"{source}, from the runs' metrics.jsonl"
                         + (f", their first {upto} rounds (runs stopped part-way included)" if upto else ""),
                     )

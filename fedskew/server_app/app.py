@@ -422,6 +422,8 @@ def run_rounds(
                 if pending is not None:  # the round before is kept
                     pending.future.result()
                 central.out.log_failures(r, e.failures)  # the run stops: keep the reasons on disk
+                ran = {"method-revision": get_method(cfg["method"]).revision, "device": central.device.type}
+                central.out.write_stopped(r, str(e), {**ran, "processor": processor(central.device)})
                 raise
             t_clients = time.perf_counter() - t0
             if new is None:

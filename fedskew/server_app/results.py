@@ -8,6 +8,8 @@
                     `resumed-after: R` on the first row a resumed run wrote (with
                     `node-states-restored: true` where its engine put the nodes' states of round R back)
 - `failures.jsonl`  every lost or dropped reply: round, node, partition, reason
+- `stopped.json`    a run that stopped at a round without enough usable replies (every retry): that
+                    round and why (`RunOutput.write_stopped`); its rows hold the rounds before it
 - `summary.json`    method (and its `revision`), the device, rounds, wall time and, for global,
                     client-global and personalized accuracy, the final value, the best and the mean
                     of the last 10 rounds (`round_statistics`)
@@ -55,7 +57,7 @@ from fedskew.registry import METHODS, config_keys, get_method
 log = logging.getLogger("flwr.fedskew")
 
 RECORDS = ("metrics.jsonl", "timings.jsonl", "failures.jsonl")  # appended round by round
-RESULTS = (*RECORDS, "summary.json", "checkpoint.pt", "model.pt")  # what an earlier run would lose
+RESULTS = (*RECORDS, "summary.json", "stopped.json", "checkpoint.pt", "model.pt")  # what an earlier run would lose
 RUN_FILES = ("config.json", "partition.txt", "partition.json", "partition.png", *RESULTS, "accuracy.png")
 RUN_FILES += ("per-class.png",)
 # what the checkpoint's arrays and state belong to, and the engine that computed them: the batched
@@ -487,13 +489,14 @@ class RunOutput:
     def resume(self, strategy: Any) -> dict[str, Any] | None:
         """With resume: check the checkpoint against `strategy` and load its state into it, cut the
         per-round files back to the checkpoint's round (the originals copied aside first, as are an
-        earlier finish's summary and model); return the checkpoint. None when not resuming."""
+        earlier finish's summary and model, or an earlier stop's record); return the checkpoint. None
+        when not resuming."""
         if self.pending is None:
             return None
         r, path = self.pending, self.dir / "checkpoint.pt"
         check_fits(r.state, strategy, path)
         cut = [name for name, rec in r.records.items() if rec.torn or any(row["round"] > r.round for row in rec.rows)]
-        finished = [name for name in ("summary.json", "model.pt") if (self.dir / name).exists()]
+        finished = [name for name in ("summary.json", "stopped.json", "model.pt") if (self.dir / name).exists()]
         if cut or finished:
             reason = f"resume after round {r.round}: the files as they were ({', '.join([*cut, *finished])})"
             aside = set_aside(self.dir, finished, cut, reason)
@@ -555,6 +558,13 @@ class RunOutput:
         if figure is not None:
             figure.savefig(self.dir / "per-class.png", dpi=100)
         return figure
+
+    def write_stopped(self, server_round: int, reason: str, ran: dict[str, Any]) -> None:
+        """`stopped.json`: the run stopped at `server_round`, which no retry could complete (`reason`),
+        with what `summary.json` says of where it ran (`ran`: method revision, device, processor). Its
+        rows hold rounds 1..`server_round` - 1; the export keeps it as a seed that stopped
+        (`fedskew.reports.resultfile`), so a diverged run is counted, not silently left out."""
+        write_json(self.dir / "stopped.json", {**ran, "round": server_round, "reason": reason})
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         """`summary.json`, the run's last file (the launcher and the suites take it for the run's end)."""
