@@ -54,7 +54,7 @@ from _common import ROOT, in_process_setup
 
 from fedskew.config import ConfigError, validate
 from fedskew.files import locked
-from fedskew.reports.resultfile import check_result_name, export_suite
+from fedskew.reports.resultfile import check_result_name, export_suite, stopped_round
 from fedskew.resources import available_cores
 from fedskew.run.experiments import Cell, Suite, labels, load_suite, plan_cells, select
 from fedskew.run.launcher import app_defaults
@@ -351,10 +351,14 @@ def run_cells(args: argparse.Namespace, suite: Suite, cells: list[Cell], sets: d
                 if proc.poll() is not None:
                     ended.update({member: time.perf_counter() - began for member in members[name]})
                     del running[name]
+                    finished = [c for c in cells if c.run_name in members[name]]
+                    stops = {c.run_name: stopped_round(folder / c.run_name) for c in finished}
                     if proc.returncode:
                         print(f"{name}: exit {proc.returncode}, see its run.log", flush=True)
-                    elif args.export_each:
-                        finished = [c for c in cells if c.run_name in members[name]]
+                        for member, r in stops.items():  # a stop is a result: counted, not retried here
+                            if r is not None:
+                                print(f"{member}: stopped at round {r} (stopped.json), counted over the rounds before")
+                    if args.export_each and (not proc.returncode or all(r is not None for r in stops.values())):
                         export_finished(args.suite, suite, finished, Path(args.results_dir))
             if args.deadline and now >= args.deadline:
                 stop([proc for proc, _ in running.values()])

@@ -237,6 +237,27 @@ def test_suite_in_process_into_suite_fills_the_suite_s_own_folder_as_fedskew_exp
     assert list((tmp_path / "s" / run_name("default", "fedavg", 0)).glob("aside-*")), "earlier files not set aside"
 
 
+def test_suite_in_process_says_a_cell_stopped_and_exports_what_it_can(tmp_path: Path, small_data: str) -> None:
+    """A cell whose every reply is refused (here: any update at all, `max-update-ratio` 1e-9) stops in
+    round 1: the call says where it stopped, goes on, and its export leaves the run out, naming why
+    (no round to count; a run that stopped later is counted over its rounds: tests/test_report.py)."""
+    suite = tmp_path / "s.yaml"
+    suite.write_text(
+        f"name: s\nnum-supernodes: 3\nseeds: [0]\nout-dir: {tmp_path}\n"
+        "base: {num-server-rounds: 2, local-epochs: 1, partition: iid, model: mlp, round-retries: 0,"
+        f" max-update-ratio: 1.0e-9, data-root: {small_data}}}\nmethods: {{fedavg: {{}}}}\n"
+    )
+    results = tmp_path / "results"
+    results.mkdir()
+    args = ("--into-suite", "--export-each", "--results-dir", str(results))
+    out = run_benchmark("suite_in_process.py", str(suite), *args)
+    name = run_name("default", "fedavg", 0)
+    assert out.returncode == 0 and f"{name}: exit 1" in out.stdout, out.stdout + out.stderr[-3000:]
+    assert f"{name}: stopped at round 1 (stopped.json), counted over the rounds before" in out.stdout, out.stdout
+    assert "not exported, stopped at round 1, before any" in out.stderr, out.stderr[-3000:]
+    assert json.loads((tmp_path / "s" / name / "stopped.json").read_text())["round"] == 1
+
+
 def test_suite_in_process_resumes_a_cell_whose_clients_keep_state_with_the_nodes_states_kept(
     tmp_path: Path, task_identity
 ) -> None:

@@ -833,7 +833,8 @@ def test_a_run_that_stopped_at_a_failed_round_is_exported_over_the_rounds_before
     assert "iid/fedavg: seed 1 stopped at round 3" in stopped_line(board)
     assert stopped_line(Board({"methods": {"fedavg": {}}, "partitions": {"iid": {}}}, None)) == ""
 
-    for bad, why in (({"round": 4}, "stopped.json says round 4 but metrics.jsonl holds 2"), ({"round": "3"}, None)):
+    bad_stops = (({"round": 4}, "stopped.json says round 4 but metrics.jsonl holds 2"), ({"round": "3"}, None))
+    for bad, why in bad_stops:
         (stopped / "stopped.json").write_text(json.dumps(bad))
         (out := tmp_path / f"results-{bad['round']}").mkdir()
         if why:
