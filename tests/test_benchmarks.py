@@ -254,7 +254,7 @@ def test_suite_in_process_says_a_cell_stopped_and_exports_what_it_can(tmp_path: 
     name = run_name("default", "fedavg", 0)
     assert out.returncode == 0 and f"{name}: exit 1" in out.stdout, out.stdout + out.stderr[-3000:]
     assert f"{name}: stopped at round 1 (stopped.json), counted over the rounds before" in out.stdout, out.stdout
-    assert "not exported, stopped at round 1, before any" in out.stderr, out.stderr[-3000:]
+    assert "not exported, stopped at round 1: no round to count" in out.stderr, out.stderr[-3000:]
     assert json.loads((tmp_path / "s" / name / "stopped.json").read_text())["round"] == 1
 
 

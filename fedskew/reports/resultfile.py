@@ -687,12 +687,12 @@ def _export(
                         warnings.warn(f"{run_dir}: not exported, {len(rows)} of the first {upto} rounds", stacklevel=2)
                         continue
                 if stop is not None:
-                    if not rows:  # no round to count: their code would report the initial model
-                        warnings.warn(f"{run_dir}: not exported, stopped at round 1, before any", stacklevel=2)
-                        continue
                     if len(rows) != stop - 1:  # the file does not describe these rows: not trusted
                         bad = f"not exported, stopped.json says round {stop} but metrics.jsonl holds {len(rows)}"
                         warnings.warn(f"{run_dir}: {bad}", stacklevel=2)
+                        continue
+                    if not rows:  # stopped in round 1: no round to count
+                        warnings.warn(f"{run_dir}: not exported, stopped at round 1: no round to count", stacklevel=2)
                         continue
                     stopped[c.seed] = stop
                     warnings.warn(f"{run_dir}: stopped at round {stop}: exported over the rounds before", stacklevel=2)

@@ -423,7 +423,10 @@ def run_rounds(
                     pending.future.result()
                 central.out.log_failures(r, e.failures)  # the run stops: keep the reasons on disk
                 ran = {"method-revision": get_method(cfg["method"]).revision, "device": central.device.type}
-                central.out.write_stopped(r, str(e), {**ran, "processor": processor(central.device)})
+                try:  # the record of the stop must not hide the stop's own error
+                    central.out.write_stopped(r, str(e), {**ran, "processor": processor(central.device)})
+                except OSError as why:
+                    log.warning("fedskew: %s not written: %s", central.out.dir / "stopped.json", why)
                 raise
             t_clients = time.perf_counter() - t0
             if new is None:
