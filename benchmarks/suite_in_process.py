@@ -54,7 +54,7 @@ from _common import ROOT, in_process_setup
 
 from fedskew.config import ConfigError, validate
 from fedskew.files import locked
-from fedskew.reports.resultfile import check_result_name, export_suite, stopped_round
+from fedskew.reports.resultfile import check_result_name, export_suite, failed_round
 from fedskew.resources import available_cores
 from fedskew.run.experiments import Cell, Suite, labels, load_suite, plan_cells, select
 from fedskew.run.launcher import app_defaults
@@ -352,7 +352,7 @@ def run_cells(args: argparse.Namespace, suite: Suite, cells: list[Cell], sets: d
                     ended.update({member: time.perf_counter() - began for member in members[name]})
                     del running[name]
                     finished = [c for c in cells if c.run_name in members[name]]
-                    stops = {c.run_name: stopped_round(folder / c.run_name) for c in finished}
+                    stops = {c.run_name: failed_round(folder / c.run_name) for c in finished}
                     if proc.returncode:
                         print(f"{name}: exit {proc.returncode}, see its run.log", flush=True)
                         for member, r in stops.items():  # a stop is a result: counted, not retried here

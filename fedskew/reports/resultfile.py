@@ -465,10 +465,11 @@ def _summarise(values: list[float | None], seeds: list[int]) -> Stat | None:
     return Stat(round(float(arr.mean()), 4), round(float(arr.std()), 4), per_seed, partial)
 
 
-def stopped_round(run_dir: Path) -> int | None:
-    """The round at which the run in `run_dir` stopped (`stopped.json`, written when no retry completed
-    a round), None when it did not stop so: it finished (`summary.json`), is still going or was killed,
-    or the file is not a positive round (a file on disk is checked, not trusted)."""
+def failed_round(run_dir: Path) -> int | None:
+    """The round that no retry completed, at which the run in `run_dir` stopped (`stopped.json`); None
+    when it did not stop so: it finished (`summary.json`), is still going or was killed, or the file
+    holds no positive round (a file on disk is checked, not trusted). Not the round a stopped run
+    resumes from (`fedskew.run.experiments.stopped_round`: its checkpoint's)."""
     if (run_dir / "summary.json").is_file():
         return None
     try:
@@ -664,7 +665,7 @@ def _export(
             stopped: dict[int, int] = {}
             for c in (c for c in (suite.cells if cells is None else cells) if c.partition == p and c.method == m):
                 run_dir = run_folder / c.run_name
-                stop = None if upto else stopped_round(run_dir)
+                stop = None if upto else failed_round(run_dir)
                 if not (run_dir / ("metrics.jsonl" if upto else "summary.json")).is_file() and stop is None:
                     continue
                 # as the run saved it: `fedskew run` sets num-partitions to the simulated clients
