@@ -472,11 +472,7 @@ def failed_round(run_dir: Path) -> int | None:
     resumes from (`fedskew.run.experiments.stopped_round`: its checkpoint's)."""
     if (run_dir / "summary.json").is_file():
         return None
-    try:
-        raw = json.loads((run_dir / "stopped.json").read_text())
-    except (OSError, ValueError):
-        return None
-    r = raw.get("round") if isinstance(raw, dict) else None
+    r = (_json_object(run_dir / "stopped.json") or {}).get("round")
     return r if isinstance(r, int) and not isinstance(r, bool) and 1 <= r <= MAX_CLIPPED else None
 
 
@@ -485,16 +481,19 @@ def stopped_text(cell: CellResult) -> str:
     return ", ".join(f"seed {s} stopped at round {r}" for s, r in sorted(cell.stopped.items()))
 
 
+def _json_object(path: Path) -> dict[str, Any] | None:
+    """The JSON object in `path`; None when it is missing, unreadable, not JSON or not an object."""
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return raw if isinstance(raw, dict) else None
+
+
 def _summary(run_dir: Path) -> dict[str, Any]:
     """A run's `summary.json`, else its `stopped.json` (where it ran, for a run that stopped); {} when
-    neither is there or an object (a run killed part-way)."""
-    for name in ("summary.json", "stopped.json"):
-        try:
-            summary = json.loads((run_dir / name).read_text())
-        except (OSError, ValueError):
-            continue
-        return summary if isinstance(summary, dict) else {}
-    return {}
+    neither is an object (a run killed part-way)."""
+    return _json_object(run_dir / "summary.json") or _json_object(run_dir / "stopped.json") or {}
 
 
 def suite_config(suite: dict[str, Any], partition: str, method: str) -> dict[str, Any]:

@@ -256,6 +256,15 @@ class EvaluatedRound:
         return metrics
 
 
+def where_ran(cfg: dict[str, Any], device: Any) -> dict[str, Any]:
+    """What `summary.json` (and a stopped run's `stopped.json`) say of how the run computed."""
+    return {
+        "method-revision": get_method(cfg["method"]).revision,  # its arithmetic's (`MethodSpec.revision`)
+        "device": device.type,  # the server's: `device="auto"` says which it was
+        "processor": processor(device),  # the server's (in simulation, its clients' too)
+    }
+
+
 class RoundFailedError(RuntimeError):
     """A round without enough usable replies after every retry; `failures` lists each lost reply."""
 
@@ -349,9 +358,7 @@ def main(grid: Grid, context: Context) -> None:
         final_model = strategy.global_model(arrays)
         summary = {
             "method": cfg["method"],
-            "method-revision": get_method(cfg["method"]).revision,  # its arithmetic's (`MethodSpec.revision`)
-            "device": device.type,  # the server's: `device="auto"` says which it was
-            "processor": processor(device),  # the server's (in simulation, its clients' too)
+            **where_ran(cfg, device),
             "dataset": cfg["dataset"],
             "model": cfg["model"],
             "partition": cfg["partition"],
@@ -422,9 +429,8 @@ def run_rounds(
                 if pending is not None:  # the round before is kept
                     pending.future.result()
                 central.out.log_failures(r, e.failures)  # the run stops: keep the reasons on disk
-                ran = {"method-revision": get_method(cfg["method"]).revision, "device": central.device.type}
                 try:  # the record of the stop must not hide the stop's own error
-                    central.out.write_stopped(r, str(e), {**ran, "processor": processor(central.device)})
+                    central.out.write_stopped(r, str(e), where_ran(cfg, central.device))
                 except OSError as why:
                     log.warning("fedskew: %s not written: %s", central.out.dir / "stopped.json", why)
                 raise
