@@ -60,6 +60,15 @@ def off_or_at_least_one_rule(value: float, cfg: dict[str, Any]) -> None:
         raise ValueError("must be 0 (off) or at least 1")
 
 
+def classifier_bias_rule(value: bool, cfg: dict[str, Any]) -> None:
+    """A `Param.rule`: a classifier bias only for a method whose card says it treats the classifier as
+    any other layer (`MethodSpec.any_classifier`); the others read its class vectors W as the whole
+    logit map (restricted softmax, logit calibration, a fixed ETF, class-vector statistics)."""
+    if value and not METHODS[cfg["method"]].any_classifier:
+        takers = ", ".join(name for name, spec in METHODS.items() if spec.any_classifier)
+        raise ValueError(f"method {cfg['method']!r} reads the classifier's class vectors; a bias is for: {takers}")
+
+
 # Keys that change no number of a run (a run's saved config is compared and hashed without them):
 START_KEYS = ("resume", "overwrite")  # how a run starts, not what it computes: saved as false
 PLACE_KEYS = ("out-dir", "run-name", "data-root")  # where things are: moving a folder changes no result
@@ -95,6 +104,22 @@ COMMON: dict[str, Param] = {
         choices=AUGMENTATIONS,
     ),
     "model": Param(str, "lenet", "the network", choices=MODELS),
+    "classifier-bias": Param(
+        bool,
+        False,
+        "give the network's linear classifier a bias, as some peers' networks have (niid_bench's CNN); only "
+        "for methods that treat the classifier as any other layer",
+        rule=classifier_bias_rule,
+        neutral=True,
+    ),
+    "input-scaling": Param(
+        str,
+        "standardise",
+        "pixels to [0, 1], then 'standardise' (the data set's per-channel mean and std) or 'unit' (nothing "
+        "more: torchvision's ToTensor alone, as niid_bench)",
+        choices=("standardise", "unit"),
+        neutral=True,
+    ),
     "partition": Param(str, "classes-per-client", "how labels are split", choices=PARTITIONS),
     "classes-per-client": Param(int, 2, "classes each client holds (classes-per-client)", low=1),
     "classes-per-client-mode": Param(

@@ -81,19 +81,22 @@ class Dims:
         from fedskew.data import dataset_info
 
         info = dataset_info(dict(cfg))
-        classes, features, forms, params = _network(cfg["model"], info)
+        classes, features, forms, params = _network(cfg["model"], info, bool(cfg.get("classifier-bias", False)))
         forms = dict(forms)
         return cls(cfg, info, classes, features, forms, {k: forms[k] for k in params})
 
 
 @functools.lru_cache(maxsize=8)
-def _network(model: str, info: DatasetInfo) -> tuple[int, int, tuple[tuple[str, Tensor], ...], tuple[str, ...]]:
+def _network(
+    model: str, info: DatasetInfo, bias: bool
+) -> tuple[int, int, tuple[tuple[str, Tensor], ...], tuple[str, ...]]:
     """(classes, feature dimension, state-dict forms, parameter names) of the network `model` for
-    data `info`, built once per process (a client builds its trainer every round)."""
+    data `info` (with a classifier bias if `bias`), built once per process (a client builds its
+    trainer every round)."""
     from fedskew.models import build_model
     from fedskew.records import tensor_like
 
-    net = build_model(model, info)
+    net = build_model(model, info, bias)
     forms = tuple((k, tensor_like(v)) for k, v in net.state_dict().items())
     return net.num_classes, net.feature_dim, forms, tuple(k for k, _ in net.named_parameters())
 

@@ -337,7 +337,8 @@ def assert_same_arrays(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -
     + [pytest.param("fedgen", {"augment": "crop-flip"}, id="fedgen-crop-flip")]  # two streams of draws a step
     + [pytest.param("fedrs", {"batched-chunk": 1}, id="fedrs-chunks-of-1")]
     + [pytest.param("fedrs", {"personalized-central-eval": True}, id="fedrs-central-eval")]
-    + [pytest.param("scaffold", {"grad-clip": 1.0}, id="scaffold-clipped")],  # binds on every step
+    + [pytest.param("scaffold", {"grad-clip": 1.0}, id="scaffold-clipped")]  # binds on every step
+    + [pytest.param("fednova", {"classifier-bias": True, "input-scaling": "unit"}, id="fednova-bias-unit")],
 )
 def test_each_client_uploads_what_the_per_client_path_uploads(method: str, overrides: dict[str, Any]) -> None:
     grid, messages = first_round(method, **SHORT, **overrides)
@@ -1122,3 +1123,17 @@ def test_runs_trained_together_write_what_each_writes_alone(tmp_path: Path) -> N
     for name in runs:
         alone = (tmp_path / f"{name}-alone" / "metrics.jsonl").read_text()
         assert (tmp_path / name / "metrics.jsonl").read_text() == alone, name
+
+
+@pytest.mark.parametrize("method", ["fednova", "scaffold"])
+def test_a_classifier_bias_is_sent_trained_and_uploaded(method: str) -> None:
+    """`classifier-bias`: the server's initial arrays hold `classifier.bias`, every client's upload
+    moves it, and SCAFFOLD's control variate (sent down) has its entry as for every other parameter."""
+    grid, messages = first_round(method, **SHORT, **{"classifier-bias": True})
+    start = messages[0].content["arrays"].to_torch_state_dict()
+    assert tuple(start["classifier.bias"].shape) == (10,)
+    if method == "scaffold":
+        assert set(messages[0].content["control"].to_torch_state_dict()) == set(start)
+    for reply in per_client(grid, messages):
+        moved = uploads(reply)["classifier.bias"] - start["classifier.bias"]
+        assert float(moved.abs().max()) > 1e-3

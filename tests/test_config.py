@@ -29,6 +29,12 @@ def test_defaults_validate_and_pyproject_matches_schema() -> None:
         ({"method": "fedfoo"}, "method='fedfoo' is not allowed: must be one of"),
         ({"dataset": "imagenet"}, "dataset='imagenet'"),
         ({"model": "gpt"}, "model='gpt'"),
+        (
+            {"method": "fedrs", "classifier-bias": True},
+            "classifier-bias=True is not allowed: method 'fedrs' reads the classifier's class vectors; a bias is "
+            "for: fedavg, fedprox, fedavgm, scaffold, fednova",
+        ),
+        ({"input-scaling": "none"}, "input-scaling='none' is not allowed: must be one of 'standardise', 'unit'"),
         ({"partition": "weird"}, "partition='weird'"),
         ({"fedrs-alpha": 1.5}, "fedrs-alpha=1.5 is not allowed: must be a float in [0, 1]"),
         ({"fedrs-alpha": -0.1}, "fedrs-alpha=-0.1"),

@@ -64,7 +64,7 @@ from fedskew.data import dataset_info
 from fedskew.data.augment import augmentation
 from fedskew.data.clients import ClientData
 from fedskew.diagnostics import held_and_missing_accuracy
-from fedskew.models import SplitNet, build_model, initial_model
+from fedskew.models import SplitNet, initial_model, run_model
 from fedskew.records import ArraysSpec, Rejected, Tensor, check_arrays, decoded_content, tensor_like
 from fedskew.registry import DeclaredWire
 from fedskew.training import (
@@ -285,7 +285,7 @@ class BaseTrainer:
 
     # ------------------------------------------------------------------ hooks
     def build_model(self) -> SplitNet:
-        return build_model(self.cfg["model"], dataset_info(self.cfg)).to(self.device, self.dtype)
+        return run_model(self.cfg).to(self.device, self.dtype)
 
     def receive(self, content: RecordDict) -> dict[str, Any]:
         """The server's records but the model arrays, each checked against the method's
@@ -367,7 +367,7 @@ class BaseTrainer:
         in training (BatchNorm, dropout: `fedskew.training.module_refusal`)."""
         if not cls.__dict__.get("batched", False):
             return f"{cls.__name__} does not express its local step functionally"
-        return module_refusal(build_model(cfg["model"], dataset_info(cfg)))
+        return module_refusal(run_model(cfg))
 
     def batch_extras(self) -> dict[str, torch.Tensor]:
         """This client's own tensors that `functional_loss` reads, on the device (default: none)."""
@@ -606,7 +606,9 @@ class BaseTrainer:
 
     def initial_model(self) -> SplitNet:
         """The run's initial global model w^0 (`fedskew.models.initial_model`), on this device."""
-        return initial_model(self.cfg["model"], dataset_info(self.cfg), self.cfg["seed"]).to(self.device, self.dtype)
+        cfg = self.cfg
+        net = initial_model(cfg["model"], dataset_info(cfg), cfg["seed"], cfg["classifier-bias"])
+        return net.to(self.device, self.dtype)
 
     # ------------------------------------------------------------------ the round
     def evaluate_local(self, model: nn.Module) -> tuple[float, float]:

@@ -38,9 +38,8 @@ from typing import Any
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
-from fedskew.data import dataset_info
 from fedskew.files import atomic_write
-from fedskew.models import build_model
+from fedskew.models import run_model
 from fedskew.records import VALUE_BOUND, Number, check_number
 from fedskew.registry import get_method
 
@@ -261,7 +260,7 @@ def kept_state_bytes(cfg: Mapping[str, Any]) -> int:
     trainer = get_method(cfg["method"]).trainer_class()
     if not trainer.kept_state(cfg) or not trainer.kept_arrays:
         return 0
-    model = build_model(cfg["model"], dataset_info(cfg))
+    model = run_model(cfg)
     parts = {
         "model": model.state_dict(),
         "params": {k: p.detach() for k, p in model.named_parameters()},

@@ -17,6 +17,7 @@ tensors only for the slice a client needs.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -50,13 +51,18 @@ __all__ = [
 
 def dataset_info(cfg: dict[str, Any] | str) -> DatasetInfo:
     """Classes, channels, size and mean/std of the configured data set (a validated run config,
-    or the name of a standard set); for `hf:` data sets measured on the data (cached)."""
+    or the name of a standard set); for `hf:` data sets measured on the data (cached). Under the
+    run's `input-scaling` 'unit' the mean is 0 and the std 1, so that `to_float` stops at [0, 1]."""
     name = cfg if isinstance(cfg, str) else cfg["dataset"]
     if name in DATASET_INFO:
-        return DATASET_INFO[name]
-    if isinstance(cfg, str) or not is_hf(name):
+        info = DATASET_INFO[name]
+    elif isinstance(cfg, str) or not is_hf(name):
         raise ValueError(f"unknown dataset {name!r}" + (": pass the run config" if is_hf(name) else ""))
-    return hf.info(hf.HFSource.from_cfg(cfg))
+    else:
+        info = hf.info(hf.HFSource.from_cfg(cfg))
+    if not isinstance(cfg, str) and cfg.get("input-scaling", "standardise") == "unit":
+        return dataclasses.replace(info, mean=(0.0,) * info.channels, std=(1.0,) * info.channels)
+    return info
 
 
 def load_arrays(cfg: dict[str, Any], data_root: str | None = None) -> tuple[np.ndarray, ...]:

@@ -31,6 +31,9 @@ class MethodSpec:
     # the earlier code no longer share a hash with the new ones (`fedskew.reports.resultfile.config_sha256`)
     revision: int = 0
     wire: Wire = BASE
+    # its strategy and trainer treat the classifier as any other layer (no class vectors read, no logit
+    # arithmetic), so `classifier-bias` may give it a bias (`fedskew.config.classifier_bias_rule`)
+    any_classifier: bool = False
 
     def __post_init__(self) -> None:
         if bad := [k for k in self.params if not k.startswith(f"{self.name}-")]:

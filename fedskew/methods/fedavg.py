@@ -11,5 +11,6 @@ METHOD = MethodSpec(
     "fedavg",
     strategy="fedskew.strategies.fedavg:FedAvgStrategy",
     trainer="fedskew.client_app.fedavg:FedAvgTrainer",
+    any_classifier=True,
     paper='McMahan et al., "Communication-Efficient Learning of Deep Networks from Decentralized Data", AISTATS 2017',
 )

@@ -13,6 +13,7 @@ METHOD = MethodSpec(
     "fedavgm",
     strategy="fedskew.strategies.fedavgm:FedAvgMStrategy",
     trainer="fedskew.client_app.fedavg:FedAvgTrainer",
+    any_classifier=True,
     paper=(
         'Hsu, Qi & Brown, "Measuring the Effects of Non-Identical Data Distribution for Federated Visual '
         'Classification", arXiv 2019'

@@ -12,6 +12,7 @@ METHOD = MethodSpec(
     "fednova",
     strategy="fedskew.strategies.fednova:FedNovaStrategy",
     trainer="fedskew.client_app.fednova:FedNovaTrainer",
+    any_classifier=True,
     paper=(
         'Wang et al., "Tackling the Objective Inconsistency Problem in Heterogeneous Federated '
         'Optimization", NeurIPS 2020'

@@ -13,6 +13,7 @@ METHOD = MethodSpec(
     "fedprox",
     strategy="fedskew.strategies.fedprox:FedProxStrategy",
     trainer="fedskew.client_app.fedprox:FedProxTrainer",
+    any_classifier=True,
     paper='Li et al., "Federated Optimization in Heterogeneous Networks", MLSys 2020',
     params={
         "fedprox-mu": Param(float, 0.01, "FedProx proximal weight: loss + mu/2 ||w - w_global||^2", low=0.0),

@@ -28,6 +28,7 @@ METHOD = MethodSpec(
     "scaffold",
     strategy="fedskew.strategies.scaffold:ScaffoldStrategy",
     trainer="fedskew.client_app.scaffold:ScaffoldTrainer",
+    any_classifier=True,
     paper='Karimireddy et al., "SCAFFOLD: Stochastic Controlled Averaging for Federated Learning", ICML 2020',
     revision=1,  # 1: update-norm-bound clips its diverging honest updates on 2-class splits
     wire=WIRE,

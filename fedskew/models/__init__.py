@@ -21,7 +21,9 @@
 - `resnet8`, `resnet18`: CIFAR ResNets (BasicBlock, BN), d = 64 / 512 (FedGELA, FedMR, MuPFL)
 
 Initialisation is PyTorch's default. Deviation: none of the classifiers has a bias (FedRS leaves it out
-and its code's classifier has none; the restricted softmax then scales the whole logit).
+and its code's classifier has none; the restricted softmax then scales the whole logit), unless
+`bias=True` (the run key `classifier-bias`, for the methods that treat the classifier as any other
+layer: a peer's network that has one, as niid_bench's `CNNMnist`).
 Methods that split a network into a shared body and a head (FedRep, FedBABU, FedRoD) use `features`
 (state-dict names under `BODY`) as the body and `classifier` as the head.
 
@@ -36,7 +38,7 @@ flattening nets' first layers grow with the image's area (3000-pixel images woul
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -53,7 +55,8 @@ BODY = "features."
 
 
 class SplitNet(nn.Module):
-    """`features` then a bias-free linear `classifier`; `forward(x) = classifier(features(x))`."""
+    """`features` then a linear `classifier`, bias-free unless `build_model(..., bias=True)` gave it
+    one; `forward(x) = classifier(features(x))`."""
 
     def __init__(self, features: nn.Module, feature_dim: int, num_classes: int) -> None:
         super().__init__()
@@ -260,22 +263,32 @@ def check_input(name: str, info: DatasetInfo) -> None:
         )
 
 
-def build_model(name: str, dataset: str | DatasetInfo) -> SplitNet:
+def build_model(name: str, dataset: str | DatasetInfo, bias: bool = False) -> SplitNet:
     """A fresh `name` network shaped for `dataset` (channels, image size, classes): the data set's
-    `DatasetInfo` (`fedskew.data.dataset_info(cfg)`), or the name of a standard set."""
+    `DatasetInfo` (`fedskew.data.dataset_info(cfg)`), or the name of a standard set. `bias` gives the
+    classifier a bias, drawn after everything else, so the other parameters are those of `bias=False`."""
     info = dataset_info(dataset) if isinstance(dataset, str) else dataset
     check_input(name, info)
-    return MODELS[name](info.channels, info.size, info.num_classes)
+    net = MODELS[name](info.channels, info.size, info.num_classes)
+    if bias:
+        bound = 1.0 / net.feature_dim**0.5  # nn.Linear's default bias draw, U(-1/sqrt(d), 1/sqrt(d))
+        net.classifier.bias = nn.Parameter(torch.empty(net.num_classes).uniform_(-bound, bound))
+    return net
 
 
-def initial_model(name: str, dataset: str | DatasetInfo, seed: int) -> SplitNet:
+def run_model(cfg: dict[str, Any]) -> SplitNet:
+    """A fresh network of the validated run config `cfg` (its model, data set and classifier bias)."""
+    return build_model(cfg["model"], dataset_info(cfg), cfg["classifier-bias"])
+
+
+def initial_model(name: str, dataset: str | DatasetInfo, seed: int, bias: bool = False) -> SplitNet:
     """The run's initial global model w^0: `build_model` right after `torch.manual_seed(seed)`, the
     draw of the server's initial arrays (`BaseStrategy.initial_arrays`), made inside
     `torch.random.fork_rng` so that the caller's random stream continues as if it had not been called.
     A client whose method starts a personal part from w^0 draws it here, with nothing sent."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return build_model(name, dataset)
+        return build_model(name, dataset, bias)
 
 
 def body_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

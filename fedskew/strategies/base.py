@@ -57,9 +57,9 @@ from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Strategy
 from torch import nn
 
-from fedskew.data import dataset_info, load_arrays
+from fedskew.data import load_arrays
 from fedskew.data.clients import client_class_counts, client_indices
-from fedskew.models import SplitNet, build_model
+from fedskew.models import SplitNet, run_model
 from fedskew.reasons import short_reason
 from fedskew.records import Rejected, Spec, Tensor, check_content
 from fedskew.registry import DeclaredWire
@@ -144,7 +144,7 @@ class BaseStrategy(Strategy):
 
     # ------------------------------------------------------------------ model
     def build_model(self) -> SplitNet:
-        return build_model(self.cfg["model"], dataset_info(self.cfg))
+        return run_model(self.cfg)
 
     def initial_arrays(self) -> ArrayRecord:
         """The initial global model: the network built under the run's `seed` (`built_with_seed`)."""
