@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from fedskew.config import ConfigError
-from fedskew.reports.peers import PUBLISHED, load_rows, peers_table
+from fedskew.reports.peers import PUBLISHED, gap_text, load_rows, peers_table
 from fedskew.reports.resultfile import CellResult, ResultSet, Stat
 from tests.harness import ROOT
 
@@ -78,20 +78,32 @@ def test_rows_gaps_and_reasons(tmp_path: Path) -> None:
     assert any("| fedrs |" in line and line.endswith(f"| {reason} |") for line in table)
 
 
-def test_a_split_drawn_per_seed_stands_beside_ours(tmp_path: Path) -> None:
-    """A peer's `drawn` names our setting that draws a split per seed: its number, with its seeds, in
-    its own column of the setting's rows; a setting without one leaves the column empty."""
+def test_the_settings_beside_a_row_stand_in_its_column_with_their_gaps(tmp_path: Path) -> None:
+    """A peer's `beside` names, per setting, our other settings with a caption (a split drawn per seed,
+    the peer's network): each one's number, seeds and gap to theirs, in the order written, not bold
+    (only a row's own gap asks for a reason); a setting without one, or whose other cell has not run,
+    leaves it empty."""
     path = _published(tmp_path)
     raw = yaml.safe_load(path.read_text())
-    raw["peers"]["x"]["drawn"] = {"a": "a-drawn"}
+    raw["peers"]["x"]["beside"] = {"a": {"a-drawn": "a split drawn per seed", "a-net": "their network"}}
     path.write_text(yaml.safe_dump(raw))
     cells = [_cell("a", "fedavg", [80.0, 80.0]), _cell("a-drawn", "fedavg", [81.0, 83.0]), _cell("b", "fedavg", [70.0])]
+    cells.append(_cell("a-net", "fedavg", [70.0]))
     sets = {"peer-x": ResultSet("peer-x", "peer-x", "suites/peer-x.yaml", cells)}
     table = peers_table(load_rows(tmp_path, sets))
-    assert table[2].endswith("| 82.00 ± 1.00 (2) |  |") and table[4].endswith("|  |  |")
-    raw["peers"]["x"]["drawn"] = {"c": "c-drawn"}
+    drawn = "a split drawn per seed: 82.00 ± 1.00 (2), +2.0 [-4.0, +8.0]"
+    assert table[2].endswith(f"| {drawn}; their network: 70.00 (1), -10.00 (one seed: no interval) |  |")
+    assert table[3].endswith("|  |  |") and table[4].endswith("|  |  |")  # fedrs: neither other cell ran; b: none
+    far = _cell("a-drawn", "fedavg", [95.0, 95.2])
+    assert gap_text((80.0, 1.0, 3), far.stats["global.best"], 2) == "**+15.1 [+12.7, +17.5]**"
+    assert gap_text((80.0, 1.0, 3), far.stats["global.best"], 2, mark=False) == "+15.1 [+12.7, +17.5]"
+    raw["peers"]["x"]["beside"] = {"c": {"c-drawn": "drawn"}}
     path.write_text(yaml.safe_dump(raw))
-    with pytest.raises(ConfigError, match=r"peers\.x\.drawn=.* is not allowed: must map a setting label"):
+    with pytest.raises(ConfigError, match=r"peers\.x\.beside=.* is not allowed: must map a setting label"):
+        load_rows(tmp_path, {})
+    raw["peers"]["x"]["beside"] = {"a": "a-drawn"}
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match=r"peers\.x\.beside=.* is not allowed: must map a setting label"):
         load_rows(tmp_path, {})
 
 
@@ -152,7 +164,8 @@ def test_the_committed_file_matches_its_suites() -> None:
     raw = yaml.safe_load((ROOT / PUBLISHED).read_text())
     for key, peer in raw["peers"].items():
         suite = yaml.safe_load((ROOT / peer["suite"]).read_text())
-        assert set(peer["settings"]) | set(peer.get("drawn", {}).values()) <= set(suite["partitions"]), key
+        beside = {other for by_setting in (peer.get("beside") or {}).values() for other in by_setting}
+        assert set(peer["settings"]) | beside <= set(suite["partitions"]), key
         assert set(peer["rows"]) <= set(suite["methods"]), key
     assert len(load_rows(ROOT, {})) == 24  # 8 niid_bench rows and 16 of PFLlib
 

@@ -693,7 +693,7 @@ HOSTILE = "a | b\n| c |\n<script>alert(1)</script> [x](javascript:alert(1)) &#60
 
 def test_text_from_files_is_shown_as_text_in_every_markdown_table(tmp_path: Path) -> None:
     """A claim, a row label, a reason, a paper note, a table's title and setting, a paper's title and
-    notes link, the leaderboard's labels and a peer's setting and gap reason holding `|`, line breaks,
+    notes link, the leaderboard's labels and a peer's setting, caption and gap reason holding `|`, line breaks,
     HTML and a `javascript:` link: each table keeps its columns and rows, no HTML tag or javascript
     link is left, and code spans and ordinary links are kept."""
     root = copy_inputs(tmp_path)
@@ -713,6 +713,7 @@ def test_text_from_files_is_shown_as_text_in_every_markdown_table(tmp_path: Path
     published = yaml.safe_load((root / "results" / "peers" / "published.yaml").read_text())
     published["peers"]["niid-bench"]["settings"]["c2"] = HOSTILE
     published["peers"]["niid-bench"]["gaps"] = {"fedavg": {"c2": HOSTILE}}
+    published["peers"]["niid-bench"]["beside"]["dir05"] = {"dir05-drawn": HOSTILE}  # a caption beside a number
     (root / "results" / "peers" / "published.yaml").write_text(yaml.safe_dump(published))
     files = generate(root, figures=False)
     assert HOSTILE.splitlines()[0] not in files[root / "docs" / "notes" / "peers.md"]  # escaped, not dropped:

@@ -7,8 +7,11 @@ compares (`ours`). A row's gap is ours - theirs with Welch's 95 % interval
 std is taken as the sample std of `runs` runs (the count a peer states, or the one its numbers
 imply), ours as the population std over our seeds. A row whose interval excludes 0 lies outside the
 seeds' spread and needs its reason under `gaps` (fedskew's reading, not the peer's); the table says
-so where none is written yet. A peer whose runs share one split names, under `drawn`, our setting
-that draws a split per seed instead: its number stands beside ours (what the split alone moves). A
+so where none is written yet. Under `beside`, a setting names our other settings whose numbers stand
+beside ours, each with a caption and its own gap: where the peer's runs share one split, the same
+cell on a split drawn per seed (what the split alone moves); the peer's network and inputs in place
+of fedskew's (what they alone move); those gaps are not bold, since only the row's own asks for a
+reason. A
 cell whose recorded config is not what the suite gives today names the keys that changed: its
 numbers are of the earlier protocol until the suite runs it again.
 """
@@ -43,17 +46,41 @@ class PeerRow:
     seeds: int
     reason: str
     changed: tuple[str, ...] = ()  # the keys whose value differs from the suite's today, as "key old → new"
-    drawn: tuple[Stat, int] | None = None  # ours on a split drawn per seed (`drawn`), with its seeds
+    beside: tuple[Beside, ...] = ()  # ours in the settings `beside` names for this one
     stopped: str = ""  # ours: the seeds whose run stopped, and at which round (`stopped_text`)
 
     @property
     def gap(self) -> Interval | None:
         """ours - theirs with Welch's interval (None before our cell has 2 seeds)."""
-        if self.ours is None or self.ours.std is None:
-            return None
-        mean, sample_std, runs = self.theirs
-        pop = sample_std * math.sqrt((runs - 1) / runs)
-        return welch_interval((self.ours.mean, self.ours.std, self.seeds), (mean, pop, runs))
+        return gap_interval(self.theirs, self.ours, self.seeds)
+
+
+@dataclass(frozen=True)
+class Beside:
+    """Ours in another setting of the suite, shown beside the row's: its caption, statistic, seeds."""
+
+    caption: str
+    ours: Stat
+    seeds: int
+
+
+def gap_interval(theirs: tuple[float, float, int], ours: Stat | None, seeds: int) -> Interval | None:
+    """ours - theirs with Welch's interval, their std taken as a sample std over their runs (None
+    before ours has 2 seeds)."""
+    if ours is None or ours.std is None:
+        return None
+    mean, sample_std, runs = theirs
+    pop = sample_std * math.sqrt((runs - 1) / runs)
+    return welch_interval((ours.mean, ours.std, seeds), (mean, pop, runs))
+
+
+def gap_text(theirs: tuple[float, float, int], ours: Stat, seeds: int, mark: bool = True) -> str:
+    """The gap with its interval, bold where it excludes 0 if `mark` (a row's own gap, which then needs
+    a reason); with one seed the bare difference."""
+    iv = gap_interval(theirs, ours, seeds)
+    if iv is None:
+        return f"{ours.mean - theirs[0]:+.2f}" + (" (one seed: no interval)" if seeds < 2 else "")
+    return f"**{iv.text()}**" if mark and iv.excludes_zero() else iv.text()
 
 
 def _need(raw: Any, key: str, kind: type, where: str) -> Any:
@@ -110,13 +137,18 @@ def load_rows(root: Path, sets: dict[str, ResultSet]) -> list[PeerRow]:
         runs = _need(peer, "runs", int, where)
         if isinstance(runs, bool) or runs < 2:
             raise refused(path, f"peers.{key}.runs", runs, "must be an integer >= 2 (a std needs two runs)")
-        drawn = peer.get("drawn") or {}
+        beside = peer.get("beside") or {}
         if (
-            not isinstance(drawn, dict)
-            or not set(drawn) <= set(settings)
-            or not all(isinstance(v, str) for v in drawn.values())
+            not isinstance(beside, dict)
+            or not set(beside) <= set(settings)
+            or not all(
+                isinstance(v, dict) and all(isinstance(a, str) and isinstance(b, str) for a, b in v.items())
+                for v in beside.values()
+            )
         ):
-            raise refused(path, f"peers.{key}.drawn", drawn, "must map a setting label to our setting label")
+            raise refused(
+                path, f"peers.{key}.beside", beside, "must map a setting label to {our setting label: caption}"
+            )
         gaps = peer.get("gaps") or {}
         if not isinstance(gaps, dict) or not all(isinstance(g, dict) for g in gaps.values()):
             raise refused(path, f"peers.{key}.gaps", gaps, "must map a method to {setting: reason}")
@@ -136,8 +168,11 @@ def load_rows(root: Path, sets: dict[str, ResultSet]) -> list[PeerRow]:
                 num = _theirs(path, f"peers.{key}.rows.{method}.{label}", published[method][label], runs)
                 cell = results.cell(label, method) if results is not None else None
                 stat = cell.stats.get(ours[method]) if cell is not None else None
-                other = results.cell(drawn[label], method) if results is not None and label in drawn else None
-                other_stat = other.stats.get(ours[method]) if other is not None else None
+                others = []
+                for other_label, caption in (beside.get(label) or {}).items():
+                    other = results.cell(other_label, method) if results is not None else None
+                    if other is not None and (other_stat := other.stats.get(ours[method])) is not None:
+                        others.append(Beside(caption, other_stat, len(other.seeds)))
                 changed = ()
                 if cell is not None and cell.config is not None and isinstance(suite_raw, dict):
                     changed = config_changes(cell.config, suite_config(suite_raw, label, method))
@@ -152,7 +187,7 @@ def load_rows(root: Path, sets: dict[str, ResultSet]) -> list[PeerRow]:
                         seeds=len(cell.seeds) if cell is not None else 0,
                         reason=str((gaps.get(method) or {}).get(label, "")),
                         changed=changed,
-                        drawn=(other_stat, len(other.seeds)) if other is not None and other_stat is not None else None,
+                        beside=tuple(others),
                         stopped=stopped_text(cell) if cell is not None else "",
                     )
                 )
@@ -160,11 +195,11 @@ def load_rows(root: Path, sets: dict[str, ResultSet]) -> list[PeerRow]:
 
 
 def peers_table(rows: list[PeerRow]) -> list[str]:
-    """The summary table: theirs, ours, the gap with its interval, ours on splits drawn per seed, and
-    the gap's reason."""
+    """The summary table: theirs, ours, the gap with its interval, ours in the settings beside it (each
+    with its gap), and the gap's reason."""
     lines = [
         "| peer | setting | method | theirs | ours (statistic, seeds) | ours - theirs [95% interval] "
-        "| ours, a split drawn per seed (seeds) | reason for a gap |",
+        "| beside: ours (seeds), ours - theirs | reason for a gap |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
@@ -174,20 +209,19 @@ def peers_table(rows: list[PeerRow]) -> list[str]:
             ours, gap, reason = f"not run yet ({stat})", "", md(r.reason)
         else:
             ours = f"{fmt_value(r.ours)} ({stat}, {r.seeds})"
-            iv = r.gap  # None with one seed (welch_interval): the row says so
-            bare = f"{r.ours.mean - mean:+.2f}" + (" (one seed: no interval)" if r.seeds < 2 else "")
-            gap = iv.text() if iv is not None else bare
-            outside = iv is not None and iv.excludes_zero()
+            gap = gap_text(r.theirs, r.ours, r.seeds)
+            outside = (iv := r.gap) is not None and iv.excludes_zero()
             reason = md(r.reason) or ("**outside the spread: no reason written yet**" if outside else "")
-            if outside:
-                gap = f"**{gap}**"
             if r.stopped:  # a diverged run counts with the rounds it ran
                 ours += f"; {r.stopped}, its statistic over the rounds before"
             if r.changed:  # the numbers of an earlier protocol, until the suite runs the cell again
                 ours += f"; recorded under an earlier config ({md(', '.join(r.changed))}), to run again"
-        drawn = f"{fmt_value(r.drawn[0])} ({r.drawn[1]})" if r.drawn is not None else ""
+        beside = "; ".join(
+            f"{md(b.caption)}: {fmt_value(b.ours)} ({b.seeds}), {gap_text(r.theirs, b.ours, b.seeds, mark=False)}"
+            for b in r.beside
+        )
         lines.append(
-            f"| {md(r.peer)} | {md(r.setting)} | {md(r.method)} | {mean:.2f} ± {std:.2f} | {ours} | {gap} | {drawn} "
+            f"| {md(r.peer)} | {md(r.setting)} | {md(r.method)} | {mean:.2f} ± {std:.2f} | {ours} | {gap} | {beside} "
             f"| {reason} |"
         )
     return lines
