@@ -184,7 +184,8 @@ def main(argv: list[str] | None = None) -> int:
         table = {m: {r["seed"]: round(100 * r["best"], 2) for r in rs} for m, rs in found.items() if rs}
         header = "# niid_bench's own FedAvg and FedNova code on their #C = 2 split, run here: each seed's best\n"
         header += "# central accuracy (%) over 51 evaluations; written by benchmarks/niid_bench_reference.py --export\n"
-        write_text(EXPORT, header + yaml.safe_dump({"format": 1, "best": table}, sort_keys=True))
+        body = {"format": 1, "setting": "c2", "best": table}
+        write_text(EXPORT, header + yaml.safe_dump(body, sort_keys=False))
     return 0
 
 

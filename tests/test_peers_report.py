@@ -107,6 +107,35 @@ def test_the_settings_beside_a_row_stand_in_its_column_with_their_gaps(tmp_path:
         load_rows(tmp_path, {})
 
 
+def test_the_peers_own_code_run_here_stands_beside_ours(tmp_path: Path) -> None:
+    """A peer's `reference` file (its code run here) adds, to its setting's rows of the methods it
+    holds, its number over its seeds with the gap; none before the file exists; a file naming
+    another setting, a seed that is not an integer or a value that is not a percentage is refused."""
+    path = _published(tmp_path)
+    raw = yaml.safe_load(path.read_text())
+    raw["peers"]["x"]["reference"] = {"file": "results/peers/ref.yaml", "caption": "their code run here"}
+    path.write_text(yaml.safe_dump(raw))
+    sets = {"peer-x": ResultSet("peer-x", "peer-x", "suites/peer-x.yaml", [_cell("a", "fedavg", [80.0, 80.0])])}
+    assert all(r.beside == () for r in load_rows(tmp_path, sets))
+    ref = tmp_path / "results" / "peers" / "ref.yaml"
+    ref.write_text(yaml.safe_dump({"format": 1, "setting": "a", "best": {"fedavg": {0: 81.0, 1: 83.0}}}))
+    table = peers_table(load_rows(tmp_path, sets))
+    assert table[2].endswith("| their code run here: 82.00 ± 1.00 (2), +2.0 [-4.0, +8.0] |  |")
+    assert table[3].endswith("|  |  |")  # fedrs: not in the file
+    for bad, key in [
+        ({"setting": "z", "best": {"fedavg": {0: 81.0}}}, "setting"),
+        ({"setting": "a", "best": {"fedavg": {"0": 81.0}}}, "best.fedavg"),
+        ({"setting": "a", "best": {"fedavg": {0: 181.0}}}, "best.fedavg.0"),
+    ]:
+        ref.write_text(yaml.safe_dump(bad))
+        with pytest.raises(ConfigError, match=rf"{key}=.* is not allowed"):
+            load_rows(tmp_path, sets)
+    raw["peers"]["x"]["reference"]["file"] = "results/../../etc/passwd"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match=r"reference\.file=.* must be a path under results/peers/"):
+        load_rows(tmp_path, sets)
+
+
 def test_a_seed_whose_run_stopped_is_named_in_its_row(tmp_path: Path) -> None:
     """A diverged seed counts with the rounds it ran, and the row says which seed stopped where."""
     from dataclasses import replace

@@ -11,7 +11,7 @@ so where none is written yet. Under `beside`, a setting names our other settings
 beside ours, each with a caption and its own gap: where the peer's runs share one split, the same
 cell on a split drawn per seed (what the split alone moves); the peer's network and inputs in place
 of fedskew's (what they alone move); those gaps are not bold, since only the row's own asks for a
-reason. A
+reason. A peer's `reference` adds there its own code run here (`reference_runs`). A
 cell whose recorded config is not what the suite gives today names the keys that changed: its
 numbers are of the earlier protocol until the suite runs it again.
 """
@@ -98,6 +98,40 @@ def _theirs(path: Path, where: str, num: Any, runs: int) -> tuple[float, float, 
     return mean, std, runs
 
 
+def reference_runs(
+    root: Path, raw: Any, where: str, path: Path, settings: dict[str, str]
+) -> dict[tuple[str, str], Beside]:
+    """A peer's `reference`, {file, caption}: the peer's own code run here (a file of
+    `benchmarks/niid_bench_reference.py --export`: `setting`, and per method each seed's statistic in
+    percent), as (setting, method) -> what stands beside our row; {} without one or before it ran."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or not isinstance(raw.get("file"), str) or not isinstance(raw.get("caption"), str):
+        raise refused(path, where, raw, "must be {file: a path under results/peers/, caption: text}")
+    file = root / raw["file"]
+    if not raw["file"].startswith("results/peers/") or ".." in Path(raw["file"]).parts:
+        raise refused(path, f"{where}.file", raw["file"], "must be a path under results/peers/")
+    if not file.is_file():
+        return {}
+    try:
+        data = yaml.safe_load(file.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{file}: not valid YAML ({str(e).splitlines()[0]})") from None
+    setting = data.get("setting") if isinstance(data, dict) else None
+    if setting not in settings:
+        raise refused(file, "setting", setting, f"must be one of the peer's settings {sorted(settings)}")
+    out = {}
+    for method, by_seed in _need(data, "best", dict, str(file)).items():
+        ok = isinstance(by_seed, dict) and by_seed and all(type(s) is int for s in by_seed)
+        if not ok:
+            raise refused(file, f"best.{method}", by_seed, "must map integer seeds to a percentage")
+        values = [percent_value(file, f"best.{method}.{s}", v) for s, v in sorted(by_seed.items())]
+        mean = sum(values) / len(values)
+        std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values)) if len(values) > 1 else None
+        out[setting, str(method)] = Beside(raw["caption"], Stat(mean, std, values), len(values))
+    return out
+
+
 def config_changes(recorded: dict[str, Any], today: dict[str, Any]) -> tuple[str, ...]:
     """'key old → new' for each key a run reads whose value differs between the two cell configs once
     fedskew's defaults fill them in (`fedskew.server_app.results.config_changes`, the rule a resumed
@@ -149,6 +183,7 @@ def load_rows(root: Path, sets: dict[str, ResultSet]) -> list[PeerRow]:
             raise refused(
                 path, f"peers.{key}.beside", beside, "must map a setting label to {our setting label: caption}"
             )
+        here = reference_runs(root, peer.get("reference"), f"peers.{key}.reference", path, settings)
         gaps = peer.get("gaps") or {}
         if not isinstance(gaps, dict) or not all(isinstance(g, dict) for g in gaps.values()):
             raise refused(path, f"peers.{key}.gaps", gaps, "must map a method to {setting: reason}")
@@ -173,6 +208,8 @@ def load_rows(root: Path, sets: dict[str, ResultSet]) -> list[PeerRow]:
                     other = results.cell(other_label, method) if results is not None else None
                     if other is not None and (other_stat := other.stats.get(ours[method])) is not None:
                         others.append(Beside(caption, other_stat, len(other.seeds)))
+                if (label, method) in here:
+                    others.append(here[label, method])
                 changed = ()
                 if cell is not None and cell.config is not None and isinstance(suite_raw, dict):
                     changed = config_changes(cell.config, suite_config(suite_raw, label, method))
