@@ -51,6 +51,7 @@ EXPORT = ROOT / "results" / "peers" / "niid-bench-reference.yaml"
 SPLIT = {"partition": "classes-per-client", "classes-per-client": 2, "classes-per-client-mode": "label-quantity"}
 SPLIT |= {"partition-seed": 42, "local-test-fraction": 0.0, "num-partitions": 10}
 EPOCHS, BATCH, LR, MOMENTUM, WEIGHT_DECAY = 10, 64, 0.01, 0.9, 1e-5
+CHECKPOINT_EVERY = 10  # rounds; a resumed run ends as the uninterrupted one (the batch order's generators saved)
 
 
 class CNNMnist(nn.Module):
@@ -143,7 +144,7 @@ def run(method: str, seed: int, rounds: int, out: Path) -> dict:
         params = aggregate(params, results, fednova)
         acc.append(accuracy(load(params), test_x, test_y))
         print(f"{method} seed {seed} round {len(acc) - 1}: {100 * acc[-1]:.2f}", flush=True)
-        if (len(acc) - 1) % 10 == 0 and len(acc) <= rounds:
+        if (len(acc) - 1) % CHECKPOINT_EVERY == 0 and len(acc) <= rounds:
             buf = io.BytesIO()
             tensors = [torch.from_numpy(np.asarray(p)) for p in params]
             torch.save({"params": tensors, "accuracy": acc, "generators": [g.get_state() for g in gens]}, buf)

@@ -64,3 +64,26 @@ def test_a_short_run_writes_its_rounds_and_best(ref, tmp_path, monkeypatch) -> N
     saved = json.loads((tmp_path / "fednova-s0.json").read_text())
     assert saved == record and len(saved["accuracy"]) == 2 and saved["best"] == max(saved["accuracy"])
     assert saved["accuracy"][1] > saved["accuracy"][0] + 0.02  # one round of their FedNova learns
+
+
+def test_a_run_stopped_after_its_checkpoint_resumes_to_the_uninterrupted_runs_rounds(
+    ref, tmp_path, monkeypatch
+) -> None:
+    monkeypatch.setattr(ref, "EPOCHS", 1)
+    monkeypatch.setattr(ref, "CHECKPOINT_EVERY", 1)
+    whole = ref.run("fedavg", 3, 2, tmp_path / "whole.json")
+    train, calls = ref.local_train, []
+
+    def stop_in_round_two(*args, **kwargs):
+        calls.append(1)
+        if len(calls) > 10:  # round 2's first client: after round 1's checkpoint
+            raise KeyboardInterrupt
+        return train(*args, **kwargs)
+
+    monkeypatch.setattr(ref, "local_train", stop_in_round_two)
+    with pytest.raises(KeyboardInterrupt):
+        ref.run("fedavg", 3, 2, tmp_path / "cut.json")
+    assert (tmp_path / "cut.ckpt").is_file() and not (tmp_path / "cut.json").exists()
+    monkeypatch.setattr(ref, "local_train", train)
+    resumed = ref.run("fedavg", 3, 2, tmp_path / "cut.json")
+    assert resumed["accuracy"] == whole["accuracy"] and not (tmp_path / "cut.ckpt").exists()
