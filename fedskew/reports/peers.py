@@ -28,7 +28,16 @@ import yaml
 from fedskew.config import ConfigError, all_params, validate
 from fedskew.reports.markdown import md
 from fedskew.reports.pages import fmt_value
-from fedskew.reports.resultfile import STAT_NAME, ResultSet, Stat, percent_value, refused, stopped_text, suite_config
+from fedskew.reports.resultfile import (
+    STAT_NAME,
+    ResultSet,
+    Stat,
+    percent_value,
+    refused,
+    seed_stat,
+    stopped_text,
+    suite_config,
+)
 from fedskew.reports.stats import Interval, welch_interval
 
 PUBLISHED = Path("results/peers/published.yaml")
@@ -126,9 +135,7 @@ def reference_runs(
         if not ok:
             raise refused(file, f"best.{method}", by_seed, "must map integer seeds to a percentage")
         values = [percent_value(file, f"best.{method}.{s}", v) for s, v in sorted(by_seed.items())]
-        mean = sum(values) / len(values)
-        std = math.sqrt(sum((v - mean) ** 2 for v in values) / len(values)) if len(values) > 1 else None
-        out[setting, str(method)] = Beside(raw["caption"], Stat(mean, std, values), len(values))
+        out[setting, str(method)] = Beside(raw["caption"], seed_stat(values), len(values))
     return out
 
 

@@ -459,10 +459,15 @@ def _summarise(values: list[float | None], seeds: list[int]) -> Stat | None:
     kept = [(s, 100 * v) for s, v in zip(seeds, values, strict=True) if v is not None]
     if not kept:
         return None
-    per_seed = [round(v, 4) for _, v in kept]
-    arr = np.array([v for _, v in kept])
     partial = [s for s, _ in kept] if len(kept) < len(seeds) else None
-    return Stat(round(float(arr.mean()), 4), round(float(arr.std()), 4), per_seed, partial)
+    return seed_stat([v for _, v in kept], partial)
+
+
+def seed_stat(percents: list[float], seeds: list[int] | None = None) -> Stat:
+    """Mean and population std over per-seed values in percent (4 decimals, as result files keep them);
+    `seeds`: the seeds they are of, where fewer than the cell's."""
+    arr = np.array(percents, dtype=np.float64)
+    return Stat(round(float(arr.mean()), 4), round(float(arr.std()), 4), [round(v, 4) for v in percents], seeds)
 
 
 def failed_round(run_dir: Path) -> int | None:
