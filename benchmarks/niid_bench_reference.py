@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import statistics
 import sys
 from collections import OrderedDict
 from pathlib import Path
@@ -45,6 +44,7 @@ from fedskew.config import validate  # noqa: E402
 from fedskew.data import load_arrays  # noqa: E402
 from fedskew.data.clients import client_indices  # noqa: E402
 from fedskew.files import atomic_write, write_text  # noqa: E402
+from fedskew.reports.resultfile import seed_stat  # noqa: E402
 
 OUT = ROOT / "outputs" / "niid-bench-reference"
 EXPORT = ROOT / "results" / "peers" / "niid-bench-reference.yaml"
@@ -178,9 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     found = {m: [r for r in rs if r["rounds"] == 50] for m, rs in runs().items()}
     if args.summary or args.export:
         for method, rs in found.items():
-            best = [100 * r["best"] for r in rs]
-            spread = f" +- {statistics.pstdev(best):.2f}" if len(best) > 1 else ""
-            print(f"{method}: best {statistics.mean(best):.2f}{spread} over seeds {[r['seed'] for r in rs]}")
+            stat = seed_stat([100 * r["best"] for r in rs])  # as the peers' table computes it
+            spread = f" +- {stat.std:.2f}" if len(rs) > 1 else ""
+            print(f"{method}: best {stat.mean:.2f}{spread} over seeds {[r['seed'] for r in rs]}")
     if args.export:
         table = {m: {r["seed"]: round(100 * r["best"], 2) for r in rs} for m, rs in found.items() if rs}
         header = "# niid_bench's own FedAvg and FedNova code on their #C = 2 split, run here: each seed's best\n"
