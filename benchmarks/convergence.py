@@ -153,6 +153,18 @@ def class_table(rows: dict[str, list[dict]], early: int, window: int) -> list[st
     return lines
 
 
+def command_runs(runs: list[str]) -> list[str]:
+    """The runs as a page's command names them: `<folder>/*` where they are every run of one folder,
+    else each run; a path in a checkout's `outputs/` from there on, as any checkout holds it."""
+    paths = [Path(r).resolve() for r in runs]
+    parents = {p.parent for p in paths}
+    if len(parents) == 1:
+        parent = parents.pop()
+        if {p for p in parent.iterdir() if (p / "metrics.jsonl").is_file()} <= set(paths):
+            paths = [parent / "*"]
+    return [str(Path(*p.parts[p.parts.index("outputs") :])) if "outputs" in p.parts else str(p) for p in paths]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("runs", nargs="+", help="run folders (each with its metrics.jsonl)")
@@ -181,8 +193,7 @@ def main() -> None:
         lines += ["", *class_table(rows, int(budget), args.window)]
     print("\n".join(lines))
     if args.doc:
-        parents = {Path(r).parent for r in args.runs}
-        where = [f"{parents.pop()}/*"] if len(parents) == 1 else args.runs
+        where = command_runs(args.runs)
         changed = [k for k in ("last", "window", "tolerance", "block") if getattr(args, k) != ap.get_default(k)]
         options = ["--classes"] * args.classes + [f"--{k} {getattr(args, k)}" for k in changed]
         command = " ".join([*where, *options, f"--doc {args.doc}"])

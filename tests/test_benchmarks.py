@@ -463,6 +463,17 @@ def test_convergence_writes_its_tables_into_the_named_block_of_a_page(tmp_path: 
     assert "| a--fedrs--s0 | 100 | 60 | 100 | not within the run | 70.0, 70.0 |" in text, (
         text
     )  # flat: from round 10 + 50
+    # one of a folder's two runs: the command names it (a glob would read the other again)
+    res = run_benchmark("convergence.py", runs[0], "--doc", str(page), "--block", "long")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert f"benchmarks/convergence.py {runs[0]} --block long" in page.read_text()
+    # a folder in a checkout's outputs/: named from there on, as any checkout holds it
+    kept = tmp_path / "outputs" / "suites" / "s" / "a--fedavg--s0"
+    kept.mkdir(parents=True)
+    (kept / "metrics.jsonl").write_text((tmp_path / "runs" / "a--fedavg--s0" / "metrics.jsonl").read_text())
+    res = run_benchmark("convergence.py", str(kept), "--doc", str(page), "--block", "long")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "benchmarks/convergence.py outputs/suites/s/* --block long" in page.read_text()
 
 
 def test_convergence_classes_show_each_class_at_the_leaderboards_rounds_and_at_the_runs_end(
