@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import yaml
 
 from fedskew.config import ConfigError
-from fedskew.reports.peers import PUBLISHED, gap_text, load_rows, peers_table
+from fedskew.reports.peers import PUBLISHED, cost_line, gap_text, load_rows, peers_table
 from fedskew.reports.resultfile import CellResult, ResultSet, Stat
 from tests.harness import ROOT
 
@@ -76,6 +77,20 @@ def test_rows_gaps_and_reasons(tmp_path: Path) -> None:
     _published(tmp_path / "with-reason", {"fedrs": {"a": reason}})
     table = peers_table(load_rows(tmp_path / "with-reason", sets))
     assert any("| fedrs |" in line and line.endswith(f"| {reason} |") for line in table)
+
+
+def test_the_cost_line_sums_the_recorded_wall_times_and_counts_the_untimed_runs(tmp_path: Path) -> None:
+    """Runs of 40, 44 and 60 min (one more untimed) on the CPU: 2.4 h over 3 of 4 runs, a run 40-60 min
+    (median 44); nothing timed: no line."""
+    _published(tmp_path)
+    walls = {0: 2400.0, 1: 2640.0, 2: 3600.0}
+    timed = replace(_cell("a", "fedavg", [79.0, 80.0, 81.0]), device="cpu", wall_seconds=walls)
+    other = replace(_cell("b", "fedavg", [70.0]), device="cpu")
+    sets = {"peer-x": ResultSet("peer-x", "peer-x", "suites/peer-x.yaml", [timed, other])}
+    line = cost_line(load_rows(tmp_path, sets), sets)
+    assert line.endswith(": peer-x: cpu, 2.4 h over the 3 of 4 runs timed, a run 40-60 min (median 44)."), line
+    bare = {"peer-x": ResultSet("peer-x", "peer-x", "suites/peer-x.yaml", [_cell("a", "fedavg", [80.0])])}
+    assert cost_line(load_rows(tmp_path, bare), bare) == ""
 
 
 def test_the_settings_beside_a_row_stand_in_its_column_with_their_gaps(tmp_path: Path) -> None:

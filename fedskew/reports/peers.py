@@ -19,6 +19,7 @@ numbers are of the earlier protocol until the suite runs it again.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,7 @@ class PeerRow:
     changed: tuple[str, ...] = ()  # the keys whose value differs from the suite's today, as "key old → new"
     beside: tuple[Beside, ...] = ()  # ours in the settings `beside` names for this one
     stopped: str = ""  # ours: the seeds whose run stopped, and at which round (`stopped_text`)
+    suite: str = ""  # our suite's name (its result file's stem)
 
     @property
     def gap(self) -> Interval | None:
@@ -233,6 +235,7 @@ def load_rows(root: Path, sets: dict[str, ResultSet]) -> list[PeerRow]:
                         changed=changed,
                         beside=tuple(others),
                         stopped=stopped_text(cell) if cell is not None else "",
+                        suite=suite,
                     )
                 )
     return rows
@@ -269,3 +272,25 @@ def peers_table(rows: list[PeerRow]) -> list[str]:
             f"| {reason} |"
         )
     return lines
+
+
+def cost_line(rows: list[PeerRow], sets: dict[str, ResultSet]) -> str:
+    """'Where ours ran and how long ...: <suite>: cpu, 2.8 h over 4 runs, a run 40-45 min (median 42).'
+    from each peer suite's recorded devices and wall times ('' before any run is timed)."""
+    parts = []
+    for suite in dict.fromkeys(r.suite for r in rows):
+        cells = results.cells if (results := sets.get(suite)) is not None else []
+        walls = sorted(w for c in cells for w in c.wall_seconds.values())
+        if not walls:
+            continue
+        runs = sum(len(c.seeds) for c in cells)
+        devices = ", ".join(sorted({d for c in cells for d in c.device.split(", ") if d})) or "device not recorded"
+        timed = f"{runs} runs" if len(walls) == runs else f"the {len(walls)} of {runs} runs timed"
+        minutes = f"{walls[0] / 60:.0f}-{walls[-1] / 60:.0f} min (median {statistics.median(walls) / 60:.0f})"
+        parts.append(f"{md(suite)}: {devices}, {sum(walls) / 3600:.1f} h over {timed}, a run {minutes}")
+    if not parts:
+        return ""
+    return (
+        "Where ours ran and how long (each run's wall time, as its result file records; the CPU queue runs "
+        f"two at once): {'; '.join(parts)}."
+    )
