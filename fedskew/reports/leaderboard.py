@@ -22,7 +22,14 @@ import numpy as np
 from fedskew.config import all_params
 from fedskew.reports.markdown import md, md_code_block
 from fedskew.reports.pages import GENERATED, fmt_value, save_figure
-from fedskew.reports.resultfile import CellResult, ResultSet, per_seed_values, stopped_text, suite_seeds
+from fedskew.reports.resultfile import (
+    CellResult,
+    ResultSet,
+    per_seed_values,
+    recorded_time,
+    stopped_text,
+    suite_seeds,
+)
 from fedskew.reports.stats import (
     LEVEL,
     Interval,
@@ -393,10 +400,7 @@ def where_ran(board: Board) -> str:
     cpu, cuda.' from the cells' devices and their runs' wall times ('' when none is recorded)."""
     parts = []
     for p in board.partitions:
-        cells = [c for m in board.methods if (c := board.cell(p, m))]
-        devices = sorted({d for c in cells for d in c.device.split(", ") if d})
-        runs = sum(len(c.seeds) for c in cells)
-        walls = [w for c in cells for w in c.wall_seconds.values()]
+        devices, walls, runs = recorded_time([c for m in board.methods if (c := board.cell(p, m))])
         took = f"{sum(walls) / 3600:.1f} h"
         if len(walls) < runs:
             took += f" over the {len(walls)} of {runs} runs timed"

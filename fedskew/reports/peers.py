@@ -34,6 +34,7 @@ from fedskew.reports.resultfile import (
     ResultSet,
     Stat,
     percent_value,
+    recorded_time,
     refused,
     seed_stat,
     stopped_text,
@@ -279,18 +280,23 @@ def cost_line(rows: list[PeerRow], sets: dict[str, ResultSet]) -> str:
     from each peer suite's recorded devices and wall times ('' before any run is timed)."""
     parts = []
     for suite in dict.fromkeys(r.suite for r in rows):
-        cells = results.cells if (results := sets.get(suite)) is not None else []
-        walls = sorted(w for c in cells for w in c.wall_seconds.values())
+        devices, walls, runs = recorded_time(results.cells if (results := sets.get(suite)) is not None else [])
         if not walls:
             continue
-        runs = sum(len(c.seeds) for c in cells)
-        devices = ", ".join(sorted({d for c in cells for d in c.device.split(", ") if d})) or "device not recorded"
         timed = f"{runs} runs" if len(walls) == runs else f"the {len(walls)} of {runs} runs timed"
-        minutes = f"{walls[0] / 60:.0f}-{walls[-1] / 60:.0f} min (median {statistics.median(walls) / 60:.0f})"
-        parts.append(f"{md(suite)}: {devices}, {sum(walls) / 3600:.1f} h over {timed}, a run {minutes}")
+        minutes = f"{min(walls) / 60:.0f}-{max(walls) / 60:.0f} min (median {statistics.median(walls) / 60:.0f})"
+        where = ", ".join(devices) or "device not recorded"
+        parts.append(f"{md(suite)}: {where}, {sum(walls) / 3600:.1f} h over {timed}, a run {minutes}")
     if not parts:
         return ""
     return (
         "Where ours ran and how long (each run's wall time, as its result file records; the CPU queue runs "
         f"two at once): {'; '.join(parts)}."
     )
+
+
+def peers_block(root: Path, sets: dict[str, ResultSet]) -> list[str]:
+    """docs/notes/peers.md's generated block (`BLOCK`): the summary table, then what our runs cost."""
+    rows = load_rows(root, sets)
+    cost = cost_line(rows, sets)
+    return [*peers_table(rows), *(["", cost] if cost else [])]

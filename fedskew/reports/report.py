@@ -75,7 +75,7 @@ from fedskew.reports.leaderboard import (
 from fedskew.reports.markdown import md, md_link
 from fedskew.reports.pages import GENERATED, fmt_value, save_figure
 from fedskew.reports.peers import BLOCK as PEERS_BLOCK
-from fedskew.reports.peers import cost_line, load_rows, peers_table
+from fedskew.reports.peers import peers_block
 from fedskew.reports.resultfile import STAT_NAME, CellResult, ResultSet, Stat, describe_stat, load_all, per_seed_values
 from fedskew.reports.stats import LEVEL, Interval, paired_gain, welch_interval
 
@@ -606,13 +606,6 @@ def generate(root: Path, figures: bool = True) -> dict[Path, str]:
         claims_figure(points, root / "docs" / "img" / FIGURES[0])
         leaderboard_figure(board, root / "docs" / "img" / FIGURES[1])
     return out
-
-
-def peers_block(root: Path, sets: dict[str, ResultSet]) -> list[str]:
-    """docs/notes/peers.md's generated block: the summary table, then what our runs cost."""
-    rows = load_rows(root, sets)
-    cost = cost_line(rows, sets)
-    return [*peers_table(rows), *(["", cost] if cost else [])]
 
 
 def main(argv: list[str] | None = None) -> int:

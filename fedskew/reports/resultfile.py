@@ -470,6 +470,13 @@ def seed_stat(percents: list[float], seeds: list[int] | None = None) -> Stat:
     return Stat(round(float(arr.mean()), 4), round(float(arr.std()), 4), [round(v, 4) for v in percents], seeds)
 
 
+def recorded_time(cells: list[CellResult]) -> tuple[list[str], list[float], int]:
+    """Where and how long the cells' runs ran, as recorded: their devices (sorted; none where not
+    recorded), each timed run's wall seconds, and how many runs the cells hold."""
+    devices = sorted({d for c in cells for d in c.device.split(", ") if d})
+    return devices, [w for c in cells for w in c.wall_seconds.values()], sum(len(c.seeds) for c in cells)
+
+
 def failed_round(run_dir: Path) -> int | None:
     """The round that no retry completed, at which the run in `run_dir` stopped (`stopped.json`); None
     when it did not stop so: it finished (`summary.json`), is still going or was killed, or the file
