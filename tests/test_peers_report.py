@@ -91,6 +91,11 @@ def test_the_cost_line_sums_the_recorded_wall_times_and_counts_the_untimed_runs(
     assert line.endswith(": peer-x: cpu, 2.4 h over the 3 of 4 runs timed, a run 40-60 min (median 44)."), line
     bare = {"peer-x": ResultSet("peer-x", "peer-x", "suites/peer-x.yaml", [_cell("a", "fedavg", [80.0])])}
     assert cost_line(load_rows(tmp_path, bare), bare) == ""
+    # a result file's device is text from disk: shown as text, not as the page's markup
+    hostile = replace(timed, device="cpu, <script>x</script>")
+    sets = {"peer-x": ResultSet("peer-x", "peer-x", "suites/peer-x.yaml", [hostile])}
+    line = cost_line(load_rows(tmp_path, sets), sets)
+    assert "<script>" not in line and "cpu, " in line, line
 
 
 def test_the_settings_beside_a_row_stand_in_its_column_with_their_gaps(tmp_path: Path) -> None:

@@ -888,6 +888,8 @@ def test_the_leaderboard_says_where_each_setting_ran_and_how_long() -> None:
         "as their result file records: a cpu, cuda, 2.0 h over the 3 of 4 runs timed; b cpu."
     )
     assert where_ran(Board(suite, ResultSet("x", "s", "s.yaml", [CellResult("b", "fedavg", [0], stat)]))) == ""
+    hostile = [CellResult("b", "fedavg", [0], stat, device="<img src=x onerror=alert(1)>")]  # text from disk
+    assert "<img" not in where_ran(Board(suite, ResultSet("x", "s", "s.yaml", hostile)))
 
 
 def test_a_long_processor_name_is_cut_to_what_a_result_file_keeps(monkeypatch) -> None:

@@ -405,9 +405,8 @@ def where_ran(board: Board) -> str:
         if len(walls) < runs:
             took += f" over the {len(walls)} of {runs} runs timed"
         if devices or walls:
-            parts.append(
-                ", ".join([f"{md(p)} {', '.join(devices) or 'device not recorded'}", *([took] if walls else [])])
-            )
+            where = ", ".join(map(md, devices)) or "device not recorded"
+            parts.append(", ".join([f"{md(p)} {where}", *([took] if walls else [])]))
     if not parts:
         return ""
     return (

@@ -285,7 +285,7 @@ def cost_line(rows: list[PeerRow], sets: dict[str, ResultSet]) -> str:
             continue
         timed = f"{runs} runs" if len(walls) == runs else f"the {len(walls)} of {runs} runs timed"
         minutes = f"{min(walls) / 60:.0f}-{max(walls) / 60:.0f} min (median {statistics.median(walls) / 60:.0f})"
-        where = ", ".join(devices) or "device not recorded"
+        where = ", ".join(map(md, devices)) or "device not recorded"
         parts.append(f"{md(suite)}: {where}, {sum(walls) / 3600:.1f} h over {timed}, a run {minutes}")
     if not parts:
         return ""
