@@ -127,6 +127,34 @@ def test_the_settings_beside_a_row_stand_in_its_column_with_their_gaps(tmp_path:
         load_rows(tmp_path, {})
 
 
+def test_a_methods_variants_stand_beside_its_rows_in_every_setting(tmp_path: Path) -> None:
+    """A peer's `variants` names, per method, other method labels of our suite (the method with a key
+    changed) with a caption: in each setting where that cell ran, its number, seeds and gap to theirs
+    stand beside ours, after the `beside` settings; a setting where it has not run leaves it out; a
+    variant of a method the peer does not print, or one that is not a {label: caption} map, is refused."""
+    path = _published(tmp_path)
+    raw = yaml.safe_load(path.read_text())
+    raw["peers"]["x"]["beside"] = {"a": {"a-drawn": "drawn"}}
+    raw["peers"]["x"]["variants"] = {"fedavg": {"fedavg-lr": "a lower lr"}}
+    path.write_text(yaml.safe_dump(raw))
+    cells = [_cell("a", "fedavg", [80.0, 80.0]), _cell("a-drawn", "fedavg", [81.0]), _cell("b", "fedavg", [70.0])]
+    cells += [_cell("a", "fedavg-lr", [75.0, 77.0]), _cell("a", "fedrs", [90.0])]
+    sets = {"peer-x": ResultSet("peer-x", "peer-x", "suites/peer-x.yaml", cells)}
+    rows = {(r.setting, r.method): r for r in load_rows(tmp_path, sets)}
+    assert [b.caption for b in rows["Setting A", "fedavg"].beside] == ["drawn", "a lower lr"]
+    table = peers_table(list(rows.values()))
+    assert "drawn: 81.00 (1), +1.00 (one seed: no interval); a lower lr: 76.00 ± 1.00 (2), -4.0 [" in table[2]
+    assert rows["Setting B", "fedavg"].beside == () and rows["Setting A", "fedrs"].beside == ()
+    for bad, message in (
+        ({"fedprox": {"fedprox-mu": "mu"}}, r"variants: methods \['fedprox'\] not under `rows`"),
+        ({"fedavg": "fedavg-lr"}, r"peers\.x\.variants=.* is not allowed: must map a method"),
+    ):
+        raw["peers"]["x"]["variants"] = bad
+        path.write_text(yaml.safe_dump(raw))
+        with pytest.raises(ConfigError, match=message):
+            load_rows(tmp_path, {})
+
+
 def test_the_peers_own_code_run_here_stands_beside_ours(tmp_path: Path) -> None:
     """A peer's `reference` file (its code run here) adds, to its setting's rows of the methods it
     holds, its number over its seeds with the gap; none before the file exists; a file naming
@@ -215,7 +243,8 @@ def test_the_committed_file_matches_its_suites() -> None:
         suite = yaml.safe_load((ROOT / peer["suite"]).read_text())
         beside = {other for by_setting in (peer.get("beside") or {}).values() for other in by_setting}
         assert set(peer["settings"]) | beside <= set(suite["partitions"]), key
-        assert set(peer["rows"]) <= set(suite["methods"]), key
+        variants = {other for by_method in (peer.get("variants") or {}).values() for other in by_method}
+        assert set(peer["rows"]) | variants <= set(suite["methods"]), key
     assert len(load_rows(ROOT, {})) == 24  # 8 niid_bench rows and 16 of PFLlib
 
 

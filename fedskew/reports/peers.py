@@ -10,10 +10,12 @@ seeds' spread and needs its reason under `gaps` (fedskew's reading, not the peer
 so where none is written yet. Under `beside`, a setting names our other settings whose numbers stand
 beside ours, each with a caption and its own gap: where the peer's runs share one split, the same
 cell on a split drawn per seed (what the split alone moves); the peer's network and inputs in place
-of fedskew's (what they alone move); those gaps are not bold, since only the row's own asks for a
-reason. A peer's `reference` adds there its own code run here (`reference_runs`). A
-cell whose recorded config is not what the suite gives today names the keys that changed: its
-numbers are of the earlier protocol until the suite runs it again.
+of fedskew's (what they alone move). Under `variants`, a method names other cells of our suite that
+run it with some key changed (a diagnostic: what that key alone moves), shown the same way in each
+setting; those gaps are not bold, since only the row's own asks for a reason. A peer's `reference`
+adds there its own code run here (`reference_runs`). A cell whose recorded config is not what the
+suite gives today names the keys that changed: its numbers are of the earlier protocol until the
+suite runs it again.
 """
 
 from __future__ import annotations
@@ -193,6 +195,14 @@ def load_rows(root: Path, sets: dict[str, ResultSet]) -> list[PeerRow]:
             raise refused(
                 path, f"peers.{key}.beside", beside, "must map a setting label to {our setting label: caption}"
             )
+        variants = peer.get("variants") or {}
+        if not isinstance(variants, dict) or not all(
+            isinstance(v, dict) and all(isinstance(a, str) and isinstance(b, str) for a, b in v.items())
+            for v in variants.values()
+        ):
+            raise refused(
+                path, f"peers.{key}.variants", variants, "must map a method to {our suite's method label: caption}"
+            )
         here = reference_runs(root, peer.get("reference"), f"peers.{key}.reference", path, settings)
         gaps = peer.get("gaps") or {}
         if not isinstance(gaps, dict) or not all(isinstance(g, dict) for g in gaps.values()):
@@ -208,14 +218,19 @@ def load_rows(root: Path, sets: dict[str, ResultSet]) -> list[PeerRow]:
                 raise refused(path, f"peers.{key}.rows.{method}", by_setting, "must map a setting to {mean, std}")
             if unknown := set(by_setting) - set(settings):
                 raise ConfigError(f"{where}: rows.{method}: settings {sorted(unknown)} not under `settings`")
+        if unknown := set(variants) - set(published):
+            raise ConfigError(f"{where}: variants: methods {sorted(unknown)} not under `rows`")
         for label in settings:  # grouped by setting, as the peers print them
             for method in (m for m, by_setting in published.items() if label in by_setting):
                 num = _theirs(path, f"peers.{key}.rows.{method}.{label}", published[method][label], runs)
                 cell = results.cell(label, method) if results is not None else None
                 stat = cell.stats.get(ours[method]) if cell is not None else None
-                others = []
-                for other_label, caption in (beside.get(label) or {}).items():
-                    other = results.cell(other_label, method) if results is not None else None
+                others = []  # our other settings of this method, then this setting's variants of it
+                for (other_label, other_method), caption in [
+                    *(((b, method), c) for b, c in (beside.get(label) or {}).items()),
+                    *(((label, v), c) for v, c in (variants.get(method) or {}).items()),
+                ]:
+                    other = results.cell(other_label, other_method) if results is not None else None
                     if other is not None and (other_stat := other.stats.get(ours[method])) is not None:
                         others.append(Beside(caption, other_stat, len(other.seeds)))
                 if (label, method) in here:
