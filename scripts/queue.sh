@@ -16,7 +16,9 @@
 # two at a time, each cell exported as soon as it finishes (`--export-each`): for the suites whose
 # cells take an hour, so that a session's machine that goes away mid-seed loses at most the two cells
 # it was running (where outputs/ stays, only the rounds since their last checkpoint: a stopped cell
-# resumes, clients' states included), and no core waits for a slower partner.
+# resumes, clients' states included), and no core waits for a slower partner. `each/<suite>@A,B:<seeds>`
+# runs only methods A and B (`rerun_cells.py --methods`): a suite too long for one machine runs its key
+# methods at every seed first, so that what finishes holds paired seeds.
 # Order: the leaderboard's first 10 seeds at 40 rounds (the floor its page holds to); niid_bench (the
 # first peer's protocol); the leaderboard's seeds 10-16 (dir01 runs 13, c2 17: the suite's `seeds:`,
 # what its measured spread asks; about 6 h here, so before the day-long suites); MuPFL's, MAP's and
@@ -24,7 +26,9 @@
 # rounds the leaderboard's leading methods need to converge (`suites/leaderboard-long.yaml`, read by
 # `benchmarks/convergence.py`); PFLlib (the second peer, about 35 h here); FedGELA's and FedMR's 57
 # cells the pages need again (about a day here); the leaderboard at a converged budget
-# (`suites/leaderboard-converged.yaml`, 500 rounds, about 80 h here: a GPU's job); last, the papers' suites
+# (`suites/leaderboard-converged.yaml`, 500 rounds, about 80 h here: a GPU's job), FedAvg and the four
+# methods whose verdicts the convergence runs found to move with the budget (FedRS, FedLC, FedRoD,
+# CReFF) at all 5 seeds first (75 cells, about 19 h here), then the rest; last, the papers' suites
 # whole, cheapest first (a cell recorded without per-seed values, or under an earlier config, is not
 # skipped, so these run exactly those: the reference rows beside the claims).
 set -euo pipefail
@@ -36,7 +40,8 @@ PAPERS+=" paper-fedgela:0-2 paper-map:0-2 paper-fedrs:0-2"
 EARLY="rerun/paper-mupfl,paper-map,paper-fedrs:0-2" LATE="rerun/paper-fedgela,paper-fedmr:0-2"
 ORDER="leaderboard:0-9 each/peer-niid-bench:0-2 leaderboard:10-16 $EARLY each/leaderboard-long:0-0"
 ORDER+=" each/peer-pfllib:0-2 $LATE"
-QUEUE=${QUEUE:-"$ORDER each/leaderboard-converged:0-4 $PAPERS"}
+CONVERGED="each/leaderboard-converged@fedavg,fedrs,fedlc,fedrod,creff:0-4 each/leaderboard-converged:0-4"
+QUEUE=${QUEUE:-"$ORDER $CONVERGED $PAPERS"}
 # Each line `<suite> <partition/method>,...` on stdin: run those cells for the seeds $1 (two at once,
 # further options such as --rerun-changed after it), then export them.
 run_batches() {
@@ -58,8 +63,10 @@ for item in $QUEUE; do
         continue
     fi
     if [[ $suite == each/* ]]; then
+        name=${suite#each/} methods=
+        [[ $name == *@* ]] && methods=${name#*@} name=${name%%@*}
         for seed in $(seq "${range%-*}" "${range#*-}"); do
-            $PY scripts/rerun_cells.py --suites "${suite#each/}" --pending "$seed" --group 0 \
+            $PY scripts/rerun_cells.py --suites "$name" --pending "$seed" --group 0 ${methods:+--methods "$methods"} \
                 ${RERUN:+--rerun-changed} | run_batches "$seed" --export-each ${RERUN:+--rerun-changed} \
                 || echo "== $item, seed $seed: its cells could not be listed, skipped"
         done

@@ -11,10 +11,13 @@ With `--pending SEED` it lists instead the cells a run of that seed still runs (
 recorded in the result file, not finished in the suite's folder; with `--rerun-changed`, also those
 finished under another config), for the queue's item `each`, which runs them all in one call
 (`--group 0`), two at a time, exporting each cell as it finishes, so that a session that ends mid-seed
-keeps the cells it finished and no core waits for a pair's slower cell.
+keeps the cells it finished and no core waits for a pair's slower cell. `--methods` keeps those
+methods' cells, in the order given: a suite too long for the machine runs its key methods first, at
+every seed, so that what finishes holds paired seeds.
 
     .venv/bin/python scripts/rerun_cells.py [--group 2] [--suites paper-mupfl,paper-map]
     .venv/bin/python scripts/rerun_cells.py --suites peer-niid-bench --pending 1 [--rerun-changed]
+    .venv/bin/python scripts/rerun_cells.py --suites leaderboard-converged --pending 0 --methods fedavg,fedrs
 """
 
 from __future__ import annotations
@@ -43,11 +46,14 @@ def main() -> None:
     ap.add_argument(
         "--rerun-changed", action="store_true", help="with --pending: count a cell finished under another config"
     )
+    ap.add_argument("--methods", metavar="A,B", help="with --pending: only these methods' cells, in this order")
     args = ap.parse_args()
     if args.group < 0:
         ap.error(f"--group {args.group} is not allowed: must be 1 or more, or 0 (every cell on one line)")
     if args.rerun_changed and args.pending is None:
         ap.error("--rerun-changed is for --pending SEED")
+    if args.methods and args.pending is None:
+        ap.error("--methods is for --pending SEED")
     defaults = app_defaults(ROOT)
     have = sorted(p.stem for p in (ROOT / "suites").glob("*.yaml"))
     if args.pending is None:
@@ -65,12 +71,13 @@ def main() -> None:
         try:
             suite = load_suite(path, defaults)
             if args.pending is not None:
-                need = set(pending_cells(suite, args.pending, args.rerun_changed))
+                methods = args.methods.split(",") if args.methods else None
+                order = pending_cells(suite, args.pending, args.rerun_changed, methods)
             else:
                 need = {*stale_cells(suite, ROOT, defaults), *claims.get(path.stem, [])}
+                order = [c for c in dict.fromkeys(c.cell for c in suite.cells) if c in need]
         except ConfigError as e:
             ap.error(str(e))
-        order = [c for c in dict.fromkeys(c.cell for c in suite.cells) if c in need]
         for batch in batches(order, args.group):
             print(path.stem, ",".join(batch))
 
@@ -81,10 +88,13 @@ def batches(cells: list[str], group: int) -> list[list[str]]:
     return [cells[i : i + size] for i in range(0, len(cells), size)]
 
 
-def pending_cells(suite: Suite, seed: int, rerun_changed: bool) -> list[str]:
-    """'partition/method' of the cells of `seed` that a run of the suite would run (an unknown seed:
-    ConfigError naming the suite's)."""
-    cells = select(suite, seeds=[seed])
+def pending_cells(suite: Suite, seed: int, rerun_changed: bool, methods: list[str] | None = None) -> list[str]:
+    """'partition/method' of the cells of `seed` that a run of the suite would run, in the suite's
+    order, or only `methods`' in their order (an unknown seed or method: ConfigError naming the
+    suite's)."""
+    cells = select(suite, methods=methods, seeds=[seed])
+    if methods:
+        cells.sort(key=lambda c: methods.index(c.method))  # stable: each method's partitions in suite order
     return [plan.cell.cell for plan in plan_cells(suite, ROOT, cells, rerun_changed=rerun_changed) if plan.runs]
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fedskew.config import ConfigError
 from fedskew.run.experiments import run_name
 from tests.conftest import ROOT
 
@@ -199,6 +200,10 @@ def test_suite_in_process_into_suite_fills_the_suite_s_own_folder_as_fedskew_exp
     )
     pending = rerun_cells.pending_cells(load_suite(str(suite), app_defaults(ROOT)), 0, rerun_changed=False)
     assert pending == ["default/fedavg", "default/fedrs-0.5"], pending
+    some = rerun_cells.pending_cells(load_suite(str(suite), app_defaults(ROOT)), 0, False, ["fedrs-0.5", "fedavg"])
+    assert some == ["default/fedrs-0.5", "default/fedavg"], some  # the methods given, in their order
+    with pytest.raises(ConfigError, match="no method 'fedprox'"):
+        rerun_cells.pending_cells(load_suite(str(suite), app_defaults(ROOT)), 0, False, ["fedprox"])
     assert rerun_cells.batches(pending, 0) == [pending] and rerun_cells.batches(pending, 1) == [[c] for c in pending]
     assert rerun_cells.batches([], 0) == []
     results = tmp_path / "results"
@@ -235,6 +240,24 @@ def test_suite_in_process_into_suite_fills_the_suite_s_own_folder_as_fedskew_exp
     plans = plan_cells(load_suite(str(suite), app_defaults(ROOT)), ROOT)
     assert [p.action for p in plans] == ["done", "done"], [(p.cell.run_name, p.action, p.note) for p in plans]
     assert list((tmp_path / "s" / run_name("default", "fedavg", 0)).glob("aside-*")), "earlier files not set aside"
+
+
+def test_the_queue_passes_an_each_item_s_methods_to_the_cell_listing(tmp_path: Path) -> None:
+    """`scripts/queue.sh`: an item `each/<suite>@A,B:<seeds>` asks `rerun_cells.py` for those methods'
+    pending cells of each seed, one seed after the other; `each/<suite>:<seeds>` for all of them. Run
+    with a stand-in interpreter that records its arguments and lists no cell."""
+    log = tmp_path / "calls"
+    fake = tmp_path / "py"
+    fake.write_text(f'#!/usr/bin/env bash\necho "$*" >> {log}\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "PY": str(fake), "FEDSKEW": "true", "QUEUE": "each/s@fedavg,fedrs:0-1 each/t:2-2"}
+    done = subprocess.run(["bash", str(ROOT / "scripts" / "queue.sh")], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert log.read_text().splitlines() == [
+        "scripts/rerun_cells.py --suites s --pending 0 --group 0 --methods fedavg,fedrs",
+        "scripts/rerun_cells.py --suites s --pending 1 --group 0 --methods fedavg,fedrs",
+        "scripts/rerun_cells.py --suites t --pending 2 --group 0",
+    ]
 
 
 def test_suite_in_process_says_a_cell_stopped_and_exports_what_it_can(tmp_path: Path, small_data: str) -> None:
