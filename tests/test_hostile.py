@@ -191,6 +191,8 @@ GENERIC: dict[str, Edit] = {
     "int64-bytes": first_array_bytes(lambda shape: npy(np.ones(shape, np.int64))),
     "num-examples-2**62": metric(num_examples=2**62),
     "num-examples-0": metric(num_examples=0),
+    # its weight in the pooled personalized accuracy: more test samples than its local split holds
+    "personal-num-test-10**6": metric(personal_num_test=10**6),
     "other-partition": metric(partition_id=lambda ctx: ctx["other"]),
     "partition-10**12": metric(partition_id=10**12),
     "accuracy-1e9": metric(personal_accuracy=1e9),

@@ -73,6 +73,13 @@ def test_rows_gaps_and_reasons(tmp_path: Path) -> None:
         "| x | Setting A | fedavg | 80.00 ± 1.00 | 83.00 (`global.best`, 1) | +3.00 (one seed: no interval) |  |  |"
     )
 
+    # a cell that ran, recorded without the row's statistic (a metric added since): said so, not "not run"
+    other = _cell("a", "fedavg", [83.0, 84.0])
+    other = replace(other, stats={"personalized.best": other.stats["global.best"]})
+    rows = load_rows(tmp_path, {"peer-x": ResultSet("peer-x", "peer-x", "suites/peer-x.yaml", [other])})
+    assert rows[0].ours is None and rows[0].seeds == 2
+    assert "| not measured by its 2 recorded seeds (`global.best`) |" in peers_table(rows)[2]
+
     reason = "their network, 582k parameters against LeNet's 44k"
     _published(tmp_path / "with-reason", {"fedrs": {"a": reason}})
     table = peers_table(load_rows(tmp_path / "with-reason", sets))

@@ -8,7 +8,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, Error, Message, MessageType, MetricRecord, RecordDict
 
 from fedskew.config import validate
-from fedskew.strategies.aggregate import summarize_clients, weighted_average
+from fedskew.strategies.aggregate import pooled_accuracy, summarize_clients, weighted_average
 from fedskew.strategies.fedavg import FedAvgStrategy
 
 
@@ -166,6 +166,16 @@ def test_weighted_average_properties() -> None:
     with pytest.raises(ValueError):
         weighted_average(models, [0, 0, 0, 0])
     assert summarize_clients([0.5, 1.0]) == (0.75, 0.25)
+
+
+def test_pooled_accuracy_is_the_clients_correct_answers_over_their_test_samples() -> None:
+    """A client with 30 of 40 right and one with 1 of 10: pooled 31 / 50, where the mean over clients
+    is (0.75 + 0.1) / 2; equal splits give the mean; a client without test samples weighs nothing;
+    none at all: NaN."""
+    assert pooled_accuracy([(30 / 40, 40), (1 / 10, 10)]) == pytest.approx(31 / 50, abs=1e-15)
+    assert pooled_accuracy([(0.5, 20), (1.0, 20)]) == pytest.approx(0.75, abs=1e-15)
+    assert pooled_accuracy([(0.5, 20), (1.0, 0)]) == 0.5
+    assert np.isnan(pooled_accuracy([])) and np.isnan(pooled_accuracy([(1.0, 0)]))
 
 
 def test_a_clientapp_exception_is_recorded_by_its_type_and_message(setup) -> None:

@@ -268,8 +268,10 @@ def peers_table(rows: list[PeerRow]) -> list[str]:
     for r in rows:
         mean, std, _ = r.theirs
         stat = f"`{r.stat}`"  # a statistic's name (`load_rows` checks it): no Markdown in it
-        if r.ours is None:
-            ours, gap, reason = f"not run yet ({stat})", "", md(r.reason)
+        if r.ours is None:  # seeds > 0: the cell ran, but its recorded runs do not measure this statistic
+            seeds = f"{r.seeds} recorded seed{'s' if r.seeds > 1 else ''}"
+            ours = f"not measured by its {seeds} ({stat})" if r.seeds else f"not run yet ({stat})"
+            gap, reason = "", md(r.reason)
         else:
             ours = f"{fmt_value(r.ours)} ({stat}, {r.seeds})"
             gap = gap_text(r.theirs, r.ours, r.seeds)

@@ -27,9 +27,10 @@ entry per cell (a suite's partition label x method label)::
 
 A statistic is named `<metric>.<statistic>`. Metrics: `global` (the server's model on the official
 test set), `client-global` (the global model each sampled client receives, on its local test
-split), `personalized` (each method's personalized model there; FedAvg's is its locally trained
-model, FedAvg-FT), `balanced` and `worst-class` (the global model's mean per-class accuracy and its
-worst class's), or another measured accuracy (MAP's `stage2`). Statistics: `last<k>` the mean of
+split), `personalized` (each method's personalized model there, the mean over clients; FedAvg's is
+its locally trained model, FedAvg-FT), `personalized-pooled` (the same, pooled: the clients' correct
+answers over their test samples), `balanced` and `worst-class` (the global model's mean per-class
+accuracy and its worst class's), or another measured accuracy (MAP's `stage2`). Statistics: `last<k>` the mean of
 the last k rounds (the one conclusions are drawn from: label-skewed FL swings from round to round),
 `osc<k>` the std of the global accuracy over those rounds (the oscillation FedRS reports),
 `r<a>-<b>` / `osc<a>-<b>` the same over rounds a..b, `final` and `best`. Values are percent; `std`
@@ -71,6 +72,8 @@ METRICS = {
     "global": "global_accuracy",
     "client-global": "client_global_accuracy",
     "personalized": "personalized_accuracy",
+    # the same models' accuracy pooled over the clients' test samples (PFLlib's statistic)
+    "personalized-pooled": "personalized_pooled_accuracy",
     "balanced": "global_balanced_accuracy",
     "worst-class": "global_worst_class_accuracy",
     # the personal models' mean on the central test set (`personalized-central-eval`): the GA of a
@@ -83,6 +86,7 @@ METRICS = {
 }
 # how a table's caption names a metric whose key does not say it
 METRIC_WORDS = {
+    "personalized-pooled": "the personalized models' accuracy pooled over the clients' test samples",
     "mupfl-start": "MuPFL's returning-client start",
     "mupfl-pkcf": "MuPFL's returning-client start after PKCF's fine-tune",
 }

@@ -193,6 +193,7 @@ TRACKED = (
     "global-accuracy",
     "client-global-accuracy",
     "personalized-accuracy",
+    "personalized-pooled-accuracy",
     "global-balanced-accuracy",
     "global-worst-class-accuracy",
     "personalized-central-accuracy",

@@ -55,6 +55,13 @@ def summarize_clients(values: Sequence[float]) -> tuple[float, float]:
     return float(a.mean()), float(a.std())
 
 
+def pooled_accuracy(tested: Sequence[tuple[float, float]]) -> float:
+    """sum_k a_k n_k / sum_k n_k over (accuracy a_k, test samples n_k): the clients' correct answers
+    over their test samples (NaN when no client tested a sample)."""
+    n = sum(count for _, count in tested)
+    return float(sum(acc * count for acc, count in tested) / n) if n > 0 else float("nan")
+
+
 Arrays = Mapping[str, np.ndarray]
 
 

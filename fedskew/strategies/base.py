@@ -66,6 +66,7 @@ from fedskew.registry import DeclaredWire
 from fedskew.strategies.aggregate import (
     clip_update,
     norm_bound,
+    pooled_accuracy,
     robust_mean,
     robust_pool,
     summarize_clients,
@@ -251,6 +252,13 @@ class BaseStrategy(Strategy):
             return len(client_indices(self.cfg, self.num_partitions)[partition][0])
         return self.cfg["max-num-examples"] or self.train_size()
 
+    def test_bound(self, partition: int) -> int:
+        """The most local test samples a reply of `partition` may claim: its local test split's size
+        when the nodes serve partitions of the data set, else `example_bound`'s."""
+        if self.num_partitions:
+            return len(client_indices(self.cfg, self.num_partitions)[partition][1])
+        return self.example_bound(partition)
+
     def partition_class_counts(self, partition: int) -> np.ndarray | None:
         """The training class counts of `partition` when the nodes serve partitions of the data set
         (what a reply's per-class counts are checked against), else None."""
@@ -301,15 +309,18 @@ class BaseStrategy(Strategy):
 
     def check_reply(self, content: RecordDict, partition: int) -> None:
         """The method's rules for a reply whose records have their declared form (raise `Rejected`):
-        it is for the partition its node reported, claims no more examples than it holds, and its
-        update is within `max-update-ratio` times the norm of the model it started from
-        (`fedskew.strategies.aggregate.update_ratio`)."""
+        it is for the partition its node reported, claims no more examples (training and local test)
+        than it holds, and its update is within `max-update-ratio` times the norm of the model it
+        started from (`fedskew.strategies.aggregate.update_ratio`)."""
         metrics = content["metrics"]
         if metrics["partition-id"] != partition:
             raise Rejected(f"the reply claims partition {metrics['partition-id']}, its node serves {partition}")
         bound = self.example_bound(partition)
         if metrics["num-examples"] > bound:
             raise Rejected(f"num-examples={metrics['num-examples']} > {bound}, the size of partition {partition}")
+        tested, bound = metrics.get("personal-num-test", 0), self.test_bound(partition)
+        if tested > bound:  # its weight in the pooled personalized accuracy
+            raise Rejected(f"personal-num-test={tested} > {bound}, the local test split of partition {partition}")
         ratio = update_ratio(arrays_to_numpy(content["arrays"]), self.start_arrays(partition))
         limit = self.cfg["max-update-ratio"]
         if limit and ratio > limit:
@@ -532,9 +543,11 @@ class BaseStrategy(Strategy):
     @staticmethod
     def client_metrics(replies: list[Message]) -> dict[str, Any]:
         """Personalized accuracy and client-global accuracy (each the unweighted mean and std over
-        clients of a per-client test accuracy), with `personalized-central-eval` the personalized
-        models' accuracy on the classes their clients hold and lack (over the clients that reported
-        it), training loss and times."""
+        clients of a per-client test accuracy), the personalized accuracy pooled (the clients' correct
+        answers over their test samples: each accuracy weighted by its `personal-num-test`, as PFLlib
+        and many pFL papers report it), with `personalized-central-eval` the personalized models'
+        accuracy on the classes their clients hold and lack (over the clients that reported it),
+        training loss and times."""
         ms = [m.content["metrics"] for m in replies]
         out: dict[str, Any] = {}
         for client_key, key in (
@@ -542,6 +555,13 @@ class BaseStrategy(Strategy):
             ("client-global-accuracy", "client-global-accuracy"),
         ):
             out[key], out[f"{key}-std"] = summarize_clients([float(m[client_key]) for m in ms if client_key in m])
+        out["personalized-pooled-accuracy"] = pooled_accuracy(
+            [
+                (float(m["personal-accuracy"]), float(m.get("personal-num-test", 0)))
+                for m in ms
+                if "personal-accuracy" in m
+            ]
+        )
         for client_key in CENTRAL_EVAL_METRICS:
             values = [float(m[client_key]) for m in ms if client_key in m]
             if values:
