@@ -159,6 +159,14 @@ def config_changes(recorded: dict[str, Any], today: dict[str, Any]) -> tuple[str
     return tuple(f"{k} {old[k]} → {new[k]}" for k in changed_keys(saved_config(old), new))
 
 
+def _caption_maps(raw: Any) -> bool:
+    """Whether `raw` maps each key to a {label: caption} map of strings (`beside`, `variants`)."""
+    return isinstance(raw, dict) and all(
+        isinstance(v, dict) and all(isinstance(a, str) and isinstance(b, str) for a, b in v.items())
+        for v in raw.values()
+    )
+
+
 def load_rows(root: Path, sets: dict[str, ResultSet]) -> list[PeerRow]:
     """Every (peer, setting, method) of the published file, with our cell from `sets` where it ran.
     Raises ConfigError naming the key of anything the table could not show as it is."""
@@ -184,22 +192,12 @@ def load_rows(root: Path, sets: dict[str, ResultSet]) -> list[PeerRow]:
         if isinstance(runs, bool) or runs < 2:
             raise refused(path, f"peers.{key}.runs", runs, "must be an integer >= 2 (a std needs two runs)")
         beside = peer.get("beside") or {}
-        if (
-            not isinstance(beside, dict)
-            or not set(beside) <= set(settings)
-            or not all(
-                isinstance(v, dict) and all(isinstance(a, str) and isinstance(b, str) for a, b in v.items())
-                for v in beside.values()
-            )
-        ):
+        if not _caption_maps(beside) or not set(beside) <= set(settings):
             raise refused(
                 path, f"peers.{key}.beside", beside, "must map a setting label to {our setting label: caption}"
             )
         variants = peer.get("variants") or {}
-        if not isinstance(variants, dict) or not all(
-            isinstance(v, dict) and all(isinstance(a, str) and isinstance(b, str) for a, b in v.items())
-            for v in variants.values()
-        ):
+        if not _caption_maps(variants):
             raise refused(
                 path, f"peers.{key}.variants", variants, "must map a method to {our suite's method label: caption}"
             )

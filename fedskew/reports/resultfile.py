@@ -30,13 +30,13 @@ test set), `client-global` (the global model each sampled client receives, on it
 split), `personalized` (each method's personalized model there, the mean over clients; FedAvg's is
 its locally trained model, FedAvg-FT), `personalized-pooled` (the same, pooled: the clients' correct
 answers over their test samples), `balanced` and `worst-class` (the global model's mean per-class
-accuracy and its worst class's), or another measured accuracy (MAP's `stage2`). Statistics: `last<k>` the mean of
-the last k rounds (the one conclusions are drawn from: label-skewed FL swings from round to round),
-`osc<k>` the std of the global accuracy over those rounds (the oscillation FedRS reports),
-`r<a>-<b>` / `osc<a>-<b>` the same over rounds a..b, `final` and `best`. Values are percent; `std`
-is the population std over the seeds (as the suite tables), absent where not known; `per-seed`
-follows `seeds`, absent where the values were not kept. A stat measured on fewer seeds than its
-cell names them itself (`seeds`).
+accuracy and its worst class's), or another measured accuracy (MAP's `stage2`). Statistics:
+`last<k>` the mean of the last k rounds (the one conclusions are drawn from: label-skewed FL swings
+from round to round), `osc<k>` the std of the global accuracy over those rounds (the oscillation
+FedRS reports), `r<a>-<b>` / `osc<a>-<b>` the same over rounds a..b, `final` and `best`. Values are
+percent; `std` is the population std over the seeds (as the suite tables), absent where not known;
+`per-seed` follows `seeds`, absent where the values were not kept. A stat measured on fewer seeds
+than its cell names them itself (`seeds`).
 
 `fedskew experiment SUITE --export` writes a suite's finished cells (`export_suite`), replacing
 those cells in the file and keeping the others, so a method added later is added by running and
