@@ -24,7 +24,7 @@
 # what its measured spread asks; about 6 h here, so before the day-long suites); MuPFL's, MAP's and
 # FedRS's 41 cells the pages need again (about 9 h here, from the run times the notes record); the
 # rounds the leaderboard's leading methods need to converge (`suites/leaderboard-long.yaml`, read by
-# `benchmarks/convergence.py`); PFLlib (the second peer, about 35 h here); FedGELA's and FedMR's 57
+# `benchmarks/convergence.py`); PFLlib (the second peer, about 25 h here); FedGELA's and FedMR's 57
 # cells the pages need again (about a day here); the leaderboard at a converged budget
 # (`suites/leaderboard-converged.yaml`, 500 rounds, about 80 h here: a GPU's job), FedAvg and the four
 # methods whose verdicts the convergence runs found to move with the budget (FedRS, FedLC, FedRoD,

@@ -331,6 +331,7 @@ def assert_same_arrays(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -
     "method, overrides",
     [pytest.param(m, MOVED.get(m, {}), id=m) for m in STACKED]
     + [pytest.param("fedbabu", {**MOVED["fedbabu"], "fedbabu-finetune-part": "head"}, id="fedbabu-head-finetuning")]
+    + [pytest.param("fedbabu", {**MOVED["fedbabu"], "fedbabu-finetune-every": 0}, id="fedbabu-round-without-tuning")]
     + [pytest.param("fedavg", {"augment": "crop-flip"}, id="fedavg-crop-flip")]
     + [pytest.param("fedphp", {"fedphp-transfer": "mmd"}, id="fedphp-mmd")]  # a batch statistic, masked
     + [pytest.param("map", {**MOVED["map"], "map-hpm-init": "initial", "map-transfer": "mmd"}, id="map-mmd-w0")]

@@ -3,6 +3,7 @@ upload, the server's fixed head, and a run of the real ServerApp and ClientApp i
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from flwr.app import RecordDict
@@ -47,6 +48,29 @@ def test_the_head_never_moves_in_training_and_moves_in_fine_tuning() -> None:
 
     no_tuning, _ = one_round(content, **{"fedbabu-finetune-epochs": 0})
     assert all(torch.equal(v, sent[k]) for k, v in no_tuning.finetuned.state_dict().items())
+
+
+@pytest.mark.parametrize("every, tuning_rounds", [(1, [1, 2, 3, 4, 5]), (2, [2, 4, 5]), (0, [5])])
+def test_finetune_every_fine_tunes_in_its_rounds_and_the_last_and_else_scores_the_received_model(
+    every: int, tuning_rounds: list[int]
+) -> None:
+    """`fedbabu-finetune-every` = N fine-tunes in every N-th round and the last of 5 (0: the last
+    alone, PFLlib's protocol); another round's personalized model is the received global model, so its
+    personalized accuracy is the received model's and no fine-tuning loss is reported."""
+    data, tuned = make_data(), []
+    for r in range(1, 6):
+        content = global_content(5, server_round=r)
+        overrides = {"num-server-rounds": 5, "fedbabu-finetune-every": every}
+        trainer = make_trainer(FedBABUTrainer, data, server_round=r, **overrides)
+        m = trainer.fit(content)["metrics"]
+        sent = content["arrays"].to_torch_state_dict()
+        kept = all(torch.equal(v, sent[k]) for k, v in trainer.finetuned.state_dict().items())
+        assert kept == ("fedbabu-finetune-loss" not in m)
+        if kept:
+            assert m["personal-accuracy"] == m["client-global-accuracy"]
+        else:
+            tuned.append(r)
+    assert tuned == tuning_rounds
 
 
 def test_one_body_step_equals_the_authors_update_and_only_the_body_is_uploaded() -> None:

@@ -12,7 +12,9 @@ One round on client k:
 2. personalization: a copy of the received global model (body and random head) fine-tuned for
    `fedbabu-finetune-epochs` epochs at `fedbabu-finetune-lr`, every parameter (`fedbabu-finetune-part
    ="full"`) or the head alone ("head"); the fine-tuned model is the personalized model, the
-   received one (the paper's "initial" accuracy) is `client-global-accuracy`.
+   received one (the paper's "initial" accuracy) is `client-global-accuracy`. With
+   `fedbabu-finetune-every` = N only every N-th round and the last fine-tune (N = 0: the last alone);
+   in the others the personalized model is the received global model, unchanged.
 Nothing persists on the client: each round personalizes the global model it received.
 
 Decisions (the authors' code `jhoon-oh/FedBABU` at e34c15b4288224f0af1bc13670bc0cdc373c9576):
@@ -29,7 +31,11 @@ Decisions (the authors' code `jhoon-oh/FedBABU` at e34c15b4288224f0af1bc13670bc0
   fine-tunes global models for their personal accuracy.
 - Both stages are the base's hooks, so both engines run them: the body update is the main steps
   (`optimizer` holds the body alone), the fine-tuning a `Phase` on the copy, its batches drawn from
-  the client's generator after the body update's. The batched engine stacks each over the round's
+  the client's generator after the body update's.
+- `fedbabu-finetune-every` (default 1: every round, the paper's per-round evaluation) = 0 is PFLlib's
+  protocol (`serverbabu.py`: each round evaluates the global model; the clients fine-tune once, after
+  the last round), which fine-tunes the model after its last body update where this fine-tunes the
+  received one, one body epoch apart. The batched engine stacks each over the round's
   clients, the parameters the optimiser leaves out (the head; the body in a head-only fine-tuning)
   frozen in the forward pass.
 """
@@ -61,9 +67,18 @@ class FedBABUTrainer(BaseTrainer):
         """SGD on the body alone: the head is frozen (no gradient, no weight decay, no step)."""
         return sgd(train_only(model, model.features), self.cfg)
 
+    def fine_tunes(self) -> bool:
+        """Whether this round fine-tunes: every `fedbabu-finetune-every`-th round and the last (0: the
+        last alone)."""
+        every, r = self.cfg["fedbabu-finetune-every"], self.ctx.server_round
+        return r == self.cfg["num-server-rounds"] or (every > 0 and r % every == 0)
+
     def later_phases(self, model: nn.Module) -> Iterator[Phase]:
         """The fine-tuning of the received global model: `fedbabu-finetune-epochs` epochs at
-        `fedbabu-finetune-lr`, weight decay 0, of every parameter or the head alone."""
+        `fedbabu-finetune-lr`, weight decay 0, of every parameter or the head alone; none in a round
+        that does not fine-tune (`fine_tunes`)."""
+        if not self.fine_tunes():
+            return
         net = self.finetuned
         params = train_only(net, net if self.cfg["fedbabu-finetune-part"] == "full" else net.classifier)
         optimizer = sgd(params, {**self.cfg, "lr": self.cfg["fedbabu-finetune-lr"], "weight-decay": 0.0})
@@ -75,7 +90,7 @@ class FedBABUTrainer(BaseTrainer):
         return {**stats, "fedbabu-finetune-loss": tuned["train-loss"]}
 
     def personalized_model(self, model: nn.Module) -> nn.Module:
-        """The received global model after the fine-tuning."""
+        """The received global model after the fine-tuning (as received in a round without it)."""
         return self.finetuned
 
     def upload(self, model: nn.Module) -> ArrayRecord:

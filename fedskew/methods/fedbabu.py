@@ -31,6 +31,14 @@ METHOD = MethodSpec(
         "fedbabu-finetune-lr": Param(
             float, 0.001, "FedBABU: fine-tuning lr (authors' analysis.ipynb: 1e-3)", low=0.0, low_open=True
         ),
+        "fedbabu-finetune-every": Param(
+            int,
+            1,
+            "FedBABU: fine-tune in every N-th round and the last; 0: the last round only (PFLlib's"
+            " serverbabu.py); other rounds' personalized model is the received global model",
+            low=0,
+            neutral=True,  # at 1 every round fine-tunes, as before the key
+        ),
         "fedbabu-finetune-part": Param(
             str, "full", "FedBABU: fine-tune the whole model (code) or the head only", choices=("full", "head")
         ),
