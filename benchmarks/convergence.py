@@ -22,6 +22,9 @@ uncertainty). The budget is the largest round that the chosen reading finds, rou
 last 10 of `suites/leaderboard.yaml`'s budget: 31-40) and over its last `window` rounds: which
 classes a method gains or loses with the budget (the mechanism behind a verdict that turns over).
 
+`--metric` reads another accuracy of `metrics.jsonl` than `global-accuracy` (the personalized
+methods' `personalized-pooled-accuracy`: does their best round still climb?).
+
 `--doc` writes the tables, the command and the machine into the file's `convergence` block (or
 `--block NAME`'s: one page holds several budgets' tables). The
 leaderboard's statistic is the mean of the last 10 rounds: a budget at which that mean still drifts
@@ -176,6 +179,7 @@ def main() -> None:
         action="store_true",
         help="also each run's per-class accuracy at the leaderboard's budget and at its end",
     )
+    ap.add_argument("--metric", default="global-accuracy", help="the accuracy of metrics.jsonl read (a fraction)")
     ap.add_argument("--doc", type=Path, help="also write the tables, command and machine into this file's block")
     ap.add_argument("--block", default="convergence", help="with --doc: the block's name (default: convergence)")
     args = ap.parse_args()
@@ -183,18 +187,21 @@ def main() -> None:
     for run in map(Path, args.runs):
         if found := read_jsonl(run / "metrics.jsonl"):  # a torn or damaged line skipped, not the run
             rows[run.name] = found
-    runs = {
-        name: [float(r["global-accuracy"]) for r in run if r.get("global-accuracy") is not None]
-        for name, run in rows.items()
-    }
+    runs = {name: [float(r[args.metric]) for r in run if r.get(args.metric) is not None] for name, run in rows.items()}
+    if empty := [name for name, acc in runs.items() if not acc]:
+        raise SystemExit(f"--metric {args.metric}: no round of {', '.join(empty)} records it")
     lines = table(runs, args.last, args.window, args.tolerance)
+    if args.metric != ap.get_default("metric"):
+        lines = [f"Metric: `{args.metric}`.", "", *lines]
     if args.classes:  # beside a run's end, the last 10 of the leaderboard's rounds
         budget = yaml.safe_load((ROOT / LEADERBOARD_SUITE).read_text())["base"]["num-server-rounds"]
         lines += ["", *class_table(rows, int(budget), args.window)]
     print("\n".join(lines))
     if args.doc:
         where = command_runs(args.runs)
-        changed = [k for k in ("last", "window", "tolerance", "block") if getattr(args, k) != ap.get_default(k)]
+        changed = [
+            k for k in ("last", "window", "tolerance", "metric", "block") if getattr(args, k) != ap.get_default(k)
+        ]
         options = ["--classes"] * args.classes + [f"--{k} {getattr(args, k)}" for k in changed]
         command = " ".join([*where, *options, f"--doc {args.doc}"])
         write_block(args.doc, args.block, f".venv/bin/python benchmarks/convergence.py {command}", lines)

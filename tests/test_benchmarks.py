@@ -524,3 +524,35 @@ def test_convergence_classes_show_each_class_at_the_leaderboards_rounds_and_at_t
     res = run_benchmark("convergence.py", str(tmp_path / "runs" / "a"), "--classes", "--doc", str(page))
     assert res.returncode == 0, res.stderr[-2000:]
     assert "| a | 100 | 50 20 | 50 90 |" in page.read_text() and "--classes --doc" in page.read_text()
+
+
+def test_convergence_reads_the_metric_named_and_refuses_one_a_run_lacks(tmp_path: Path) -> None:
+    """`--metric personalized-pooled-accuracy`: the blocks are that accuracy's, not the global one's,
+    the page says which and its command repeats the option; a run without the metric is refused by name."""
+    run = tmp_path / "runs" / "a--fedrod--s0"
+    run.mkdir(parents=True)
+    rows = [
+        {"round": r, "global-accuracy": 0.5, "personalized-pooled-accuracy": 0.9 + 0.01 * (r > 10)}
+        for r in range(1, 21)
+    ]
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    page = tmp_path / "note.md"
+    page.write_text("<!-- report:p begin -->\n<!-- report:p end -->\n")
+    res = run_benchmark(
+        "convergence.py",
+        str(run),
+        "--window",
+        "10",
+        "--metric",
+        "personalized-pooled-accuracy",
+        "--doc",
+        str(page),
+        "--block",
+        "p",
+    )
+    assert res.returncode == 0, res.stderr[-2000:]
+    text = page.read_text()
+    assert "Metric: `personalized-pooled-accuracy`." in text and "| 90.0, 91.0 |" in text, text
+    assert "--window 10 --metric personalized-pooled-accuracy --block p" in text, text
+    res = run_benchmark("convergence.py", str(run), "--metric", "personalized-accuracy")
+    assert res.returncode != 0 and "--metric personalized-accuracy: no round of a--fedrod--s0 records it" in res.stderr
