@@ -556,3 +556,46 @@ def test_convergence_reads_the_metric_named_and_refuses_one_a_run_lacks(tmp_path
     assert "--window 10 --metric personalized-pooled-accuracy --block p" in text, text
     res = run_benchmark("convergence.py", str(run), "--metric", "personalized-accuracy")
     assert res.returncode != 0 and "--metric personalized-accuracy: no round of a--fedrod--s0 records it" in res.stderr
+
+
+def test_peer_split_replays_pfllib_s_loop_and_scores_a_prior_as_bayes_does(monkeypatch) -> None:
+    """The replay equals PFLlib's `separate_data` "dir" loop as written (numpy's global generator,
+    seeded) on labels small enough to redraw, and keeps every image once; a client of one class
+    scores 1 under any classifier, two equal classes under an uninformative one 1/2, and a perfect
+    classifier 1 whatever the prior."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import peer_split
+
+    labels = np.random.default_rng(3).integers(0, 10, 2000)
+
+    def theirs(dataset_label: np.ndarray, num_clients: int = 20, alpha: float = 0.1, least: int = 40) -> list:
+        np.random.seed(1)  # their loop, names and all (dataset_utils.py at b9565b0c)
+        min_size, K, N = 0, 10, len(dataset_label)
+        while min_size < least:
+            idx_batch = [[] for _ in range(num_clients)]
+            for k in range(K):
+                idx_k = np.where(dataset_label == k)[0]
+                np.random.shuffle(idx_k)
+                proportions = np.random.dirichlet(np.repeat(alpha, num_clients))
+                proportions = np.array(
+                    [p * (len(idx_j) < N / num_clients) for p, idx_j in zip(proportions, idx_batch, strict=True)]
+                )
+                proportions = proportions / proportions.sum()
+                proportions = (np.cumsum(proportions) * len(idx_k)).astype(int)[:-1]
+                idx_batch = [
+                    idx_j + idx.tolist() for idx_j, idx in zip(idx_batch, np.split(idx_k, proportions), strict=True)
+                ]
+                min_size = min([len(idx_j) for idx_j in idx_batch])
+        return [np.bincount(dataset_label[b], minlength=K) for b in idx_batch]
+
+    counts = peer_split.pfllib_dirichlet_counts(labels, least=40)
+    np.testing.assert_array_equal(counts, np.array(theirs(labels)))
+    np.testing.assert_array_equal(counts.sum(0), np.bincount(labels, minlength=10))
+    assert counts.sum(1).min() >= 40
+    y = np.repeat(np.arange(10), 5)
+    flat = np.zeros((50, 10))
+    one, two = np.eye(10)[[3]] * 7, np.array([[4, 4, 0, 0, 0, 0, 0, 0, 0, 0]])
+    assert peer_split.prior_adjusted_accuracy(flat, y, one) == 1.0
+    assert peer_split.prior_adjusted_accuracy(flat, y, two) == 0.5  # the tie goes to class 0
+    assert peer_split.prior_adjusted_accuracy(np.log(np.eye(10)[y] + 1e-9), y, np.vstack([one, two])) == 1.0
+    assert peer_split.concentration(np.vstack([one, two])) == pytest.approx((11 / 15, np.exp(8 / 15 * np.log(2))))
