@@ -238,6 +238,13 @@ def print_ratios(title: str, rows: Sequence[tuple[str, float]], unit: str = "s",
         print(f"  {name:<34} {value:10.4f} {unit}   ratio {value / ref:7.3f}")
 
 
+def as_page_names(path: Path) -> str:
+    """`path` as a page's command names it: from a checkout's `outputs/` on (as any checkout holds
+    it), else as given."""
+    parts = path.resolve().parts
+    return str(Path(*parts[parts.index("outputs") :])) if "outputs" in parts else str(path.resolve())
+
+
 def write_block(doc: Path, block: str, command: str, table: list[str]) -> None:
     """`command` (a shell line), the machine and `table` into `doc`'s generated block `block`
     (`<!-- report:<block> begin -->` .. `end`), atomically: a benchmark's table in its reference page."""

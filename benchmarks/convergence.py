@@ -39,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 import yaml
-from _common import ROOT, write_block
+from _common import ROOT, as_page_names, write_block
 
 from fedskew.reports.leaderboard import LEADERBOARD_SUITE
 from fedskew.reports.stats import t_interval
@@ -165,7 +165,7 @@ def command_runs(runs: list[str]) -> list[str]:
         parent = parents.pop()
         if {p for p in parent.iterdir() if (p / "metrics.jsonl").is_file()} <= set(paths):
             paths = [parent / "*"]
-    return [str(Path(*p.parts[p.parts.index("outputs") :])) if "outputs" in p.parts else str(p) for p in paths]
+    return [as_page_names(p) for p in paths]
 
 
 def main() -> None:

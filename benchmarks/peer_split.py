@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from _common import write_block
+from _common import as_page_names, write_block
 
 from fedskew.data import load_arrays
 from fedskew.data.clients import load_test_set
@@ -82,7 +82,8 @@ def global_log_probs(run: Path) -> tuple[np.ndarray, np.ndarray, dict]:
     """The run's last global model's log-probabilities on the central test set, its labels and config."""
     cfg = json.loads((run / "config.json").read_text())
     model = build_model(cfg["model"], cfg["dataset"])
-    model.load_state_dict(torch.load(run / "checkpoint.pt", map_location="cpu", weights_only=False)["arrays"])
+    ckpt = torch.load(run / "checkpoint.pt", map_location="cpu", weights_only=True)  # tensors only, no code
+    model.load_state_dict(ckpt["arrays"])
     x, y = load_test_set(cfg)
     with torch.no_grad():
         return torch.log_softmax(model.eval()(x), 1).numpy(), y.numpy(), cfg
@@ -117,8 +118,7 @@ def main() -> None:
         )
     print("\n".join(lines))
     if args.doc:
-        parts = [r.resolve().parts for r in args.runs]  # from a checkout's outputs/ on, as any checkout holds it
-        where = " ".join(str(Path(*p[p.index("outputs") :])) if "outputs" in p else str(Path(*p)) for p in parts)
+        where = " ".join(as_page_names(r) for r in args.runs)
         write_block(args.doc, BLOCK, f".venv/bin/python benchmarks/peer_split.py {where} --doc {args.doc}", lines)
 
 
