@@ -60,7 +60,7 @@ def concentration(counts: np.ndarray) -> tuple[float, float]:
     """(pooled share of each client's largest class, exp of the sample-weighted label entropy)."""
     n = counts.sum(1)
     p = counts / n[:, None]
-    entropy = -np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0)), 0.0).sum(1)
+    entropy = -(p * np.log(np.where(p > 0, p, 1.0))).sum(1)  # 0 log 0 = 0: log 1 where p = 0
     return float(counts.max(1).sum() / counts.sum()), float(np.exp((entropy * n).sum() / n.sum()))
 
 
