@@ -26,6 +26,10 @@ from fedskew.server_app.results import resumed_rounds
 
 ROOT = Path(__file__).resolve().parent.parent
 Fault = Callable[[Message, Message], Message | None]  # (request, reply) -> replacement reply, or None to drop
+# clients in float64 (`compute-dtype`), to compare a trainer with a reference written out in float64;
+# its reply's arrays are rounded to float32 (the wire's dtype): one rounding (2^-24 relative) apart
+IN_FLOAT64 = {"compute-dtype": "float64"}
+WIRE_ROUNDING = {"rtol": 2.0**-23, "atol": 1e-9}
 
 
 def app_defaults() -> dict[str, Any]:

@@ -93,11 +93,13 @@ def test_stacked_sgd_is_torch_sgd_per_client_and_leaves_finished_clients_alone()
     """Three clients of 3, 2 and 1 steps with momentum, weight decay and two clips (the second one
     binding), read from the optimiser a trainer builds: each client equals its own torch SGD; a
     client that is done does not move."""
-    g = torch.Generator().manual_seed(0)
+    g, f64 = torch.Generator().manual_seed(0), torch.float64  # float64: the clips' norms reduce differently
     shapes = {"w": (4, 3), "b": (4,)}
-    start = [{k: torch.randn(s, generator=g) for k, s in shapes.items()} for _ in range(3)]
+    start = [{k: torch.randn(s, generator=g, dtype=f64) for k, s in shapes.items()} for _ in range(3)]
     steps = [3, 2, 1]
-    grads = [[{k: 5 * torch.randn(s, generator=g) for k, s in shapes.items()} for _ in range(n)] for n in steps]
+    grads = [
+        [{k: 5 * torch.randn(s, generator=g, dtype=f64) for k, s in shapes.items()} for _ in range(n)] for n in steps
+    ]
     references = []
     for k in range(3):
         params = [start[k][name].clone().requires_grad_() for name in shapes]
@@ -119,7 +121,7 @@ def test_stacked_sgd_is_torch_sgd_per_client_and_leaves_finished_clients_alone()
         assert all(torch.equal(stacked[name][active:], before[name]) for name in shapes)
     for k in range(3):
         for name, ref in zip(shapes, references[k], strict=True):
-            torch.testing.assert_close(stacked[name][k], ref, rtol=1e-6, atol=1e-6)
+            torch.testing.assert_close(stacked[name][k], ref, **FLOAT64)
             assert not torch.allclose(stacked[name][k], start[k][name], atol=1e-2)
 
 
@@ -744,7 +746,10 @@ def test_mupfl_s_replies_states_and_metrics_are_the_per_client_path_s_over_two_r
         for got, want in zip(batched, reference, strict=True):
             m, n = got.content["metrics"], want.content["metrics"]
             assert m["bavd-dropped-positions"] == n["bavd-dropped-positions"] > 0  # counts: exact in float32
-            assert m["bavd-dropped-mass"] == pytest.approx(n["bavd-dropped-mass"], rel=1e-5)  # float32 sums
+            # float32 on both paths (`dropped_fractions`): a step's mass is a ratio of two sums of k >= 0 terms,
+            # each within (k - 1) u of its value in any order (u = 2^-24), averaged over < 32 passes in float32
+            k = ROUND["batch-size"] * (6 * 24 * 24 if overrides.get("model") == "lenet" else 200)  # largest site
+            assert m["bavd-dropped-mass"] == pytest.approx(n["bavd-dropped-mass"], rel=(4 * k + 64) * 2**-24)
             assert m["bavd-seconds"] == 0.0  # inside the stacked step
             for key in ("finetune-loss", "pkcf-accuracy"):  # per client before the steps, on both paths
                 assert (key in m) == (key in n) == (server_round == 2) and m.get(key) == n.get(key), key

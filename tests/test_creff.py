@@ -18,7 +18,7 @@ from fedskew.losses.mupfl import class_gradients, finetune_classifier, synthesiz
 from fedskew.methods.creff import CREFF_CLASSIFIER, CREFF_GRADS
 from fedskew.models import build_model
 from fedskew.training import torch_threads
-from tests.harness import app_defaults, run_in_process
+from tests.harness import IN_FLOAT64, WIRE_ROUNDING, app_defaults, run_in_process
 from tests.test_trainers import global_content, make_data, make_trainer
 
 
@@ -173,20 +173,21 @@ def test_client_takes_class_gradients_of_the_received_model_at_the_received_clas
     data = make_data()
     torch.manual_seed(3)
     weight = torch.randn(10, 200) * 0.1
-    reply = make_trainer(CReFFTrainer, data, method="creff").fit(creff_content(weight))
+    trainer = make_trainer(CReFFTrainer, data, method="creff", **IN_FLOAT64)  # float64: it sums per draw
+    reply = trainer.fit(creff_content(weight))
     grads = reply[CREFF_GRADS]
     assert sorted(grads.keys()) == ["1", "4", "7"]
-    received = build_model("mlp", "fashion-mnist")
+    received = build_model("mlp", "fashion-mnist").double()
     received.load_state_dict(global_content()["arrays"].to_torch_state_dict())
     with torch.no_grad():
-        h = received.eval().features(data.x_train)
+        h = received.eval().features(data.x_train.double())
     for k in (1, 4, 7):
-        want = class_gradients(weight, h[data.y_train == k], data.y_train[data.y_train == k])[k]
-        assert torch.allclose(torch.from_numpy(grads[str(k)].numpy()), want, atol=1e-6)
+        want = class_gradients(weight.double(), h[data.y_train == k], data.y_train[data.y_train == k])[k]
+        assert torch.allclose(torch.from_numpy(grads[str(k)].numpy()).double(), want, **WIRE_ROUNDING)
     # client-global-accuracy is CReFF's global model: the received backbone with W, not its own classifier
-    received.classifier.weight.data = weight
+    received.classifier.weight.data = weight.double()
     with torch.no_grad():
-        acc = float((received(data.x_test).argmax(1) == data.y_test).float().mean())
+        acc = float((received(data.x_test.double()).argmax(1) == data.y_test).float().mean())
     assert reply["metrics"]["client-global-accuracy"] == pytest.approx(acc)
     fours = torch.zeros(10, 200)
     fours[4] = 1.0  # ReLU features: this classifier predicts class 4 for every input

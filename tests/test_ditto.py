@@ -18,7 +18,7 @@ from fedskew.config import validate
 from fedskew.models import build_model
 from fedskew.registry import get_method
 from tests.conftest import read_metrics
-from tests.harness import cut_and_resume, run_in_process
+from tests.harness import IN_FLOAT64, cut_and_resume, run_in_process
 from tests.test_trainers import global_content, make_data, make_trainer
 
 PLAIN_SGD = {"momentum": 0.0, "weight-decay": 0.0}
@@ -87,19 +87,20 @@ def test_one_personal_step_equals_the_authors_update() -> None:
     lam, lr = 0.7, 0.05
     record = RecordDict()
     state = ClientState(record, 64, 0)
-    v0 = build_model_at(7)
+    v0 = build_model_at(7).double()  # float64 on both sides: the trainer shuffles its batch
     state.save_round_tensors(PERSONAL, v0.state_dict(), 1)  # kept in round 1
     cfg = {**PLAIN_SGD, "augment": "none", "batch-size": 80, "local-epochs": 1, "ditto-personal-epochs": 1}
-    trainer = make_trainer(DittoTrainer, data, state=record, server_round=2, lr=lr, **{"ditto-lambda": lam}, **cfg)
+    cfg.update({"ditto-lambda": lam, **IN_FLOAT64})
+    trainer = make_trainer(DittoTrainer, data, state=record, server_round=2, lr=lr, **cfg)
     reply = trainer.fit(content)
 
-    loss = F.cross_entropy(v0(data.x_train), data.y_train)
+    loss = F.cross_entropy(v0(data.x_train.double()), data.y_train)
     grads = torch.autograd.grad(loss, list(v0.parameters()))
-    w = received_params(content)
+    w = [p.double() for p in received_params(content)]
     expected = [v - lr * (g + lam * (v - wk)) for v, g, wk in zip(v0.parameters(), grads, w, strict=True)]
     for got, want in zip(trainer.personal.parameters(), expected, strict=True):
-        torch.testing.assert_close(got.detach(), want.detach(), atol=1e-6, rtol=1e-5)
-    assert reply["metrics"]["ditto-distance"] == pytest.approx(parameter_distance(expected, w), rel=1e-5)
+        torch.testing.assert_close(got.detach(), want.detach(), rtol=1e-9, atol=1e-12)
+    assert reply["metrics"]["ditto-distance"] == pytest.approx(parameter_distance(expected, w), rel=1e-9)
     saved = state.load_tensors(PERSONAL)
     assert all(torch.equal(saved[k], v) for k, v in trainer.personal.state_dict().items())
 

@@ -61,7 +61,7 @@ def test_the_cosine_step_is_the_fedrs_authors_fedaws() -> None:
     d = (1 - cos) / 2 with the diagonal set to 0, SGD with momentum 0.9 for `aws_steps` steps. On the
     sum over pairs here, the same steps take lr aws_lr / C^2."""
     g = torch.Generator().manual_seed(0)
-    ws0 = torch.randn(10, 16, generator=g)
+    ws0 = torch.randn(10, 16, generator=g, dtype=torch.float64)  # a mean and a sum over pairs: compared in float64
     margin, aws_lr, aws_steps = 0.8, 0.1, 30
     ws = torch.nn.Parameter(ws0.clone())
     opt = torch.optim.SGD([ws], lr=aws_lr, momentum=0.9)
@@ -74,7 +74,7 @@ def test_the_cosine_step_is_the_fedrs_authors_fedaws() -> None:
         loss.backward()
         opt.step()
     got = spreadout(ws0, margin, "cosine", aws_steps, aws_lr / 10**2, momentum=0.9)
-    assert torch.allclose(got, ws.detach(), atol=1e-6)
+    assert torch.allclose(got, ws.detach(), rtol=1e-9, atol=1e-12)
     assert (got - ws0).abs().max() > 1e-3
 
 

@@ -14,7 +14,7 @@ from fedskew.config import validate
 from fedskew.models import body_state, build_model
 from fedskew.registry import get_method
 from tests.conftest import read_metrics
-from tests.harness import run_in_process
+from tests.harness import IN_FLOAT64, WIRE_ROUNDING, run_in_process
 from tests.test_trainers import global_content, make_data, make_trainer
 
 
@@ -80,15 +80,16 @@ def test_one_body_step_equals_the_authors_update_and_only_the_body_is_uploaded()
     data, lr = make_data(), 0.05
     content = global_content(5)
     overrides = {"momentum": 0.0, "weight-decay": 0.0, "augment": "none", "batch-size": 80, "local-epochs": 1}
+    overrides.update(IN_FLOAT64)  # both sides in float64: the trainer shuffles its batch
     reply = make_trainer(FedBABUTrainer, data, lr=lr, **overrides).fit(content)
-    model = build_model("mlp", "fashion-mnist")
+    model = build_model("mlp", "fashion-mnist").double()
     model.load_state_dict(content["arrays"].to_torch_state_dict())
     body = dict(model.features.named_parameters())
-    grads = torch.autograd.grad(F.cross_entropy(model(data.x_train), data.y_train), list(body.values()))
+    grads = torch.autograd.grad(F.cross_entropy(model(data.x_train.double()), data.y_train), list(body.values()))
     uploaded = reply["arrays"].to_torch_state_dict()
     assert list(uploaded) == [f"features.{k}" for k in body]
     for (k, p), g in zip(body.items(), grads, strict=True):
-        torch.testing.assert_close(uploaded[f"features.{k}"], (p - lr * g).detach(), atol=1e-6, rtol=1e-5)
+        torch.testing.assert_close(uploaded[f"features.{k}"].double(), (p - lr * g).detach(), **WIRE_ROUNDING)
 
 
 def test_the_server_averages_bodies_under_the_head_it_sent(task_identity) -> None:

@@ -24,15 +24,15 @@ from fedskew.models import build_model
 from fedskew.strategies.aggregate import scaffold_control_update, weighted_average
 from fedskew.strategies.base import arrays_to_numpy, numpy_to_arrays
 from fedskew.strategies.feddc import FedDCStrategy
-from tests.harness import cut_and_resume, mean_node_state, run_in_process
+from tests.harness import IN_FLOAT64, WIRE_ROUNDING, cut_and_resume, mean_node_state, run_in_process
 from tests.test_trainers import global_content, make_data, make_trainer
 
 LIKE = {k: p.detach() for k, p in build_model("mlp", "fashion-mnist").named_parameters()}
 
 
-def vectors(seed: int, scale: float = 0.01) -> dict[str, torch.Tensor]:
+def vectors(seed: int, scale: float = 0.01, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return {k: scale * torch.randn(v.shape, generator=g) for k, v in LIKE.items()}
+    return {k: scale * torch.randn(v.shape, generator=g, dtype=dtype) for k, v in LIKE.items()}
 
 
 def test_drift_penalty_and_drift_on_a_hand_computation() -> None:
@@ -52,15 +52,16 @@ def test_one_round_equals_the_authors_procedure() -> None:
     h_i += theta - w, c_i = c_i - c + (w - theta) / (K lr) (`train_FedDC`, beta = 1 / (K lr)); the
     upload is theta + h_i and the `feddc-update` theta - w."""
     alpha, wd, lr = 0.1, 1e-3, 0.05
-    h, c_i, c = vectors(1), vectors(2), vectors(3)
+    h, c_i, c = vectors(1, dtype=torch.float64), vectors(2, dtype=torch.float64), vectors(3)
     state = RecordDict()
     ClientState(state, 64, 0).save_round_tensors(DRIFT, h, 1)
     ClientState(state, 64, 0).save_round_tensors(CLIENT_CONTROL, c_i, 1)
     cfg = {"feddc-alpha": alpha, "lr": lr, "momentum": 0.0, "weight-decay": wd, "batch-size": 80, "local-epochs": 2}
     data, content = make_data(), global_content(server_round=2, control=ArrayRecord(c))
+    cfg.update(IN_FLOAT64)  # both sides in float64: the trainer shuffles its batch
     reply = make_trainer(FedDCTrainer, data, state=state, server_round=2, **cfg).fit(content)
 
-    net = build_model("mlp", "fashion-mnist")
+    net = build_model("mlp", "fashion-mnist").double()
     net.load_state_dict(content["arrays"].to_torch_state_dict())
     w = {k: p.detach().clone() for k, p in net.named_parameters()}
     opt = torch.optim.SGD(net.parameters(), lr=lr, weight_decay=wd)
@@ -68,17 +69,17 @@ def test_one_round_equals_the_authors_procedure() -> None:
         cp = sum(alpha / 2 * (p - (w[k] - h[k])).pow(2).sum() for k, p in net.named_parameters())
         cg = sum((p * (c[k] - c_i[k])).sum() for k, p in net.named_parameters())
         opt.zero_grad()
-        (F.cross_entropy(net(data.x_train), data.y_train) + cp + cg).backward()
+        (F.cross_entropy(net(data.x_train.double()), data.y_train) + cp + cg).backward()
         opt.step()
     theta = {k: p.detach() for k, p in net.named_parameters()}
     upload, update = reply["arrays"].to_torch_state_dict(), reply[FEDDC_UPDATE].to_torch_state_dict()
-    saved = ClientState(state, 64, 0)
-    new_h, new_c = saved.load_round_tensors(DRIFT, LIKE, 3), saved.load_round_tensors(CLIENT_CONTROL, LIKE, 3)
-    for k in LIKE:
-        assert torch.allclose(update[k], theta[k] - w[k], atol=1e-6), k
-        assert torch.allclose(new_h[k], h[k] + theta[k] - w[k], atol=1e-6), k
-        assert torch.allclose(upload[k], theta[k] + new_h[k], atol=1e-6), k
-        assert torch.allclose(new_c[k], c_i[k] - c[k] + (w[k] - theta[k]) / (2 * lr), atol=1e-4), k
+    saved, like = ClientState(state, 64, 0), {k: v.double() for k, v in LIKE.items()}
+    new_h, new_c = saved.load_round_tensors(DRIFT, like, 3), saved.load_round_tensors(CLIENT_CONTROL, like, 3)
+    for k in LIKE:  # the uploads rounded to float32 (the wire), the kept state in float64
+        assert torch.allclose(update[k].double(), theta[k] - w[k], **WIRE_ROUNDING), k
+        assert torch.allclose(new_h[k], h[k] + theta[k] - w[k], rtol=1e-9, atol=1e-12), k
+        assert torch.allclose(upload[k].double(), theta[k] + new_h[k], **WIRE_ROUNDING), k
+        assert torch.allclose(new_c[k], c_i[k] - c[k] + (w[k] - theta[k]) / (2 * lr), rtol=1e-9, atol=1e-12), k
     assert reply["metrics"]["feddc-drift-norm"] > 0
 
 
@@ -209,18 +210,19 @@ def test_grad_clip_clips_the_correction_with_the_loss_gradient(clip: float) -> N
     not (1000: the unclipped round). Applying the correction after the clipped step instead, unclipped,
     moved the model by 6e-3 from the code's at 0.1; now 1e-8, as without a binding clip."""
     alpha, wd, lr = 0.1, 1e-3, 0.05
-    h, c_i, c = vectors(1), vectors(2), vectors(3)
+    h, c_i, c = vectors(1, dtype=torch.float64), vectors(2, dtype=torch.float64), vectors(3)
     state = RecordDict()
     ClientState(state, 64, 0).save_round_tensors(DRIFT, h, 1)
     ClientState(state, 64, 0).save_round_tensors(CLIENT_CONTROL, c_i, 1)
     cfg = {"feddc-alpha": alpha, "lr": lr, "momentum": 0.0, "weight-decay": wd, "batch-size": 80, "local-epochs": 2}
+    cfg.update({"grad-clip": clip, **IN_FLOAT64})  # the trainer in float64 too: it shuffles its batch
     data, content = make_data(), global_content(server_round=2, control=ArrayRecord(c))
-    reply = make_trainer(FedDCTrainer, data, state=state, server_round=2, **cfg, **{"grad-clip": clip}).fit(content)
-    got = reply[FEDDC_UPDATE].to_torch_state_dict()  # theta - w
+    reply = make_trainer(FedDCTrainer, data, state=state, server_round=2, **cfg).fit(content)
+    got = reply[FEDDC_UPDATE].to_torch_state_dict()  # theta - w, rounded to float32 on the wire
     want = authors_feddc_round(content, data, h, c_i, c, alpha, wd, lr, 2, clip)
     w = content["arrays"].to_torch_state_dict()
     gap = max(float((got[k].double() + w[k].double() - want[k]).abs().max()) for k in want)
-    assert gap < 1e-6, gap
+    assert all(torch.allclose(got[k].double(), want[k] - w[k].double(), **WIRE_ROUNDING) for k in want), gap
     if clip > 100:  # the clip does not bind: the round is the unclipped one
         plain = authors_feddc_round(content, data, h, c_i, c, alpha, wd, lr, 2, 0.0)
         assert all(torch.equal(plain[k], want[k]) for k in want)

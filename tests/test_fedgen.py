@@ -123,28 +123,29 @@ def test_generator_training_loss_falls_on_a_fixed_toy_ensemble() -> None:
 def test_client_regulariser_equals_the_authors_terms() -> None:
     """userpFedGen.py's loss for one batch: NLL(log_softmax) + gen_ratio * alpha * NLL on generated
     features of sampled labels + beta * KLDivLoss(batchmean)(log_softmax(model(x)), softmax(W G(y)))."""
-    torch.manual_seed(0)
-    clf = torch.nn.Linear(6, 4, bias=False)
-    logits = torch.randn(8, 4, requires_grad=True)
-    gen_y, gen_s, sampled = torch.randn(8, 6), torch.randn(5, 6), torch.randint(0, 4, (5,))
+    torch.manual_seed(0)  # float64: the two sides reduce differently (batchmean vs weighted padded sum)
+    clf = torch.nn.Linear(6, 4, bias=False).double()
+    logits = torch.randn(8, 4, dtype=torch.float64, requires_grad=True)
+    gen_y, gen_s = torch.randn(8, 6, dtype=torch.float64), torch.randn(5, 6, dtype=torch.float64)
+    sampled = torch.randint(0, 4, (5,))
     alpha, beta, ratio = 9.8, 9.8, 5 / 8
     total, teacher_term, latent_term = client_regulariser(
-        clf, logits, gen_y, gen_s, sampled, torch.tensor([ratio * alpha, beta])
+        clf, logits, gen_y, gen_s, sampled, torch.tensor([ratio * alpha, beta], dtype=torch.float64)
     )
     with torch.no_grad():
         target = F.softmax(clf(gen_y), dim=1).clone().detach()
         latent = beta * torch.nn.KLDivLoss(reduction="batchmean")(F.log_softmax(logits, dim=1), target)
         teacher = alpha * torch.mean(torch.nn.NLLLoss(reduction="none")(F.log_softmax(clf(gen_s), dim=1), sampled))
-    assert float(total.detach()) == pytest.approx(float(ratio * teacher + latent), rel=1e-6)
+    assert float(total.detach()) == pytest.approx(float(ratio * teacher + latent), rel=1e-10)
     total.backward()
     assert logits.grad is not None and clf.weight.grad is not None  # both terms train the model
     # the batched engine's form: the batch's 8 rows weighted 1/8, 3 padding rows weighted 0
-    pad = torch.randn(3, 4), torch.randn(3, 6)
-    weight = torch.cat([torch.full((8,), 1 / 8), torch.zeros(3)])
+    pad = torch.randn(3, 4, dtype=torch.float64), torch.randn(3, 6, dtype=torch.float64)
+    weight = torch.cat([torch.full((8,), 1 / 8, dtype=torch.float64), torch.zeros(3, dtype=torch.float64)])
     _, teacher_w, latent_w = client_regulariser(
-        clf, torch.cat([logits, pad[0]]), torch.cat([gen_y, pad[1]]), gen_s, sampled, torch.ones(2), weight
+        clf, torch.cat([logits, pad[0]]), torch.cat([gen_y, pad[1]]), gen_s, sampled, torch.ones(2).double(), weight
     )
-    assert float(teacher_w) == float(teacher_term) and float(latent_w) == pytest.approx(float(latent_term), rel=1e-6)
+    assert float(teacher_w) == float(teacher_term) and float(latent_w) == pytest.approx(float(latent_term), rel=1e-10)
 
 
 def test_regulariser_weight_decays_from_round_two_to_its_floor() -> None:

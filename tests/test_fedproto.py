@@ -21,7 +21,7 @@ from fedskew.methods.fedproto import FEDPROTO_PROTOTYPES as PROTOS
 from fedskew.records import Rejected, check_content
 from fedskew.strategies.fedavg import FedAvgStrategy
 from fedskew.strategies.fedproto import FedProtoStrategy
-from tests.harness import cut_and_resume, labelled_images, trainer_context
+from tests.harness import IN_FLOAT64, cut_and_resume, labelled_images, trainer_context
 
 
 # ---------------------------------------------------------------------- maths
@@ -140,7 +140,9 @@ def test_one_local_step_against_the_authors_code() -> None:
     loss2 = MSELoss(proto_new, protos), loss = loss1 + ld * loss2, one SGD step (fresh optimiser:
     momentum has no effect on the first step)."""
     data = _data(24)
-    cfg = _cfg(**{"batch-size": 12, "lr": 0.05, "momentum": 0.0, "weight-decay": 0.0, "fedproto-lambda": 0.7})
+    cfg = _cfg(
+        **{"batch-size": 12, "lr": 0.05, "momentum": 0.0, "weight-decay": 0.0, "fedproto-lambda": 0.7}, **IN_FLOAT64
+    )
     data = ClientData(data.x_train[:12], data.y_train[:12], data.x_test, data.y_test, 10)  # one batch
     g = torch.Generator().manual_seed(5)
     protos, valid = torch.randn(10, 84, generator=g), torch.tensor([True, False] * 5)
@@ -151,7 +153,7 @@ def test_one_local_step_against_the_authors_code() -> None:
     ref = FedProtoTrainer.build_model(trainer)
     ref.load_state_dict(FedAvgStrategy(validate({"model": "lenet"})).initial_arrays().to_torch_state_dict())
     ref.train()
-    x, y = data.x_train, data.y_train
+    x, y = data.x_train.double(), data.y_train  # float64 on both sides: the trainer shuffles its batch
     feats = ref.features(x)
     loss1 = F.nll_loss(F.log_softmax(ref.classifier(feats), dim=1), y)
     proto_new = feats.detach().clone()
@@ -164,7 +166,7 @@ def test_one_local_step_against_the_authors_code() -> None:
         for p in ref.parameters():
             p -= 0.05 * p.grad
     for k, v in ref.state_dict().items():
-        torch.testing.assert_close(got[k], v, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(got[k], v, rtol=1e-9, atol=1e-12)
 
 
 def test_the_prototype_term_pulls_the_embeddings_onto_the_global_prototypes() -> None:

@@ -12,10 +12,10 @@ from fedskew.losses import fedrs_scale, proximal_term, restricted_softmax_cross_
 C, D, B = 6, 5, 16
 
 
-def _batch(seed: int = 0, observed: tuple[int, ...] = (0, 2, 3)):
+def _batch(seed: int = 0, observed: tuple[int, ...] = (0, 2, 3), dtype: torch.dtype = torch.float32):
     g = torch.Generator().manual_seed(seed)
-    h = torch.randn(B, D, generator=g, requires_grad=True)
-    w = torch.randn(C, D, generator=g, requires_grad=True)
+    h = torch.randn(B, D, generator=g, dtype=dtype, requires_grad=True)
+    w = torch.randn(C, D, generator=g, dtype=dtype, requires_grad=True)
     y = torch.tensor(observed)[torch.randint(0, len(observed), (B,), generator=g)]
     counts = np.bincount(y.numpy(), minlength=C) * 10
     return h, w, y, counts
@@ -59,24 +59,24 @@ def test_alpha_zero_zeroes_missing_rows_but_keeps_them_in_the_denominator() -> N
 
 @pytest.mark.parametrize("alpha", [0.0, 0.25, 0.5, 1.0])
 def test_analytic_gradients(alpha: float) -> None:
-    h, w, y, counts = _batch(1)
+    h, w, y, counts = _batch(1, dtype=torch.float64)  # autograd's and the formula's sums: in float64
     s = fedrs_scale(counts, alpha)
     gh, gw = _grads(restricted_softmax_cross_entropy(h @ w.T, y, s), h, w)
     p = torch.softmax((h @ w.T) * s, dim=1)
-    g = (p - F.one_hot(y, C).float()) * s
-    assert torch.allclose(gw, g.T @ h / B, atol=1e-6)
-    assert torch.allclose(gh, g @ w / B, atol=1e-6)
+    g = (p - F.one_hot(y, C).double()) * s
+    assert torch.allclose(gw, g.T @ h / B, atol=1e-12)
+    assert torch.allclose(gh, g @ w / B, atol=1e-12)
     for c in np.flatnonzero(counts == 0):  # Eq. 10: missing rows are only pushed, scaled by alpha
-        assert torch.allclose(gw[c], alpha * (p[:, c : c + 1] * h).sum(0) / B, atol=1e-6)
+        assert torch.allclose(gw[c], alpha * (p[:, c : c + 1] * h).sum(0) / B, atol=1e-12)
 
 
 def test_reparametrisation_scales_gradient_per_row() -> None:
-    h, w, y, counts = _batch(2)
+    h, w, y, counts = _batch(2, dtype=torch.float64)  # (h W^T) s and h (W s)^T round differently in float32
     s = fedrs_scale(counts, 0.4)
     (gw,) = _grads(restricted_softmax_cross_entropy(h @ w.T, y, s), w)
     w2 = (w * s[:, None]).detach().requires_grad_(True)
     (gw2,) = _grads(F.cross_entropy(h @ w2.T, y), w2)
-    assert torch.allclose(gw, gw2 * s[:, None], atol=1e-6)
+    assert torch.allclose(gw, gw2 * s[:, None], atol=1e-12)
 
 
 def test_scale_vector_rules() -> None:

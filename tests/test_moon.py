@@ -18,17 +18,18 @@ from fedskew.losses.moon import model_contrastive_loss
 from fedskew.models import build_model
 from fedskew.records import Number
 from fedskew.training import seed_everything
-from tests.harness import cut_and_resume, trainer_context
+from tests.harness import IN_FLOAT64, WIRE_ROUNDING, cut_and_resume, trainer_context
 from tests.test_trainers import make_data
 
 
 def test_contrastive_loss_matches_a_hand_computation() -> None:
-    z = torch.tensor([[1.0, 0.0], [1.0, 1.0]])
-    z_glob = torch.tensor([[1.0, 0.0], [2.0, 0.0]])  # cosines 1 and 1/sqrt(2)
-    z_prev = torch.tensor([[0.0, 1.0], [-1.0, -1.0]])  # cosines 0 and -1
+    f64 = torch.float64  # the hand computation's arithmetic
+    z = torch.tensor([[1.0, 0.0], [1.0, 1.0]], dtype=f64)
+    z_glob = torch.tensor([[1.0, 0.0], [2.0, 0.0]], dtype=f64)  # cosines 1 and 1/sqrt(2)
+    z_prev = torch.tensor([[0.0, 1.0], [-1.0, -1.0]], dtype=f64)  # cosines 0 and -1
     # -log(e^{p/t} / (e^{p/t} + e^{n/t})) = log(1 + e^{(n - p)/t}), t = 0.5
     want = (math.log(1 + math.exp(-2.0)) + math.log(1 + math.exp(-2.0 - math.sqrt(2.0)))) / 2
-    assert model_contrastive_loss(z, z_glob, z_prev, 0.5).item() == pytest.approx(want, rel=1e-6)
+    assert model_contrastive_loss(z, z_glob, z_prev, 0.5).item() == pytest.approx(want, rel=1e-12)
     assert model_contrastive_loss(z, z_glob, None, 0.5).item() == 0.0  # no negative: the code's one logit
 
 
@@ -102,16 +103,16 @@ def test_one_local_step_matches_the_authors_code() -> None:
     contrast is taken on (here `features(x)`, the code's `use_project_head=0`)."""
     mu, temperature, lr, wd = 5.0, 0.5, 0.05, 1e-5
     torch.manual_seed(3)
-    prev_sd = build_model("mlp", "fashion-mnist").state_dict()
+    prev_sd = build_model("mlp", "fashion-mnist").double().state_dict()  # float64: the trainer shuffles its batch
     state = RecordDict()
     saved = ClientState(state, 64, 0)
     saved.save_tensors("moon-previous", prev_sd)
     saved.save_values("moon", {"moon-previous": 1})
     over = {"moon-mu": mu, "moon-temperature": temperature, "lr": lr, "weight-decay": wd, "batch-size": 256}
-    got = arrays(moon_trainer(state, 2, **over).fit(content(2)))
+    got = arrays(moon_trainer(state, 2, **over, **IN_FLOAT64).fit(content(2)))
 
     # the reference, written from the code's operations
-    net, global_net, previous_net = (build_model("mlp", "fashion-mnist") for _ in range(3))
+    net, global_net, previous_net = (build_model("mlp", "fashion-mnist").double() for _ in range(3))
     glob_sd = content(2)["arrays"].to_torch_state_dict()
     net.load_state_dict(glob_sd)
     global_net.load_state_dict(glob_sd)
@@ -119,7 +120,7 @@ def test_one_local_step_matches_the_authors_code() -> None:
     global_net.eval()
     previous_net.eval()
     data = make_data()
-    x, target = data.x_train, data.y_train
+    x, target = data.x_train.double(), data.y_train
     optimizer = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9, weight_decay=wd)
     cos = torch.nn.CosineSimilarity(dim=-1)
     criterion = torch.nn.CrossEntropyLoss()
@@ -136,7 +137,7 @@ def test_one_local_step_matches_the_authors_code() -> None:
 
     plain = arrays(moon_trainer(RecordDict(), 2, method="fedavg", **over).fit(content(2)))
     for k, v in want.items():
-        assert torch.allclose(got[k], v, atol=1e-6), k
+        assert torch.allclose(got[k].double(), v, **WIRE_ROUNDING), k
     assert max((plain[k] - v).abs().max().item() for k, v in want.items()) > 1e-4  # the term mattered
 
 

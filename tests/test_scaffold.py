@@ -25,7 +25,7 @@ from fedskew.models import build_model
 from fedskew.registry import get_method
 from fedskew.strategies.aggregate import scaffold_control_update, server_step
 from fedskew.strategies.scaffold import ScaffoldStrategy
-from tests.harness import cut_and_resume, mean_node_state
+from tests.harness import IN_FLOAT64, WIRE_ROUNDING, cut_and_resume, mean_node_state
 from tests.test_trainers import global_content, make_data, make_trainer
 
 NAMES = [k for k, _ in build_model("mlp", "fashion-mnist").named_parameters()]
@@ -43,8 +43,8 @@ def with_client_control(c_i: dict[str, torch.Tensor], written: int) -> RecordDic
     return state
 
 
-def client_control(state: RecordDict) -> dict[str, torch.Tensor]:
-    return ClientState(state, 64, 0).load_round_tensors(CLIENT_CONTROL, controls(0), 10**6)
+def client_control(state: RecordDict, like: dict[str, torch.Tensor] | None = None) -> dict[str, torch.Tensor]:
+    return ClientState(state, 64, 0).load_round_tensors(CLIENT_CONTROL, like or controls(0), 10**6)
 
 
 def equal(a: ArrayRecord, b: ArrayRecord) -> bool:
@@ -118,27 +118,28 @@ def test_one_round_equals_niid_benchs_procedure() -> None:
     experiments.py `train_net_scaffold`), written out here: torch SGD(momentum, weight decay) step,
     then every parameter minus lr (c_global - c_local); c_new = c_local - c_global + (x - y) / (cnt lr)."""
     c, c_i, lr = controls(1), controls(2), 0.05
+    c_i = {k: v.double() for k, v in c_i.items()}  # both sides in float64: the trainer shuffles its batch
     data = make_data()
     cfg = {"lr": lr, "momentum": 0.9, "weight-decay": 1e-5, "batch-size": 80, "local-epochs": 2}
     content = global_content(server_round=2, control=ArrayRecord(c))
     state = with_client_control(c_i, 1)
-    reply = make_trainer(ScaffoldTrainer, data, state=state, server_round=2, **cfg).fit(content)
+    reply = make_trainer(ScaffoldTrainer, data, state=state, server_round=2, **cfg, **IN_FLOAT64).fit(content)
 
-    net = build_model("mlp", "fashion-mnist")
+    net = build_model("mlp", "fashion-mnist").double()
     net.load_state_dict(content["arrays"].to_torch_state_dict())
     x = {k: v.clone() for k, v in net.state_dict().items()}
     opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9, weight_decay=1e-5)
     for _ in range(2):
         opt.zero_grad()
-        F.cross_entropy(net(data.x_train), data.y_train).backward()
+        F.cross_entropy(net(data.x_train.double()), data.y_train).backward()
         opt.step()
         with torch.no_grad():
             for k, p in net.named_parameters():
                 p -= lr * (c[k] - c_i[k])
-    got, new = reply["arrays"].to_torch_state_dict(), client_control(state)
+    got, new = reply["arrays"].to_torch_state_dict(), client_control(state, c_i)
     for k, p in net.named_parameters():
-        assert torch.allclose(got[k], p.detach(), atol=1e-6), k
-        assert torch.allclose(new[k], c_i[k] - c[k] + (x[k] - p.detach()) / (2 * lr), atol=1e-4), k
+        assert torch.allclose(got[k].double(), p.detach(), **WIRE_ROUNDING), k
+        assert torch.allclose(new[k], c_i[k] - c[k] + (x[k] - p.detach()) / (2 * lr), rtol=1e-9, atol=1e-12), k
 
 
 def test_a_state_from_a_discarded_attempt_is_dropped() -> None:
