@@ -30,6 +30,7 @@ Fault = Callable[[Message, Message], Message | None]  # (request, reply) -> repl
 # its reply's arrays are rounded to float32 (the wire's dtype): one rounding (2^-24 relative) apart
 IN_FLOAT64 = {"compute-dtype": "float64"}
 WIRE_ROUNDING = {"rtol": 2.0**-23, "atol": 1e-9}
+FLOAT64 = {"rtol": 1e-9, "atol": 1e-12}  # float64 kept state, never rounded to float32
 
 
 def app_defaults() -> dict[str, Any]:

@@ -48,7 +48,7 @@ from fedskew.strategies.base import BaseStrategy
 from fedskew.training import clip_before_step, module_refusal, sgd, train_steps
 from fedskew.wire import CENTRAL_EVAL_METRICS
 from tests.conftest import read_metrics
-from tests.harness import ROOT, app_defaults, run_in_process
+from tests.harness import FLOAT64, ROOT, WIRE_ROUNDING, app_defaults, run_in_process
 
 STACKED = "fedavg fedprox fedrs fedlc fedgela fednova creff scaffold scaffold-rs feddyn feddc ditto".split()
 STACKED += ["fedbabu", "fedrep"]  # a stage trains the parameters its optimiser holds (parameter groups)
@@ -69,7 +69,6 @@ ROUND = {"model": "mlp", "partition": "dirichlet", "fraction-train": 0.1, "local
 # may differ by one float32 rounding (2^-23 relative) plus that difference, which `WIRE_ROUNDING`
 # bounds by 1e-9 = 1e7 float64 epsilons: any CPU, and 6e4 times below the float32 discrepancy.
 SHORT = {"num-partitions": 400, "fraction-train": 0.01, "compute-dtype": "float64"}
-WIRE_ROUNDING = {"rtol": 2.0**-23, "atol": 1e-9}
 # a method's overrides where the default lr moves its upload by less than the test's 1e-2: the bodies
 # of FedBABU and FedRep learn under a frozen head (0.007, 0.006 at lr 0.01); MAP's upload is trained for
 # half the local epochs (Algorithm 1's first stage: 0.0099)
@@ -523,10 +522,6 @@ def train_messages(nodes: list[int], arrays: ArrayRecord, server_round: int) -> 
         Message(RecordDict({"arrays": arrays, "config": config}), dst_node_id=node, message_type=MessageType.TRAIN)
         for node in nodes
     ]
-
-
-# a kept float64 state, never rounded to float32: float64 roundings apart (1e-17 on these clients)
-FLOAT64 = {"rtol": 1e-9, "atol": 1e-12}
 
 
 def assert_two_rounds_as_per_client(method: str, kept: str, metrics: tuple[str, ...], **overrides: Any) -> None:

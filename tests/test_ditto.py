@@ -18,7 +18,7 @@ from fedskew.config import validate
 from fedskew.models import build_model
 from fedskew.registry import get_method
 from tests.conftest import read_metrics
-from tests.harness import IN_FLOAT64, cut_and_resume, run_in_process
+from tests.harness import FLOAT64, IN_FLOAT64, cut_and_resume, run_in_process
 from tests.test_trainers import global_content, make_data, make_trainer
 
 PLAIN_SGD = {"momentum": 0.0, "weight-decay": 0.0}
@@ -99,7 +99,7 @@ def test_one_personal_step_equals_the_authors_update() -> None:
     w = [p.double() for p in received_params(content)]
     expected = [v - lr * (g + lam * (v - wk)) for v, g, wk in zip(v0.parameters(), grads, w, strict=True)]
     for got, want in zip(trainer.personal.parameters(), expected, strict=True):
-        torch.testing.assert_close(got.detach(), want.detach(), rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(got.detach(), want.detach(), **FLOAT64)
     assert reply["metrics"]["ditto-distance"] == pytest.approx(parameter_distance(expected, w), rel=1e-9)
     saved = state.load_tensors(PERSONAL)
     assert all(torch.equal(saved[k], v) for k, v in trainer.personal.state_dict().items())

@@ -16,7 +16,7 @@ from fedskew.losses.fedaws import pairwise_distances, spreadout, spreadout_regul
 from fedskew.strategies.base import numpy_to_arrays
 from fedskew.strategies.fedavg import FedAvgStrategy
 from fedskew.strategies.fedaws import FedAwSStrategy
-from tests.harness import run_in_process
+from tests.harness import FLOAT64, run_in_process
 
 
 def test_regularizer_matches_a_hand_computation() -> None:
@@ -74,7 +74,7 @@ def test_the_cosine_step_is_the_fedrs_authors_fedaws() -> None:
         loss.backward()
         opt.step()
     got = spreadout(ws0, margin, "cosine", aws_steps, aws_lr / 10**2, momentum=0.9)
-    assert torch.allclose(got, ws.detach(), rtol=1e-9, atol=1e-12)
+    assert torch.allclose(got, ws.detach(), **FLOAT64)
     assert (got - ws0).abs().max() > 1e-3
 
 

@@ -24,7 +24,7 @@ from fedskew.models import build_model
 from fedskew.strategies.aggregate import scaffold_control_update, weighted_average
 from fedskew.strategies.base import arrays_to_numpy, numpy_to_arrays
 from fedskew.strategies.feddc import FedDCStrategy
-from tests.harness import IN_FLOAT64, WIRE_ROUNDING, cut_and_resume, mean_node_state, run_in_process
+from tests.harness import FLOAT64, IN_FLOAT64, WIRE_ROUNDING, cut_and_resume, mean_node_state, run_in_process
 from tests.test_trainers import global_content, make_data, make_trainer
 
 LIKE = {k: p.detach() for k, p in build_model("mlp", "fashion-mnist").named_parameters()}
@@ -77,9 +77,9 @@ def test_one_round_equals_the_authors_procedure() -> None:
     new_h, new_c = saved.load_round_tensors(DRIFT, like, 3), saved.load_round_tensors(CLIENT_CONTROL, like, 3)
     for k in LIKE:  # the uploads rounded to float32 (the wire), the kept state in float64
         assert torch.allclose(update[k].double(), theta[k] - w[k], **WIRE_ROUNDING), k
-        assert torch.allclose(new_h[k], h[k] + theta[k] - w[k], rtol=1e-9, atol=1e-12), k
+        assert torch.allclose(new_h[k], h[k] + theta[k] - w[k], **FLOAT64), k
         assert torch.allclose(upload[k].double(), theta[k] + new_h[k], **WIRE_ROUNDING), k
-        assert torch.allclose(new_c[k], c_i[k] - c[k] + (w[k] - theta[k]) / (2 * lr), rtol=1e-9, atol=1e-12), k
+        assert torch.allclose(new_c[k], c_i[k] - c[k] + (w[k] - theta[k]) / (2 * lr), **FLOAT64), k
     assert reply["metrics"]["feddc-drift-norm"] > 0
 
 

@@ -20,7 +20,7 @@ from fedskew.data.clients import ClientData
 from fedskew.losses import hpm_momentum, mmd_multi_gaussian
 from fedskew.strategies.fedavg import FedAvgStrategy
 from fedskew.strategies.fedphp import FedPHPStrategy
-from tests.harness import IN_FLOAT64, WIRE_ROUNDING, cut_and_resume, labelled_images, trainer_context
+from tests.harness import FLOAT64, IN_FLOAT64, WIRE_ROUNDING, cut_and_resume, labelled_images, trainer_context
 
 
 def generate_mu(cnt: int, c_ratio: float, max_round: int) -> float:
@@ -173,7 +173,7 @@ def test_one_local_step_against_the_authors_code() -> None:
     mu = generate_mu(1, 0.3, 25)
     new_hpm = state[f"tensors.{HPM_TENSORS}"].to_torch_state_dict()
     for k, v in student.state_dict().items():
-        torch.testing.assert_close(new_hpm[k], mu * hpm[k] + (1 - mu) * v, rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(new_hpm[k], mu * hpm[k] + (1 - mu) * v, **FLOAT64)
 
 
 # ---------------------------------------------------------------------- the server

@@ -21,7 +21,7 @@ from fedskew.methods.fedproto import FEDPROTO_PROTOTYPES as PROTOS
 from fedskew.records import Rejected, check_content
 from fedskew.strategies.fedavg import FedAvgStrategy
 from fedskew.strategies.fedproto import FedProtoStrategy
-from tests.harness import IN_FLOAT64, cut_and_resume, labelled_images, trainer_context
+from tests.harness import FLOAT64, IN_FLOAT64, cut_and_resume, labelled_images, trainer_context
 
 
 # ---------------------------------------------------------------------- maths
@@ -166,7 +166,7 @@ def test_one_local_step_against_the_authors_code() -> None:
         for p in ref.parameters():
             p -= 0.05 * p.grad
     for k, v in ref.state_dict().items():
-        torch.testing.assert_close(got[k], v, rtol=1e-9, atol=1e-12)
+        torch.testing.assert_close(got[k], v, **FLOAT64)
 
 
 def test_the_prototype_term_pulls_the_embeddings_onto_the_global_prototypes() -> None:

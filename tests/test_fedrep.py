@@ -13,7 +13,7 @@ from fedskew.config import validate
 from fedskew.models import body_state, build_model
 from fedskew.registry import get_method
 from tests.conftest import read_metrics
-from tests.harness import IN_FLOAT64, WIRE_ROUNDING, cut_and_resume
+from tests.harness import FLOAT64, IN_FLOAT64, WIRE_ROUNDING, cut_and_resume
 from tests.test_trainers import make_data, make_trainer
 
 PLAIN_SGD = {"momentum": 0.0, "weight-decay": 0.0}
@@ -88,7 +88,7 @@ def test_one_round_equals_the_authors_local_update() -> None:
     for k, want in expected.items():
         torch.testing.assert_close(uploaded[f"features.{k}"].double(), want, **WIRE_ROUNDING)
     head = trainer.ctx.state.load_tensors(HEAD)["weight"]
-    torch.testing.assert_close(head, model.classifier.weight.detach(), rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(head, model.classifier.weight.detach(), **FLOAT64)
 
 
 def test_biases_take_no_weight_decay_as_in_the_authors_code() -> None:

@@ -16,7 +16,7 @@ from fedskew.client_app.state import ClientState
 from fedskew.losses.fedrod import balanced_softmax_loss, class_log_prior, personalized_risk
 from fedskew.models import build_model
 from tests.conftest import read_metrics
-from tests.harness import IN_FLOAT64, WIRE_ROUNDING, cut_and_resume
+from tests.harness import FLOAT64, IN_FLOAT64, WIRE_ROUNDING, cut_and_resume
 from tests.test_trainers import OBSERVED, global_content, make_data, make_trainer
 
 LOGITS = [[1.0, 2.0, 0.5], [0.0, -1.0, 3.0]]
@@ -96,7 +96,7 @@ def test_one_local_step_equals_pfllibs_and_the_personal_head_persists() -> None:
     for (k, p), g in zip(model.named_parameters(), grads, strict=True):
         torch.testing.assert_close(uploaded[k].double(), (p - lr * g).detach(), **WIRE_ROUNDING)
     kept = ClientState(state, 64, 0).load_tensors(PERSONAL_HEAD)["weight"]
-    torch.testing.assert_close(kept, (personal.weight - lr * g_p).detach(), rtol=1e-9, atol=1e-12)
+    torch.testing.assert_close(kept, (personal.weight - lr * g_p).detach(), **FLOAT64)
 
     again = make_trainer(FedRoDTrainer, data, state=state, server_round=2, lr=lr, **overrides, **IN_FLOAT64)
     again.fit(content)

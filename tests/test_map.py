@@ -32,7 +32,7 @@ from fedskew.models import build_model
 from fedskew.strategies.map import MAPStrategy
 from fedskew.training import sgd
 from tests.conftest import read_metrics
-from tests.harness import IN_FLOAT64, labelled_images, run_in_process
+from tests.harness import FLOAT64, IN_FLOAT64, labelled_images, run_in_process
 
 # The authors' code (`lxcnju/MAP` `algorithms/fedap.py`, commit 42b1478) on the points it differs
 # from the paper: as `suites/paper-map.yaml`'s `map-authors-code`.
@@ -328,7 +328,7 @@ def test_authors_code_mode_stage_two_step_equals_their_update() -> None:
     torch.nn.utils.clip_grad_norm_(theirs.parameters(), 100.0)
     opt.step()
     for (k, a), b in zip(student.state_dict().items(), theirs.state_dict().values(), strict=True):
-        assert torch.allclose(a, b, rtol=1e-9, atol=1e-12), k
+        assert torch.allclose(a, b, **FLOAT64), k
     code = _cfg(**{**CODE, "fraction-train": 0.25})  # Q T = 2.5: the code divides by int(Q T) = 2
     trainer = MAPTrainer(dataclasses.replace(trainer.ctx, cfg=code))
     assert trainer.expected_participations() == 2.0

@@ -54,7 +54,7 @@ from fedskew.strategies.clustering import (
 )
 from fedskew.strategies.mupfl import MuPFLStrategy
 from tests.conftest import read_metrics
-from tests.harness import app_defaults, cut_and_resume, run_in_process
+from tests.harness import FLOAT64, app_defaults, cut_and_resume, run_in_process
 from tests.test_strategy import FakeGrid, make_reply
 from tests.test_trainers import global_content, make_data, make_trainer
 
@@ -330,7 +330,7 @@ def test_class_gradients_match_autograd_and_mean_over_holders() -> None:
     z = class_gradients(w.detach(), h, y)
     for k in (0, 1, 3):
         (g,) = torch.autograd.grad(F.cross_entropy(h[y == k] @ w.T, y[y == k]), w)
-        assert torch.allclose(z[k], g, rtol=1e-9, atol=1e-12)
+        assert torch.allclose(z[k], g, **FLOAT64)
     assert torch.equal(z[2], torch.zeros(4, 6, dtype=torch.float64))
     a, b, c = {0: torch.ones(2), 1: torch.full((2,), 3.0)}, {1: torch.full((2,), 5.0)}, {2: torch.full((2,), 7.0)}
     glo = aggregate_class_gradients([a, b, c])

@@ -25,7 +25,7 @@ from fedskew.models import build_model
 from fedskew.registry import get_method
 from fedskew.strategies.aggregate import scaffold_control_update, server_step
 from fedskew.strategies.scaffold import ScaffoldStrategy
-from tests.harness import IN_FLOAT64, WIRE_ROUNDING, cut_and_resume, mean_node_state
+from tests.harness import FLOAT64, IN_FLOAT64, WIRE_ROUNDING, cut_and_resume, mean_node_state
 from tests.test_trainers import global_content, make_data, make_trainer
 
 NAMES = [k for k, _ in build_model("mlp", "fashion-mnist").named_parameters()]
@@ -139,7 +139,7 @@ def test_one_round_equals_niid_benchs_procedure() -> None:
     got, new = reply["arrays"].to_torch_state_dict(), client_control(state, c_i)
     for k, p in net.named_parameters():
         assert torch.allclose(got[k].double(), p.detach(), **WIRE_ROUNDING), k
-        assert torch.allclose(new[k], c_i[k] - c[k] + (x[k] - p.detach()) / (2 * lr), rtol=1e-9, atol=1e-12), k
+        assert torch.allclose(new[k], c_i[k] - c[k] + (x[k] - p.detach()) / (2 * lr), **FLOAT64), k
 
 
 def test_a_state_from_a_discarded_attempt_is_dropped() -> None:
