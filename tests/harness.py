@@ -33,6 +33,14 @@ WIRE_ROUNDING = {"rtol": 2.0**-23, "atol": 1e-9}
 FLOAT64 = {"rtol": 1e-9, "atol": 1e-12}  # float64 kept state, never rounded to float32
 
 
+def float32_ratio_rtol(terms: int, averaged: int = 0) -> float:
+    """Relative gap allowed between two float32 evaluations of a ratio of two sums of `terms`
+    non-negative terms, summed in any order: each sum lies within (terms - 1) u of its value
+    (u = 2^-24), so each ratio within 2 terms u and the two within 4 terms u; a float32 mean over
+    `averaged` such ratios adds 2 u each (BAVD's dropped mass, `dropped_fractions`)."""
+    return (4 * terms + 2 * averaged) * 2.0**-24
+
+
 def app_defaults() -> dict[str, Any]:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]["config"]
 
