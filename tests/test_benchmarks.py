@@ -345,6 +345,50 @@ def test_creff_heads_scores_the_evaluated_classifier_as_the_run_logged_it(tmp_pa
     assert row[3] != row[4]  # the averaged classifier is another model
 
 
+def test_finetune_trace_replays_the_run_and_logs_the_phase_s_steps_to_its_last(
+    tmp_path: Path, small_data: str, task_identity
+) -> None:
+    """FedBABU's fine-tuning of one client in the last round, traced: the replay reproduces the run's
+    last metrics row, the trace holds every 5th step and each of the last 3 before the step, and the
+    phase's end after it; the last batch is the pass's short one. A run with a round missing, or on
+    the batched engine, is refused."""
+    from tests.harness import run_in_process
+
+    over = {"method": "fedbabu", "model": "mlp", "partition": "classes-per-client", "fraction-train": 1.0}
+    over |= {"num-server-rounds": 2, "fedbabu-finetune-epochs": 1, "local-test-fraction": 0.25, "batch-size": 64}
+    run_in_process({**over, "data-root": small_data, "out-dir": str(tmp_path), "run-name": "r"}, 5, None, 5)
+    res = run_benchmark(
+        "finetune_trace.py",
+        str(tmp_path / "r"),
+        "--partition",
+        "1",
+        "--out",
+        str(tmp_path / "t"),
+        "--every",
+        "5",
+        "--tail",
+        "3",
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    summary = json.loads((tmp_path / "t" / "summary.json").read_text())
+    assert summary["reproduced"] is True and len(summary["phases"]) == 1, res.stdout
+    phase = summary["phases"][0]
+    rows = [json.loads(line) for line in (tmp_path / "t" / "trace.jsonl").read_text().splitlines()]
+    n = phase["steps"]
+    steps = [r["step"] for r in rows if not r.get("end")]
+    assert steps == sorted({*range(0, n, 5), n - 3, n - 2, n - 1}) and rows[-1]["end"] is True
+    assert 0 < phase["last-batch"]["size"] <= 64 and n == rows[-1]["phase-metrics"]["train-steps"]
+    assert phase["accuracy-after"] == rows[-1]["accuracy"] and 0 <= phase["traced-accuracy-min"] <= 1
+    metrics = (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()
+    (tmp_path / "r" / "metrics.jsonl").write_text(metrics[0] + "\n")
+    cut = run_benchmark("finetune_trace.py", str(tmp_path / "r"), "--partition", "1", "--out", str(tmp_path / "u"))
+    assert cut.returncode != 0 and "1 rounds in metrics.jsonl, not 2" in cut.stderr, cut.stderr[-2000:]
+    config = json.loads((tmp_path / "r" / "config.json").read_text())
+    (tmp_path / "r" / "config.json").write_text(json.dumps({**config, "engine": "batched"}))
+    other = run_benchmark("finetune_trace.py", str(tmp_path / "r"), "--partition", "1", "--out", str(tmp_path / "u"))
+    assert other.returncode != 0 and "engine='batched'; the trace follows" in other.stderr, other.stderr[-2000:]
+
+
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
