@@ -350,8 +350,8 @@ def test_finetune_trace_replays_the_run_and_logs_the_phase_s_steps_to_its_last(
 ) -> None:
     """FedBABU's fine-tuning of one client in the last round, traced: the replay reproduces the run's
     last metrics row, the trace holds every 5th step and each of the last 3 before the step, and the
-    phase's end after it; the last batch is the pass's short one. A run with a round missing, or on
-    the batched engine, is refused."""
+    phase's end after it, with its step count and the last batch logged. A run with a round missing,
+    or on the batched engine, is refused."""
     from tests.harness import run_in_process
 
     over = {"method": "fedbabu", "model": "mlp", "partition": "classes-per-client", "fraction-train": 1.0}
