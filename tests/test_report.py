@@ -662,6 +662,34 @@ def test_seeds_accumulate_across_sessions_from_the_committed_result_file(tmp_pat
     assert rs.cell("iid", "fedavg").seeds == [0]
 
 
+def test_a_seed_that_lacks_only_a_metric_added_since_is_recorded_not_run_again(tmp_path: Path) -> None:
+    """Seed 0 ran before a metric existed (no personalized accuracy in its rows), seed 1 after: on a
+    machine without their run folders both are 'recorded' (as their folders would be 'done'), seed 0's
+    note names the metric it lacks, and the stat keeps its own seeds."""
+    from fedskew.run.experiments import plan_cells
+
+    suite, cells = export_setup(tmp_path)
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    fake_run(suite, cells[("fedavg", 0)], [0.5, 0.6, 0.7])
+    metrics = suite.folder / cells[("fedavg", 0)].run_name / "metrics.jsonl"
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    older = [{k: v for k, v in r.items() if k != "personalized-accuracy"} for r in rows]
+    metrics.write_text("".join(json.dumps(r) + "\n" for r in older))
+    export_suite(suite, "suites/t.yaml", app_defaults(), tmp_path / "results")
+    shutil.rmtree(suite.folder)
+    fake_run(suite, cells[("fedavg", 1)], [0.4, 0.5, 0.6])
+    rs = load_results(export_suite(suite, "suites/t.yaml", app_defaults(), tmp_path / "results"))
+    fedavg = rs.cell("iid", "fedavg")
+    assert fedavg.seeds == [0, 1] and fedavg.stats["personalized.last10"].seeds == [1]
+    assert fedavg.stats["global.last10"].seeds is None
+    shutil.rmtree(suite.folder)
+
+    plans = {p.cell.run_name: p for p in plan_cells(suite, tmp_path, [cells[("fedavg", s)] for s in (0, 1)])}
+    assert [p.action for p in plans.values()] == ["recorded", "recorded"]
+    assert "without personalized" in plans["iid--fedavg--s0"].note
+    assert "without" not in plans["iid--fedavg--s1"].note
+
+
 def test_the_hash_of_a_cell_ignores_other_methods_keys_and_neutral_defaults() -> None:
     from fedskew.reports.resultfile import config_sha256
 

@@ -69,7 +69,7 @@ from fedskew.files import atomic_write, check_folder, locked, write_text
 from fedskew.partitions import PartitionError
 from fedskew.registry import get_method
 from fedskew.reports.markdown import md
-from fedskew.reports.resultfile import config_sha256, load_results, read_rounds, suite_config, suite_seeds
+from fedskew.reports.resultfile import Stat, config_sha256, load_results, read_rounds, suite_config, suite_seeds
 from fedskew.run.cluster import RayCluster
 from fedskew.run.launcher import RunFailed, app_defaults, prepare_config, resources_for, run_simulation, simulation_link
 from fedskew.run.node_states import load_node_states
@@ -302,16 +302,20 @@ def plan_cells(
             plan = _plan(cell, run_dir, cfg, subm, app_dir, rerun_changed, node_states)
         except (ConfigError, PartitionError, FileNotFoundError) as e:
             raise ConfigError(f"suite {suite.name}: cell {cell.run_name}: {e}") from None
-        sha = recorded.get((cell.partition, cell.method, cell.seed))
+        sha, missing = recorded.get((cell.partition, cell.method, cell.seed), (None, ()))
         if plan.action == "run" and sha is not None and sha == config_sha256(cfg):
-            plan = CellPlan(cell, "recorded", {}, f"in results/{suite.name}.yaml")
+            lacks = f" (without {', '.join(missing)}: a metric added since)" if missing else ""
+            plan = CellPlan(cell, "recorded", {}, f"in results/{suite.name}.yaml{lacks}")
         plans.append(plan)
     return plans
 
 
-def recorded_seeds(suite: Suite, app_dir: Path) -> dict[tuple[str, str, int], str]:
-    """(partition, method, seed) -> config hash of every seed the suite's result file records with
-    its per-seed values (empty without a result file of this suite)."""
+def recorded_seeds(suite: Suite, app_dir: Path) -> dict[tuple[str, str, int], tuple[str, tuple[str, ...]]]:
+    """(partition, method, seed) -> (config hash, the metrics missing at that seed) of every seed the
+    suite's result file records with its per-seed values (empty without a result file of this suite).
+    A seed that lacks only a metric added since it ran counts as recorded, as its run folder would
+    ('done'): the plan is the same on a machine without outputs/, and no hour-long cell runs again
+    for one metric (its stat keeps its own `seeds:`)."""
     path = app_dir / "results" / f"{suite.name}.yaml"
     if not path.is_file():
         return {}
@@ -319,11 +323,16 @@ def recorded_seeds(suite: Suite, app_dir: Path) -> dict[tuple[str, str, int], st
     if results.suite != suite.name:
         return {}
     return {
-        (c.partition, c.method, seed): c.config_sha256
+        (c.partition, c.method, seed): (c.config_sha256, _missing_at(c.stats, seed))
         for c in results.cells
-        if c.config_sha256 and all(s.per_seed is not None and s.seeds is None for s in c.stats.values())
+        if c.config_sha256 and all(s.per_seed is not None for s in c.stats.values())
         for seed in c.seeds
     }
+
+
+def _missing_at(stats: dict[str, Stat], seed: int) -> tuple[str, ...]:
+    """The metrics (a stat key's part before the dot) that a cell's result file lacks at `seed`."""
+    return tuple(sorted({key.split(".")[0] for key, s in stats.items() if s.seeds is not None and seed not in s.seeds}))
 
 
 def stale_cells(suite: Suite, app_dir: Path, app_defaults: dict[str, Any]) -> list[str]:
