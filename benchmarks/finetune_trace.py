@@ -29,8 +29,11 @@ import torch
 from _common import in_process_setup
 
 from fedskew.client_app.base import BaseTrainer, Phase
+from fedskew.config import ConfigError, validate
+from fedskew.reports.resultfile import read_rounds
+from fedskew.server_app.results import read_saved
 from fedskew.training import confusion
-from tests.harness import run_in_process
+from tests.harness import app_defaults, run_in_process
 
 ACCURACIES = ("global-accuracy", "personalized-accuracy", "personalized-pooled-accuracy")
 
@@ -119,6 +122,31 @@ def compact(text: str) -> str:
     return re.sub(r"([\[{])([^\[\]{}]*)([\]}])", lambda m: m[1] + " ".join(m[2].split()) + m[3], text)
 
 
+def load_run(run: Path) -> tuple[dict[str, Any], dict[str, Any], int]:
+    """A finished run's config, last metrics row and node count (a node a partition: as the suites
+    save it, or, num-partitions 0, its partition.json's clients); SystemExit naming the file and the
+    fault for anything else (files from disk are not trusted)."""
+    cfg = read_saved(run)
+    if cfg is None:
+        raise SystemExit(f"{run}/config.json: missing, not JSON or not an object; a finished run's folder is needed")
+    if cfg.get("engine", "flower") != "flower":
+        raise SystemExit(f"{run}: engine={cfg['engine']!r}; the trace follows the per-client path ('flower')")
+    try:
+        cfg = validate({**app_defaults(), **cfg})
+        rows = read_rounds(run / "metrics.jsonl")
+    except ConfigError as e:
+        raise SystemExit(f"{run}: {e}") from None
+    if len(rows) != cfg["num-server-rounds"]:
+        raise SystemExit(f"{run}: {len(rows)} rounds in metrics.jsonl, not {cfg['num-server-rounds']}")
+    if cfg["num-partitions"]:
+        return cfg, rows[-1], cfg["num-partitions"]
+    try:
+        train = json.loads((run / "partition.json").read_text())["train"]
+        return cfg, rows[-1], len(train)
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise SystemExit(f"{run}/partition.json: no list of clients under 'train' ({e!r})") from None
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("run", type=Path, help="a finished run's folder (config.json, metrics.jsonl)")
@@ -129,23 +157,16 @@ def main() -> None:
     p.add_argument("--summary", type=Path, help="also write the summary here")
     args = p.parse_args()
     in_process_setup()
-    cfg = json.loads((args.run / "config.json").read_text())
-    if cfg.get("engine", "flower") != "flower":
-        raise SystemExit(f"{args.run}: engine={cfg['engine']!r}; the trace follows the per-client path ('flower')")
-    run_rows = (args.run / "metrics.jsonl").read_text().splitlines()
-    if len(run_rows) != cfg["num-server-rounds"]:
-        raise SystemExit(f"{args.run}: {len(run_rows)} rounds in metrics.jsonl, not {cfg['num-server-rounds']}")
-    # a node a partition: as the suites save it, or (0: the nodes told the server) the partition's clients
-    nodes = cfg["num-partitions"] or len(json.loads((args.run / "partition.json").read_text())["train"])
+    cfg, run_last, nodes = load_run(args.run)
     args.out.mkdir(parents=True, exist_ok=True)
     with open(args.out / "trace.jsonl", "w") as log:
         instrument(args.partition, cfg["num-server-rounds"], args.every, args.tail, log)
         replay = {**cfg, "out-dir": str(args.out), "run-name": "replay", "overwrite": True, "resume": False}
         run_in_process(replay, nodes, keep_node_states=True)
     rows = [json.loads(line) for line in (args.out / "trace.jsonl").read_text().splitlines()]
-    replay_rows = (args.out / "replay" / "metrics.jsonl").read_text().splitlines()
+    replay_rows = read_rounds(args.out / "replay" / "metrics.jsonl")
     summary = {"run": str(args.run), "partition": args.partition}
-    summary |= summarise(rows, json.loads(run_rows[-1]), json.loads(replay_rows[-1]))
+    summary |= summarise(rows, run_last, replay_rows[-1])
     text = compact(json.dumps(summary, indent=1)) + "\n"
     (args.out / "summary.json").write_text(text)
     if args.summary:

@@ -351,7 +351,8 @@ def test_finetune_trace_replays_the_run_and_logs_the_phase_s_steps_to_its_last(
     """FedBABU's fine-tuning of one client in the last round, traced: the replay reproduces the run's
     last metrics row, the trace holds every 5th step and each of the last 3 before the step, and the
     phase's end after it, with its step count and the last batch logged. A run with a round missing,
-    or on the batched engine, is refused."""
+    on the batched engine, or with a config.json that is not JSON or holds a bad value is refused
+    with one line naming the fault."""
     from tests.harness import run_in_process
 
     over = {"method": "fedbabu", "model": "mlp", "partition": "classes-per-client", "fraction-train": 1.0}
@@ -387,6 +388,10 @@ def test_finetune_trace_replays_the_run_and_logs_the_phase_s_steps_to_its_last(
     (tmp_path / "r" / "config.json").write_text(json.dumps({**config, "engine": "batched"}))
     other = run_benchmark("finetune_trace.py", str(tmp_path / "r"), "--partition", "1", "--out", str(tmp_path / "u"))
     assert other.returncode != 0 and "engine='batched'; the trace follows" in other.stderr, other.stderr[-2000:]
+    for text, fault in [("{not json", "config.json: missing, not JSON"), (json.dumps({**config, "lr": -1}), "lr")]:
+        (tmp_path / "r" / "config.json").write_text(text)
+        bad = run_benchmark("finetune_trace.py", str(tmp_path / "r"), "--partition", "1", "--out", str(tmp_path / "u"))
+        assert bad.returncode != 0 and fault in bad.stderr and "Traceback" not in bad.stderr, bad.stderr[-2000:]
 
 
 @pytest.mark.parametrize(
