@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+import pytest
 import tomllib
 import torch
 from flwr.app import Context, Error, Message, RecordDict
@@ -39,6 +40,19 @@ def float32_ratio_rtol(terms: int, averaged: int = 0) -> float:
     (u = 2^-24), so each ratio within 2 terms u and the two within 4 terms u; a float32 mean over
     `averaged` such ratios adds 2 u each (BAVD's dropped mass, `dropped_fractions`)."""
     return (4 * terms + 2 * averaged) * 2.0**-24
+
+
+def assert_float64_runs_match(got: Path, want: Path, rounds: int) -> None:
+    """Two float64 runs' `metrics.jsonl` (`compute-dtype`) hold the same `rounds` rows and keys and
+    every value to float64's roundings (FLOAT64; a count or an accuracy's 1/n is then equal): the
+    arithmetic's order and MKL's kernels, which round with the buffers' alignment, may move last bits."""
+    import json
+
+    rows = [[json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()] for d in (got, want)]
+    assert [r.keys() for r in rows[0]] == [r.keys() for r in rows[1]] and len(rows[1]) == rounds, (got, want)
+    for a, b in zip(*rows, strict=True):
+        for key, value in b.items():
+            assert a[key] == pytest.approx(value, rel=FLOAT64["rtol"], abs=FLOAT64["atol"]), (got, a["round"], key)
 
 
 def app_defaults() -> dict[str, Any]:

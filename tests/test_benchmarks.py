@@ -430,8 +430,10 @@ def test_suite_in_process_refuses_options_that_would_loop_run_nothing_or_mislabe
 def test_suite_in_process_runs_cells_together_as_each_runs_alone(tmp_path: Path, small_data: str) -> None:
     """`--set engine=batched`: a cell's child runs the batched engine; `--together 2`: two batched
     cells of other seeds in one process, their clients stacked across cells (`fedskew.batched.many`),
-    write what each writes in a process of its own (float64); without engine=batched the option is
-    refused."""
+    write what each writes in a process of its own (float64, `assert_float64_runs_match`); without
+    engine=batched the option is refused."""
+    from tests.harness import assert_float64_runs_match
+
     suite = tmp_path / "s.yaml"
     suite.write_text(
         f"name: s\nnum-supernodes: 10\nseeds: [0, 1]\nout-dir: {tmp_path}\n"
@@ -447,8 +449,7 @@ def test_suite_in_process_runs_cells_together_as_each_runs_alone(tmp_path: Path,
     assert alone.returncode == 0, alone.stderr[-3000:]
     for seed in (0, 1):
         name = run_name("default", "fedavg", seed)
-        a, b = ((tmp_path / f"s-{tag}" / name / "metrics.jsonl").read_text() for tag in ("together", "alone"))
-        assert a == b and len(a.splitlines()) == 2, name
+        assert_float64_runs_match(tmp_path / "s-together" / name, tmp_path / "s-alone" / name, 2)
         assert json.loads((tmp_path / "s-alone" / name / "config.json").read_text())["engine"] == "batched"
     refused = run_benchmark("suite_in_process.py", str(suite), "--together", "2", "--tag", "flower")
     assert refused.returncode == 2 and "--together runs cells on the batched engine" in refused.stderr, refused.stderr

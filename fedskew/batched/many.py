@@ -15,7 +15,8 @@ the stacked clients of all runs are trained at once and their replies written; t
 its turn again. One at a time, in a fixed order, the runs never race for the process's random
 generators: each run's are saved when it yields and set back when it resumes, as they were when it
 ran alone (python's, numpy's and torch's; the clients seed theirs per round), so a run among many
-writes what it writes alone on the batched engine (`tests/test_batched.py`).
+writes what it writes alone on the batched engine, to the last bits that the arithmetic's order and
+MKL's alignment-dependent kernels leave (`tests/test_batched.py`, in float64).
 
 Not batched yet: central evaluation, which each ServerApp does for its own model on its turn.
 """
