@@ -9,7 +9,6 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-import pytest
 import tomllib
 import torch
 from flwr.app import Context, Error, Message, RecordDict
@@ -47,6 +46,8 @@ def assert_float64_runs_match(got: Path, want: Path, rounds: int) -> None:
     every value to float64's roundings (FLOAT64; a count or an accuracy's 1/n is then equal): the
     arithmetic's order and MKL's kernels, which round with the buffers' alignment, may move last bits."""
     import json
+
+    import pytest  # late: the benchmarks import this module where pytest is not installed
 
     rows = [[json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()] for d in (got, want)]
     assert [r.keys() for r in rows[0]] == [r.keys() for r in rows[1]] and len(rows[1]) == rounds, (got, want)
