@@ -45,11 +45,11 @@ def assert_float64_runs_match(got: Path, want: Path, rounds: int) -> None:
     """Two float64 runs' `metrics.jsonl` (`compute-dtype`) hold the same `rounds` rows and keys and
     every value to float64's roundings (FLOAT64; a count or an accuracy's 1/n is then equal): the
     arithmetic's order and MKL's kernels, which round with the buffers' alignment, may move last bits."""
-    import json
-
     import pytest  # late: the benchmarks import this module where pytest is not installed
 
-    rows = [[json.loads(line) for line in (d / "metrics.jsonl").read_text().splitlines()] for d in (got, want)]
+    from tests.conftest import read_metrics
+
+    rows = [read_metrics(got), read_metrics(want)]
     assert [r.keys() for r in rows[0]] == [r.keys() for r in rows[1]] and len(rows[1]) == rounds, (got, want)
     for a, b in zip(*rows, strict=True):
         for key, value in b.items():
